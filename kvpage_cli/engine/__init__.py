@@ -1,0 +1,34 @@
+"""The kvpage inference engine: real model weights on a paged KV cache.
+
+    from kvpage_cli.engine import Engine, EngineConfig
+    engine = Engine.load("smollm2", EngineConfig(pool_mib=16))
+    ctx = engine.prefill(engine.tokenizer("A long document ...").input_ids)
+    for token in engine.generate(engine.fork(ctx), question_ids, max_new_tokens=64):
+        ...
+"""
+
+from .config import BLOCK_TOKENS, EngineConfig
+from .context import Context
+from .engine import Engine
+from .events import BlocksMoved, DecodeProgress, EngineWarning, Event, ModelLoading, PrefillProgress
+from .metrics import EngineStats
+from .spec import SUPPORTED_ARCHITECTURES, ModelSpec
+from .weights import ALIASES, DEFAULT_MODEL
+
+__all__ = [
+    "ALIASES",
+    "BLOCK_TOKENS",
+    "BlocksMoved",
+    "Context",
+    "DEFAULT_MODEL",
+    "DecodeProgress",
+    "Engine",
+    "EngineConfig",
+    "EngineStats",
+    "EngineWarning",
+    "Event",
+    "ModelLoading",
+    "ModelSpec",
+    "PrefillProgress",
+    "SUPPORTED_ARCHITECTURES",
+]

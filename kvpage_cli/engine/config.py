@@ -1,0 +1,79 @@
+"""Engine configuration: one frozen dataclass, built by the CLI or a library user."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BLOCK_TOKENS = 64
+"""Tokens per block: the unit of KV storage, movement and selection."""
+
+MODES = ("exact", "selective")
+DTYPES = ("float32", "bfloat16")
+BACKENDS = ("auto", "torch", "native", "triton")
+KV_PATHS = ("auto", "pool", "store")
+POLICIES = ("lru", "quest", "draft", "scores")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs a model.
+
+    pool_mib: size of the slot pool on the compute device, in MiB, for all layers together.
+        It does not depend on the context length.
+    mode: "exact" (every block takes part in every step) or "selective" (the policy's blocks
+        plus the always-kept ones).
+    dtype: "float32" or "bfloat16" for weights, activations and KV.
+    backend: "auto" (Triton on CUDA, the native CPU kernels on CPU when a C compiler is
+        available, else torch), "torch", "native" or "triton".
+    device: "cpu", "cuda" or "auto".
+    prefill_chunk: prompt tokens processed per forward pass during prefill.
+    max_context: the longest context allowed, in tokens; None means the model's own limit.
+    kv_path: how exact mode reaches blocks: "pool" streams every block through the pool slots;
+        "store" reads blocks where they are in the store (only where the store is in the
+        compute device's memory, i.e. on CPU); "auto" picks "store" on CPU and "pool" elsewhere.
+    threads: torch/native CPU threads (None: leave torch's default).
+    home: folder for caches (converted weights, saved KV); None means ~/.cache/kvpage.
+    policy, recent_blocks: selective mode's residency policy and the number of most recent
+        blocks always kept.
+    host_mib: bound on the host RAM the store may use before blocks spill to disk (None: no bound).
+    """
+
+    pool_mib: float = 64.0
+    mode: str = "exact"
+    dtype: str = "float32"
+    backend: str = "auto"
+    device: str = "cpu"
+    prefill_chunk: int = 256
+    max_context: int | None = None
+    kv_path: str = "auto"
+    threads: int | None = None
+    home: str | None = None
+    policy: str = "quest"
+    recent_blocks: int = 2
+    draft_layers: int = 2
+    host_mib: float | None = None
+    seed: int = 0
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        _check_choice("mode", self.mode, MODES)
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("kv_path", self.kv_path, KV_PATHS)
+        _check_choice("policy", self.policy, POLICIES)
+        _check_choice("device", self.device, ("cpu", "cuda", "auto"))
+        if not self.pool_mib > 0:
+            raise ValueError(f"pool_mib must be positive, got {self.pool_mib}")
+        if not 16 <= self.prefill_chunk <= 4096:
+            raise ValueError(f"prefill_chunk must be between 16 and 4096 tokens, got {self.prefill_chunk}")
+        if self.max_context is not None and self.max_context < 1:
+            raise ValueError(f"max_context must be at least 1, got {self.max_context}")
+        if self.recent_blocks < 0:
+            raise ValueError(f"recent_blocks must be >= 0, got {self.recent_blocks}")
+        if self.host_mib is not None and self.host_mib < 0:
+            raise ValueError(f"host_mib must be >= 0, got {self.host_mib}")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")

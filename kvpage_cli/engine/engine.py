@@ -1,0 +1,352 @@
+"""Engine: load a model, prefill contexts, fork them, generate, and report what it measured."""
+
+from __future__ import annotations
+
+import time
+import weakref
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+
+from ..errors import ContextTooLongError, ModelError, UsageError
+from . import native
+from .config import BLOCK_TOKENS, EngineConfig
+from .context import BlockTable, Context
+from .dispatch import AttentionDispatch
+from .events import DecodeProgress, EngineWarning, EventCallback, PrefillProgress, emit
+from .metrics import EngineStats, Metrics
+from .model import ModelRunner
+from .pool import SlotPool
+from .rope import rope_params_from_config
+from .sampler import sample
+from .spec import ModelSpec
+from .store import BlockStore
+from .weights import DEFAULT_MODEL, load_weights
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def default_home() -> Path:
+    return Path.home() / ".cache" / "kvpage"
+
+
+class Engine:
+    """A model on a paged KV cache. Build one with `Engine.load`."""
+
+    def __init__(self, name: str, spec: ModelSpec, runner: ModelRunner, tokenizer, config: EngineConfig,
+                 device: torch.device, backend: str, kv_path: str, home: Path, fingerprint: str,
+                 native_lib=None, triton_ops=None) -> None:
+        self.name = name
+        self.spec = spec
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.config = config
+        self.device = device
+        self.backend = backend
+        self.kv_path = kv_path
+        self.home = home
+        self.fingerprint = fingerprint
+        self.dtype = _DTYPES[config.dtype]
+        self.max_context = min(config.max_context, spec.max_position) if config.max_context else spec.max_position
+        store_device = torch.device("cpu")
+        self.store = BlockStore([layer.window for layer in spec.layers], spec.num_kv_heads, spec.head_dim, self.dtype, store_device)
+        element = torch.empty(0, dtype=self.dtype).element_size()
+        slot_bytes = 2 * spec.num_kv_heads * BLOCK_TOKENS * spec.head_dim * element
+        slots = int(config.pool_mib * 2**20) // (spec.num_layers * slot_bytes)
+        if slots < 1:
+            need = spec.num_layers * slot_bytes / 2**20
+            raise UsageError(f"pool_mib={config.pool_mib} is too small for {name}: one slot per layer needs {need:.3f} MiB")
+        self.pool = SlotPool(spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, self.dtype, device)
+        self.dispatch = AttentionDispatch(spec, self.store, self.pool, backend, kv_path, native_lib, triton_ops)
+        self.metrics = Metrics()
+
+    # -- loading -------------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, source=DEFAULT_MODEL, config: EngineConfig | None = None, *, tokenizer=None,
+             on_event: EventCallback | None = None) -> "Engine":
+        """Loads a model: an alias ("smollm2", "gemma3-270m"), a Hugging Face folder, a .gguf file,
+        or an in-memory transformers PreTrainedModel (then pass its tokenizer, if any)."""
+        config = config or EngineConfig()
+        home = Path(config.home).expanduser() if config.home else default_home()
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        device = _resolve_device(config.device)
+        weights = load_weights(source, home, on_event, tokenizer)
+        dtype = _DTYPES[config.dtype]
+        rope_keys = {layer.rope_key for layer in weights.spec.layers}
+        rope = rope_params_from_config(weights.config, weights.spec.arch, rope_keys)
+        runner = ModelRunner(weights.spec, weights.tensors, rope, dtype, device)
+        del weights.tensors
+        backend, native_lib, triton_ops = _resolve_backend(config.backend, device, home, on_event)
+        kv_path = config.kv_path
+        if kv_path == "auto":
+            kv_path = "store" if device.type == "cpu" else "pool"
+        if kv_path == "store" and device.type != "cpu":
+            raise UsageError("kv_path='store' reads blocks in place and needs the store on the compute device (cpu)")
+        if backend == "triton" and kv_path == "store":
+            kv_path = "pool"  # the Triton kernels read pool slots
+        fingerprint = f"{weights.fingerprint}-{config.dtype}"
+        return cls(weights.name, weights.spec, runner, weights.tokenizer, config, device, backend, kv_path, home,
+                   fingerprint, native_lib, triton_ops)
+
+    # -- contexts ------------------------------------------------------------------------------
+
+    def new_context(self) -> Context:
+        ctx = Context([BlockTable() for _ in self.store.groups])
+        weakref.finalize(ctx, self._release_tables, ctx.tables)
+        return ctx
+
+    def prefill(self, token_ids: Iterable[int], on_event: EventCallback | None = None) -> Context:
+        """A new context holding `token_ids` (their K/V in blocks, logits of the last one ready)."""
+        token_ids = list(token_ids)
+        if not token_ids:
+            raise ValueError("prefill needs at least one token")
+        ctx = self.new_context()
+        self._extend(ctx, token_ids, on_event)
+        return ctx
+
+    def fork(self, ctx: Context) -> Context:
+        """A copy of `ctx` that shares its blocks (copy-on-write: nothing is copied now)."""
+        child = Context([table.copy() for table in ctx.tables], list(ctx.tokens), ctx.num_cached)
+        child.last_logits = ctx.last_logits
+        child.cached_prefix = ctx.cached_prefix
+        child.block_scores = ctx.block_scores
+        for group, table in zip(self.store.groups, child.tables):
+            group.allocator.incref(table.live()[0])
+        weakref.finalize(child, self._release_tables, child.tables)
+        return child
+
+    def release(self, ctx: Context) -> None:
+        """Frees the context's blocks now (otherwise they are freed when it is garbage collected)."""
+        if not ctx.released:
+            self._release_tables(ctx.tables)
+            ctx.released = True
+
+    def _release_tables(self, tables: list[BlockTable]) -> None:
+        for group, table in zip(self.store.groups, tables):
+            ids = [b for b in table.ids if b is not None]
+            table.ids = []
+            table.changed()
+            freed = group.allocator.decref(ids)
+            self.pool.forget(group.layers, freed)
+
+    # -- running -------------------------------------------------------------------------------
+
+    def logits(self, ctx: Context) -> torch.Tensor:
+        """fp32 logits [vocab] after the context's last token."""
+        if ctx.num_cached < len(ctx.tokens):
+            self._extend(ctx, [], None)
+        if ctx.last_logits is None:
+            raise ValueError("the context is empty")
+        return ctx.last_logits
+
+    def generate(self, ctx: Context, token_ids: Iterable[int] = (), max_new_tokens: int = 256,
+                 temperature: float = 0.0, top_p: float = 1.0, stop: Iterable[int] | None = None,
+                 on_event: EventCallback | None = None, seed: int | None = None) -> Iterator[int]:
+        """Appends `token_ids` to the context, then decodes up to `max_new_tokens`, yielding each new
+        token id. Stops after a token in `stop` (default: the model's end-of-sequence tokens), which
+        is yielded. The context grows with every token (fork first to keep the original)."""
+        if ctx.released:
+            raise ValueError("the context was released")
+        token_ids = list(token_ids)
+        stop_ids = set(self.stop_ids if stop is None else stop)
+        generator = None
+        if temperature > 0:
+            generator = torch.Generator().manual_seed(self.config.seed if seed is None else seed)
+        if token_ids or ctx.num_cached < len(ctx.tokens):
+            self._extend(ctx, token_ids, on_event)
+        if ctx.last_logits is None:
+            raise ValueError("generate needs a context with at least one token")
+        logits = ctx.last_logits
+        decode_seconds = 0.0
+        for step in range(max_new_tokens):
+            token = sample(logits, temperature, top_p, generator)
+            ctx.tokens.append(token)
+            emit(on_event, DecodeProgress(step + 1, decode_seconds, token))
+            yield token
+            if token in stop_ids or step + 1 == max_new_tokens:
+                return
+            self._check_length(len(ctx.tokens))
+            started = self._clock()
+            logits = self._forward(ctx, ctx.tokens[ctx.num_cached:])
+            elapsed = self._clock() - started
+            decode_seconds += elapsed
+            self.metrics.add_decode(1, elapsed)
+
+    @property
+    def stop_ids(self) -> set[int]:
+        ids = set(self.spec.eos_token_ids)
+        eos = getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else None
+        if eos is not None:
+            ids.add(eos)
+        return ids
+
+    def _check_length(self, total: int) -> None:
+        if total > self.max_context:
+            raise ContextTooLongError(total, self.max_context)
+
+    def _extend(self, ctx: Context, token_ids: list[int], on_event: EventCallback | None) -> None:
+        pending = ctx.tokens[ctx.num_cached:]
+        ctx.tokens.extend(token_ids)
+        todo = pending + token_ids
+        self._check_length(len(ctx.tokens))
+        for group in self.store.groups:
+            if not group.window:
+                group.reserve(-(-len(ctx.tokens) // BLOCK_TOKENS) - len(ctx.tables[group.index].ids) + 1)
+        chunk = self.config.prefill_chunk
+        started = self._clock()
+        done = 0
+        total = len(todo)
+        for first in range(0, total, chunk):
+            part = todo[first:first + chunk]
+            self._forward(ctx, part)
+            done += len(part)
+            emit(on_event, PrefillProgress(done, total, self._clock() - started, ctx.cached_prefix))
+        self.metrics.add_prefill(total, self._clock() - started)
+
+    def _forward(self, ctx: Context, token_ids: list[int]) -> torch.Tensor:
+        start = ctx.num_cached
+        self._make_room(ctx, start, len(token_ids))
+        ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
+
+        def write_kv(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+            self._write_kv(ctx, layer, start, k, v)
+
+        def attend(layer: int, q: torch.Tensor) -> torch.Tensor:
+            return self.dispatch.attend(layer, q, start, ctx)
+
+        logits = self.runner.forward(ids, start, write_kv, attend)
+        ctx.num_cached += len(token_ids)
+        self._drop_outside_windows(ctx)
+        ctx.last_logits = logits
+        return logits
+
+    def _make_room(self, ctx: Context, start: int, count: int) -> None:
+        last_block = (start + count - 1) // BLOCK_TOKENS
+        for group, table in zip(self.store.groups, ctx.tables):
+            offset = start % BLOCK_TOKENS
+            if offset and start // BLOCK_TOKENS < len(table.ids):
+                index = start // BLOCK_TOKENS
+                shared = table.ids[index]
+                if shared is not None and group.allocator.refcount[shared] > 1:
+                    fresh = group.allocate(1)[0]
+                    group.copy_block(shared, fresh, offset)
+                    group.allocator.decref([shared])
+                    table.ids[index] = fresh
+                    table.changed()
+            missing = last_block + 1 - len(table.ids)
+            if missing > 0:
+                table.ids.extend(group.allocate(missing))
+                table.changed()
+
+    def _write_kv(self, ctx: Context, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [T, Hkv, D] of positions start.. -> their blocks in the store."""
+        group = self.store.group_of(layer)
+        pos = self.store.layer_pos[layer]
+        ids = ctx.tables[group.index].ids
+        k = k.to(self.store.groups[0].device)
+        v = v.to(self.store.groups[0].device)
+        done, total = 0, k.shape[0]
+        while done < total:
+            position = start + done
+            block, offset = divmod(position, BLOCK_TOKENS)
+            count = min(BLOCK_TOKENS - offset, total - done)
+            block_id = ids[block]
+            group.k_block(pos, block_id)[:, offset:offset + count] = k[done:done + count].transpose(0, 1)
+            group.v_block(pos, block_id)[:, offset:offset + count] = v[done:done + count].transpose(0, 1)
+            done += count
+
+    def _drop_outside_windows(self, ctx: Context) -> None:
+        for group, table in zip(self.store.groups, ctx.tables):
+            if not group.window:
+                continue
+            first_visible = max(0, ctx.num_cached - group.window + 1)
+            dropped = table.drop_before(first_visible // BLOCK_TOKENS)
+            if dropped:
+                freed = group.allocator.decref(dropped)
+                self.pool.forget(group.layers, freed)
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    # -- reporting -----------------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        pool = self.pool
+        m = self.metrics
+        return EngineStats(
+            backend=self.backend,
+            kv_path=self.kv_path,
+            mode=self.config.mode,
+            pool_bytes=pool.bytes,
+            pool_slots_per_layer=pool.num_slots,
+            store_bytes=self.store.bytes_used,
+            store_reserved_bytes=self.store.bytes_reserved,
+            weight_bytes=self.runner.weight_bytes,
+            blocks_moved=pool.blocks_moved,
+            bytes_moved=pool.bytes_moved,
+            pool_hit_rate=pool.hits / pool.lookups if pool.lookups else None,
+            copy_seconds=self.dispatch.copy_seconds,
+            prefill_tokens=m.prefill_tokens,
+            prefill_seconds=m.prefill_seconds,
+            decode_tokens=m.decode_tokens,
+            decode_seconds=m.decode_seconds,
+        )
+
+    def reset_stats(self) -> None:
+        self.metrics.reset()
+        self.pool.blocks_moved = self.pool.bytes_moved = self.pool.hits = self.pool.lookups = 0
+        self.dispatch.copy_seconds = 0.0
+
+    def kv_bytes_per_token(self) -> int:
+        element = torch.empty(0, dtype=self.dtype).element_size()
+        return self.spec.kv_bytes_per_token(element)
+
+    def __repr__(self) -> str:
+        return f"Engine({self.name!r}, {self.spec.arch}, {self.config.dtype}, backend={self.backend}, kv_path={self.kv_path})"
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("device 'cuda' was asked for but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def _resolve_backend(name: str, device: torch.device, home: Path, on_event: EventCallback | None):
+    if name == "auto":
+        if device.type == "cuda":
+            try:
+                return "triton", None, _triton_ops()
+            except ModelError:
+                return "torch", None, None
+        try:
+            return "native", native.load(home), None
+        except native.NativeUnavailable as exc:
+            emit(on_event, EngineWarning(f"native CPU kernels unavailable ({exc}); using the slower torch backend"))
+            return "torch", None, None
+    if name == "native":
+        if device.type != "cpu":
+            raise UsageError("the native backend runs on the CPU; use backend 'triton' or 'torch' on CUDA")
+        try:
+            return "native", native.load(home), None
+        except native.NativeUnavailable as exc:
+            raise UsageError(f"the native backend is unavailable: {exc}") from exc
+    if name == "triton":
+        return "triton", None, _triton_ops()
+    return "torch", None, None
+
+
+def _triton_ops():
+    try:
+        import kvpage_kernels
+    except ImportError as exc:  # pragma: no cover - kvpage_kernels ships with kvpage
+        raise ModelError(f"the Triton kernels cannot be imported: {exc}") from exc
+    if not getattr(kvpage_kernels, "TRITON_AVAILABLE", False):
+        raise ModelError("the triton backend needs the triton package: pip install triton")
+    return kvpage_kernels

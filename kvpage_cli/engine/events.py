@@ -1,0 +1,60 @@
+"""Typed progress events. The engine reports through a callback and never prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Union
+
+
+@dataclass(frozen=True)
+class ModelLoading:
+    """A model is being loaded; `stage` says what is happening (e.g. "dequantizing GGUF")."""
+
+    source: str
+    stage: str
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """`done` of `total` prompt tokens are in the context after `elapsed_s` seconds.
+
+    `cached` tokens came from the saved-KV cache instead of being computed."""
+
+    done: int
+    total: int
+    elapsed_s: float
+    cached: int = 0
+
+
+@dataclass(frozen=True)
+class DecodeProgress:
+    """`generated` new tokens after `elapsed_s` seconds of decoding."""
+
+    generated: int
+    elapsed_s: float
+    token_id: int
+
+
+@dataclass(frozen=True)
+class BlocksMoved:
+    """Blocks copied into the pool (or read back from disk) during one step."""
+
+    blocks: int
+    bytes: int
+    waited_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class EngineWarning:
+    """Something the user should know that does not stop the run."""
+
+    message: str
+
+
+Event = Union[ModelLoading, PrefillProgress, DecodeProgress, BlocksMoved, EngineWarning]
+EventCallback = Callable[[Event], None]
+
+
+def emit(callback: EventCallback | None, event: Event) -> None:
+    if callback is not None:
+        callback(event)

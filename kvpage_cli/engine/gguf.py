@@ -1,0 +1,131 @@
+"""GGUF files -> a Hugging Face folder in the cache (config.json, model.safetensors, tokenizer).
+
+GGUF weights are dequantized once to fp32 and written beside the tokenizer and config that
+transformers derives from the same file; later loads read that folder and take seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ModelError
+from .events import EventCallback, ModelLoading, emit
+
+CACHE_FORMAT = 1
+
+
+def file_key(path: Path) -> str:
+    """Identifies a file's version cheaply: its resolved path, size and modification time."""
+    stat = path.stat()
+    return f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+
+
+def cached_folder_for(stem: str, key: str, home: Path) -> Path:
+    """The cache folder for converted weights named `stem`, keyed by `key` (see file_key)."""
+    digest = hashlib.sha256(f"{key}|format{CACHE_FORMAT}".encode()).hexdigest()[:16]
+    return home / "models" / f"{stem}-{digest}"
+
+
+def ensure_converted(gguf_path: Path, target: Path, on_event: EventCallback | None = None) -> Path:
+    """The HF folder for `gguf_path`, converting it first unless another run already has.
+
+    A file lock keeps two processes from converting the same file at once."""
+    from filelock import FileLock
+
+    if (target / "model.safetensors").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if not (target / "model.safetensors").exists():
+            convert_gguf(gguf_path, target, on_event)
+    return target
+
+
+def convert_gguf(gguf_path: Path, target: Path, on_event: EventCallback | None = None) -> Path:
+    """Dequantize `gguf_path` into the HF folder `target` (atomically: temp folder, then rename)."""
+    from gguf import GGUFReader, dequantize, get_tensor_name_map
+    from gguf.constants import MODEL_ARCH_NAMES
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    display = gguf_path.name
+    emit(on_event, ModelLoading(display, "reading GGUF metadata"))
+    try:
+        config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except Exception as exc:  # transformers raises many kinds for unknown or broken files
+        raise ModelError(f"{display} could not be read as a GGUF model: {exc}") from exc
+
+    # Local import: spec_from_config raises the clear "unsupported architecture" error.
+    from .spec import spec_from_config
+
+    spec = spec_from_config(config)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    hf_names = list(skeleton.state_dict().keys())
+
+    reader = GGUFReader(str(gguf_path))
+    gguf_arch = str(reader.fields["general.architecture"].contents())
+    arch_id = next((k for k, v in MODEL_ARCH_NAMES.items() if v == gguf_arch), None)
+    if arch_id is None:
+        raise ModelError(f"{display}: GGUF architecture {gguf_arch!r} is not known to the gguf package")
+    name_map = get_tensor_name_map(arch_id, spec.num_layers)
+    gguf_to_hf = {}
+    for hf_name in hf_names:
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_base = name_map.get_name(base)
+        if gguf_base is not None:
+            gguf_to_hf[f"{gguf_base}.{suffix}"] = hf_name
+
+    emit(on_event, ModelLoading(display, "dequantizing weights (once; cached afterwards)"))
+    tensors: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        hf_name = gguf_to_hf.get(tensor.name)
+        if hf_name is None:
+            continue
+        weights = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        if gguf_arch == "llama" and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
+            heads = spec.num_heads if ".attn_q." in tensor.name else spec.num_kv_heads
+            weights = _unpermute_rope(weights, heads)
+        if gguf_arch.startswith("gemma") and tensor.name.endswith("norm.weight"):
+            weights = weights - 1.0  # llama.cpp stores Gemma's (1 + w) norm weights as 1 + w
+        tensors[hf_name] = torch.from_numpy(np.ascontiguousarray(weights))
+
+    missing = [n for n in hf_names if n not in tensors and not (n == "lm_head.weight" and spec.tie_embeddings)]
+    if missing:
+        raise ModelError(f"{display}: tensors missing from the GGUF file: {', '.join(missing[:5])}")
+
+    emit(on_event, ModelLoading(display, "converting the tokenizer"))
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+
+    from safetensors.torch import save_file
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "kvpage.json").write_text(
+            json.dumps({"format": CACHE_FORMAT, "source": str(gguf_path), "dequantized_from": "gguf"}, indent=2)
+        )
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _unpermute_rope(weights: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (interleaved -> half-split rotary layout)."""
+    dim = weights.shape[0] // heads // 2
+    w = weights.reshape(heads, dim, 2, *weights.shape[1:])
+    return w.swapaxes(2, 1).reshape(weights.shape)

@@ -1,0 +1,196 @@
+"""Model runner: the decoder of llama, qwen2, qwen3, mistral and gemma3_text, written for the paged cache.
+
+Weights are kept as `W^T` ([in, out], contiguous), with Q/K/V and gate/up fused, because
+`x @ W^T` reads a row-major weight at close to memory bandwidth on a CPU while `x @ W.t()`
+does not; one transposed matrix serves both the embedding lookup and the LM head when tied.
+Attention is not done here: the runner computes Q/K/V, hands K/V to `write_kv` and Q to
+`attend`, both supplied by the engine, which know the context's blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ModelError
+from .rope import RopeParams, apply_rope, rope_cos_sin
+from .spec import ModelSpec
+
+
+@dataclass
+class LayerWeights:
+    norm_attn: torch.Tensor  # input_layernorm
+    norm_mlp: torch.Tensor  # post_attention_layernorm (llama family) / pre_feedforward_layernorm (gemma)
+    norm_post_attn: torch.Tensor | None  # gemma only
+    norm_post_mlp: torch.Tensor | None  # gemma only
+    qkv_t: torch.Tensor  # [H, (Hq + 2 Hkv) D]
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o_t: torch.Tensor  # [Hq D, H]
+    o_bias: torch.Tensor | None
+    gate_up_t: torch.Tensor  # [H, 2 I]
+    gate_up_bias: torch.Tensor | None
+    down_t: torch.Tensor  # [I, H]
+    down_bias: torch.Tensor | None
+
+
+class ModelRunner:
+    def __init__(self, spec: ModelSpec, tensors: dict[str, torch.Tensor], rope: dict[str, RopeParams],
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.spec = spec
+        self.dtype = dtype
+        self.device = device
+        self.rope = rope
+
+        def get(name: str, required: bool = True) -> torch.Tensor | None:
+            tensor = tensors.get(name)
+            if tensor is None:
+                if required:
+                    raise ModelError(f"the weights have no tensor {name}")
+                return None
+            return tensor.to(device=device, dtype=dtype)
+
+        def transposed(*names: str) -> torch.Tensor:
+            parts = [get(n) for n in names]
+            return torch.cat(parts, 0).t().contiguous()
+
+        def bias(*names: str) -> torch.Tensor | None:
+            parts = [get(n, required=False) for n in names]
+            if all(p is None for p in parts):
+                return None
+            sizes = [tensors[n.replace(".bias", ".weight")].shape[0] for n in names]
+            return torch.cat([p if p is not None else torch.zeros(s, dtype=dtype, device=device) for p, s in zip(parts, sizes)])
+
+        self.layers: list[LayerWeights] = []
+        for i in range(spec.num_layers):
+            p = f"model.layers.{i}."
+            attn, mlp = p + "self_attn.", p + "mlp."
+            self.layers.append(LayerWeights(
+                norm_attn=get(p + "input_layernorm.weight"),
+                norm_mlp=get(p + ("pre_feedforward_layernorm.weight" if spec.gemma_norms else "post_attention_layernorm.weight")),
+                norm_post_attn=get(p + "post_attention_layernorm.weight") if spec.gemma_norms else None,
+                norm_post_mlp=get(p + "post_feedforward_layernorm.weight") if spec.gemma_norms else None,
+                qkv_t=transposed(attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"),
+                qkv_bias=bias(attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias"),
+                q_norm=get(attn + "q_norm.weight") if spec.qk_norm else None,
+                k_norm=get(attn + "k_norm.weight") if spec.qk_norm else None,
+                o_t=transposed(attn + "o_proj.weight"),
+                o_bias=get(attn + "o_proj.bias", required=False),
+                gate_up_t=transposed(mlp + "gate_proj.weight", mlp + "up_proj.weight"),
+                gate_up_bias=bias(mlp + "gate_proj.bias", mlp + "up_proj.bias"),
+                down_t=transposed(mlp + "down_proj.weight"),
+                down_bias=get(mlp + "down_proj.bias", required=False),
+            ))
+        self.final_norm = get("model.norm.weight")
+        embed = tensors.get("model.embed_tokens.weight")
+        if embed is None:
+            raise ModelError("the weights have no tensor model.embed_tokens.weight")
+        head = tensors.get("lm_head.weight")
+        if spec.tie_embeddings or head is None or head is embed:
+            self.lm_head_t = embed.to(device=device, dtype=dtype).t().contiguous()  # [H, V]
+            self.embed = None  # rows are read as columns of lm_head_t
+        else:
+            self.lm_head_t = head.to(device=device, dtype=dtype).t().contiguous()
+            self.embed = embed.to(device=device, dtype=dtype)
+        self.embed_scale = (
+            torch.tensor(spec.embed_scale, dtype=dtype, device=device) if spec.embed_scale is not None else None
+        )
+        q_size = spec.num_heads * spec.head_dim
+        kv_size = spec.num_kv_heads * spec.head_dim
+        self._split = (q_size, kv_size, kv_size)
+
+    @property
+    def weight_bytes(self) -> int:
+        tensors = [self.lm_head_t, self.final_norm] + ([self.embed] if self.embed is not None else [])
+        for layer in self.layers:
+            tensors += [t for t in vars(layer).values() if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm as the architecture does it (Gemma: (1 + w), scaled in fp32 before the cast)."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.spec.rms_eps)
+        if self.spec.gemma_norms:
+            return (h * (1.0 + weight.float())).to(x.dtype)
+        return weight * h.to(x.dtype)
+
+    def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """token_ids: [T] -> hidden: [T, H]."""
+        if self.embed is not None:
+            h = self.embed[token_ids]
+        else:
+            h = self.lm_head_t[:, token_ids].t()
+        if self.embed_scale is not None:
+            h = h * self.embed_scale
+        return h.contiguous()
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        start: int,
+        write_kv: Callable[[int, torch.Tensor, torch.Tensor], None],
+        attend: Callable[[int, torch.Tensor], torch.Tensor],
+        all_logits: bool = False,
+    ) -> torch.Tensor:
+        """Runs T new tokens at positions start .. start+T-1 through every layer.
+
+        write_kv(layer, k [T, Hkv, D] rotated, v [T, Hkv, D]) stores the new keys and values;
+        attend(layer, q [T, Hq, D] rotated) -> [T, Hq, D] attends over the context, new tokens
+        included. Returns fp32 logits of the last token [V] (or of every token [T, V]).
+        """
+        spec = self.spec
+        num_tokens = token_ids.shape[0]
+        positions = torch.arange(start, start + num_tokens, device=self.device)
+        cos_sin = {key: rope_cos_sin(params, positions, self.dtype) for key, params in self.rope.items()}
+        h = self.embed_tokens(token_ids)
+        for i, (layer_spec, w) in enumerate(zip(spec.layers, self.layers)):
+            x = self.norm(h, w.norm_attn)
+            qkv = x @ w.qkv_t
+            if w.qkv_bias is not None:
+                qkv = qkv + w.qkv_bias
+            q, k, v = qkv.split(self._split, dim=-1)
+            q = q.view(num_tokens, spec.num_heads, spec.head_dim)
+            k = k.view(num_tokens, spec.num_kv_heads, spec.head_dim)
+            v = v.view(num_tokens, spec.num_kv_heads, spec.head_dim)
+            if w.q_norm is not None:
+                q = self.norm(q, w.q_norm)
+                k = self.norm(k, w.k_norm)
+            cos, sin = cos_sin[layer_spec.rope_key]
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+            write_kv(i, k, v)
+            a = attend(i, q).to(self.dtype).reshape(num_tokens, spec.num_heads * spec.head_dim)
+            a = a @ w.o_t
+            if w.o_bias is not None:
+                a = a + w.o_bias
+            if spec.gemma_norms:
+                h = h + self.norm(a, w.norm_post_attn)
+                m = self.mlp(self.norm(h, w.norm_mlp), w)
+                h = h + self.norm(m, w.norm_post_mlp)
+            else:
+                h = h + a
+                h = h + self.mlp(self.norm(h, w.norm_mlp), w)
+        last = h if all_logits else h[-1:]
+        logits = (self.norm(last, self.final_norm) @ self.lm_head_t).float()
+        if spec.final_logit_softcap:
+            cap = spec.final_logit_softcap
+            logits = torch.tanh(logits / cap) * cap
+        return logits if all_logits else logits[0]
+
+    def mlp(self, x: torch.Tensor, w: LayerWeights) -> torch.Tensor:
+        gate_up = x @ w.gate_up_t
+        if w.gate_up_bias is not None:
+            gate_up = gate_up + w.gate_up_bias
+        gate, up = gate_up.chunk(2, dim=-1)
+        if self.spec.activation == "gelu_tanh":
+            act = F.gelu(gate, approximate="tanh")
+        else:
+            act = F.silu(gate)
+        out = (act * up) @ w.down_t
+        if w.down_bias is not None:
+            out = out + w.down_bias
+        return out

@@ -1,0 +1,109 @@
+"""The native CPU kernels: compiled once per machine from native/attention.c, loaded with ctypes.
+
+Compilation needs a C compiler (`cc`, `gcc` or `clang`); without one the engine falls back to
+the torch backend. The shared library is cached under `<home>/native/`, keyed by the source,
+the compiler flags and the machine, and written atomically.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+_FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-std=c11"]
+_LIB: ctypes.CDLL | None = None
+
+
+class NativeUnavailable(RuntimeError):
+    """The native kernels cannot be built here (no compiler, or compilation failed)."""
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def load(home: Path) -> ctypes.CDLL:
+    """The loaded kernel library, building it first if this machine has no cached build."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    source = resources.files("kvpage_cli.engine").joinpath("native/attention.c").read_bytes()
+    compiler = _compiler()
+    if compiler is None:
+        raise NativeUnavailable("no C compiler found (cc, gcc or clang)")
+    key = hashlib.sha256(source + " ".join(_FLAGS).encode() + platform.machine().encode() + _cpu_flags()).hexdigest()[:16]
+    target = home / "native" / f"kvpage_attention-{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            src = Path(tmp) / "attention.c"
+            src.write_bytes(source)
+            out = Path(tmp) / target.name
+            result = subprocess.run([compiler, *_FLAGS, str(src), "-o", str(out), "-lm"], capture_output=True, text=True)
+            if result.returncode != 0:
+                raise NativeUnavailable(f"compiling the native kernels failed: {result.stderr.strip()[:300]}")
+            os.replace(out, target)
+    lib = ctypes.CDLL(str(target))
+    i32, i64, f32, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+    lib.kvp_decode_block_states.argtypes = [i32, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i64, i64, i64, f32, ptr, ptr]
+    lib.kvp_decode_block_states.restype = i32
+    lib.kvp_merge_states.argtypes = [ptr, ptr, i32, i32, i32, ptr]
+    lib.kvp_merge_states.restype = None
+    _LIB = lib
+    return lib
+
+
+def _cpu_flags() -> bytes:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.encode()
+    except OSError:
+        pass
+    return platform.processor().encode()
+
+
+def decode_block_states(
+    lib: ctypes.CDLL,
+    q: torch.Tensor,
+    k_addr: torch.Tensor,
+    v_addr: torch.Tensor,
+    ids: torch.Tensor,
+    block_pos: torch.Tensor,
+    num_kv_heads: int,
+    q_pos: int,
+    seq_end: int,
+    window: int,
+    scale: float,
+    states: torch.Tensor,
+    lse: torch.Tensor,
+    bf16: bool,
+) -> None:
+    """Per-block states of one query token. q: [Hq, D] fp32 contiguous; ids, block_pos: [n] int32;
+    k_addr, v_addr: int64 address tables; states: [n, Hq, D] fp32 and lse: [n, Hq] fp32 (written)."""
+    num_heads, head_dim = q.shape
+    rc = lib.kvp_decode_block_states(
+        int(bf16), q.data_ptr(), k_addr.data_ptr(), v_addr.data_ptr(), ids.data_ptr(), block_pos.data_ptr(),
+        ids.numel(), num_heads, num_kv_heads, head_dim, q_pos, seq_end, window, scale,
+        states.data_ptr(), lse.data_ptr(),
+    )
+    if rc != 0:
+        raise ValueError(f"native decode attention does not support {num_heads} heads over {num_kv_heads} KV heads of dim {head_dim}")
+
+
+def merge_states(lib: ctypes.CDLL, states: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
+    """states: [n, H, D], lse: [n, H] -> out: [H, D], merged in block order."""
+    n, num_heads, head_dim = states.shape
+    lib.kvp_merge_states(states.data_ptr(), lse.data_ptr(), n, num_heads, head_dim, out.data_ptr())

