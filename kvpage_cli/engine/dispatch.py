@@ -21,6 +21,8 @@ from .pool import SlotPool
 from .spec import ModelSpec
 from .store import BlockStore
 
+STATE_BUDGET = 64 * 2**20  # bytes of per-block states held at once on the store path
+
 
 class AttentionDispatch:
     def __init__(self, spec: ModelSpec, store: BlockStore, pool: SlotPool, backend: str, kv_path: str,
@@ -57,23 +59,41 @@ class AttentionDispatch:
 
     def _attend_store(self, layer, q, q_start, seq_end, group, ids, positions) -> torch.Tensor:
         pos = self.store.layer_pos[layer]
-        if self.backend == "native" and q.shape[0] == 1:
+        num_tokens = q.shape[0]
+        if self.backend == "native" and num_tokens == 1:
             ids_t = torch.tensor(ids, dtype=torch.int32)
             pos_t = torch.tensor(positions, dtype=torch.int32)
             return self._native_decode(q, group.k_addr[pos], group.v_addr[pos], ids_t, pos_t, q_start, seq_end, group.window)
-        outs, lses = [], []
+        qh, row_pos = self._rows(q, q_start)
         block_pos = torch.tensor(positions, dtype=torch.int64)
-        done = 0
-        q_pos = torch.arange(q_start, seq_end)
-        for run in group.runs(ids):
-            k, v = group.run_view(pos, run)
-            out, lse = torch_attention.block_states(
-                q, q_pos, k, v, block_pos[done:done + run.count], seq_end, group.window, self.spec.attn_scale
-            )
-            outs.append(out)
-            lses.append(lse)
-            done += run.count
-        return self._merge(outs, lses, q)
+        runs = group.runs(ids)
+        step = self._rows_per_call(len(ids), qh.shape[1])
+        merged = []
+        for first_row in range(0, qh.shape[1], step):
+            rows = slice(first_row, first_row + step)
+            outs, lses, done = [], [], 0
+            for run in runs:
+                k, v = group.run_view(pos, run)
+                out, lse = torch_attention.block_states(
+                    qh[:, rows], row_pos[rows], k, v, block_pos[done:done + run.count], seq_end, group.window, self.spec.attn_scale
+                )
+                outs.append(out)
+                lses.append(lse)
+                done += run.count
+            merged.append(self._merge(outs, lses, qh[:, rows]))
+        return torch_attention.rows_to_tokens(torch.cat(merged, dim=1), num_tokens)
+
+    def _rows(self, q: torch.Tensor, q_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Query rows [Hkv, T*G, D] fp32 and their positions [T*G]."""
+        group = self.spec.group_size
+        row_pos = torch.arange(q_start, q_start + q.shape[0], device=q.device).repeat_interleave(group)
+        return torch_attention.query_rows(q, self.spec.num_kv_heads), row_pos
+
+    def _rows_per_call(self, num_blocks: int, num_rows: int) -> int:
+        """Query rows per call so that the per-block states stay within STATE_BUDGET bytes."""
+        per_row = max(1, num_blocks) * self.spec.num_kv_heads * self.spec.head_dim * 4
+        group = self.spec.group_size
+        return max(group, STATE_BUDGET // per_row // group * group)
 
     def _attend_pool(self, layer, q, q_start, seq_end, group, ids, positions) -> torch.Tensor:
         pos = self.store.layer_pos[layer]
@@ -86,33 +106,35 @@ class AttentionDispatch:
             v_slot[:, :tokens].copy_(group.v_block(pos, block_id)[:, :tokens], non_blocking=True)
             self.copy_seconds += time.perf_counter() - started
 
-        native_decode = self.backend == "native" and q.shape[0] == 1
+        num_tokens = q.shape[0]
+        native_decode = self.backend == "native" and num_tokens == 1
         n = len(ids)
         if native_decode:
             states = torch.empty(n, self.spec.num_heads, self.spec.head_dim)
             lse = torch.empty(n, self.spec.num_heads)
+        else:
+            qh, row_pos = self._rows(q, q_start)
         outs, lses = [], []
-        q_pos = torch.arange(q_start, seq_end, device=q.device)
         for first in range(0, n, pool.num_slots):
             pass_ids = ids[first:first + pool.num_slots]
             pass_pos = positions[first:first + pool.num_slots]
             blocks = [(b, generation[b], min(BLOCK_TOKENS, seq_end - p * BLOCK_TOKENS)) for b, p in zip(pass_ids, pass_pos)]
             slots = pool.load(layer, blocks, copy_in)
-            slots_t = torch.tensor(slots, dtype=torch.int32)
-            pos_t = torch.tensor(pass_pos, dtype=torch.int32)
             if native_decode:
                 end = first + len(slots)
                 native.decode_block_states(
-                    self.native_lib, q[0].float().contiguous(), pool.k_addr[layer], pool.v_addr[layer], slots_t, pos_t,
+                    self.native_lib, q[0].float().contiguous(), pool.k_addr[layer], pool.v_addr[layer],
+                    torch.tensor(slots, dtype=torch.int32), torch.tensor(pass_pos, dtype=torch.int32),
                     self.spec.num_kv_heads, q_start, seq_end, group.window, self.spec.attn_scale,
                     states[first:end], lse[first:end], self.bf16,
                 )
                 continue
-            index = slots_t.to(device=pool.k[layer].device, dtype=torch.int64)
+            index = torch.tensor(slots, dtype=torch.int64, device=pool.k[layer].device)
             k = pool.k[layer].index_select(0, index)
             v = pool.v[layer].index_select(0, index)
             out, l = torch_attention.block_states(
-                q, q_pos, k, v, pos_t.to(device=q.device, dtype=torch.int64), seq_end, group.window, self.spec.attn_scale
+                qh, row_pos, k, v, torch.tensor(pass_pos, dtype=torch.int64, device=q.device), seq_end, group.window,
+                self.spec.attn_scale,
             )
             outs.append(out)
             lses.append(l)
@@ -120,7 +142,7 @@ class AttentionDispatch:
             out = torch.empty(self.spec.num_heads, self.spec.head_dim)
             native.merge_states(self.native_lib, states, lse, out)
             return out[None]
-        return self._merge(outs, lses, q)
+        return torch_attention.rows_to_tokens(self._merge(outs, lses, qh), num_tokens)
 
     def _native_decode(self, q, k_addr, v_addr, ids_t, pos_t, q_start, seq_end, window) -> torch.Tensor:
         n = ids_t.numel()
@@ -135,7 +157,8 @@ class AttentionDispatch:
         return out[None]
 
     @staticmethod
-    def _merge(outs, lses, q) -> torch.Tensor:
+    def _merge(outs, lses, qh) -> torch.Tensor:
+        """Merged states [Hkv, R, D]; zeros when no block was visible at all."""
         if not outs:
-            return torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+            return torch.zeros(qh.shape, dtype=torch.float32, device=qh.device)
         return torch_attention.merge_states(torch.cat(outs), torch.cat(lses))

@@ -89,7 +89,7 @@ def convert_gguf(gguf_path: Path, target: Path, on_event: EventCallback | None =
         hf_name = gguf_to_hf.get(tensor.name)
         if hf_name is None:
             continue
-        weights = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        weights = np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
         if gguf_arch == "llama" and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
             heads = spec.num_heads if ".attn_q." in tensor.name else spec.num_kv_heads
             weights = _unpermute_rope(weights, heads)

@@ -128,7 +128,8 @@ def _from_folder(folder: Path, name: str, tokenizer, on_event: EventCallback | N
     for file in files:
         tensors.update(load_file(str(file)))
     tensors = {_strip_prefix(k): v for k, v in tensors.items()}
-    if tokenizer is None:
+    has_tokenizer = any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    if tokenizer is None and has_tokenizer:
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(folder))
         except (ValueError, OSError) as exc:

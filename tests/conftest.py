@@ -1,0 +1,78 @@
+"""Shared fixtures: tiny random models of every supported architecture, and the real models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    # Triton decides at kernel definition whether to interpret: set it before anything imports them.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "corpus"
+SAMPLES = REPO / "samples"
+
+# Tiny random models: small enough for fast tests, large init so that logits are of order 1-10.
+TINY_ARCHS = {
+    "llama": {},
+    "qwen2": {},
+    "qwen3": {},
+    "mistral": {"sliding_window": 100},
+    "gemma3_text": {"sliding_window": 100, "query_pre_attn_scalar": 16, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
+}
+
+
+def tiny_config(arch: str, **overrides):
+    from transformers import AutoConfig
+
+    kwargs = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=320, max_position_embeddings=4096, initializer_range=0.15,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    kwargs.update(TINY_ARCHS[arch])
+    kwargs.update(overrides)
+    return AutoConfig.for_model(arch, **kwargs)
+
+
+def tiny_model(arch: str, seed: int = 0, **overrides):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(tiny_config(arch, **overrides)).eval()
+
+
+@pytest.fixture(scope="session")
+def kv_home(tmp_path_factory) -> Path:
+    """The cache folder for tests: KVPAGE_HOME when set (CI shares converted weights), else a temp dir."""
+    home = os.environ.get("KVPAGE_HOME")
+    return Path(home) if home else tmp_path_factory.mktemp("kvpage-home")
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+    return {arch: tiny_model(arch) for arch in TINY_ARCHS}
+
+
+def random_prompt(length: int, seed: int = 1, vocab: int = 320) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (length,), generator=generator).tolist()
+
+
+@pytest.fixture(scope="session")
+def smollm2(kv_home):
+    from kvpage_cli.engine import Engine, EngineConfig
+
+    return Engine.load("smollm2", EngineConfig(home=str(kv_home), pool_mib=16))
+
+
+@pytest.fixture(scope="session")
+def gemma(kv_home):
+    from kvpage_cli.engine import Engine, EngineConfig
+
+    return Engine.load("gemma3-270m", EngineConfig(home=str(kv_home), pool_mib=16))

