@@ -67,6 +67,21 @@ class AttentionDispatch:
         qh, row_pos = self._rows(q, q_start)
         block_pos = torch.tensor(positions, dtype=torch.int64)
         runs = group.runs(ids)
+        if self.backend == "native":
+            fold = native.Fold(self.native_lib, self.spec.num_kv_heads, qh.shape[1], self.spec.head_dim)
+            piece = self._blocks_per_call(qh.shape[1])
+            done = 0
+            for run in runs:
+                k, v = group.run_view(pos, run)
+                for first in range(0, run.count, piece):
+                    count = min(piece, run.count - first)
+                    out, lse = torch_attention.block_states(
+                        qh, row_pos, k[first:first + count], v[first:first + count],
+                        block_pos[done + first:done + first + count], seq_end, group.window, self.spec.attn_scale,
+                    )
+                    fold.add(out, lse)
+                done += run.count
+            return torch_attention.rows_to_tokens(fold.result(), num_tokens)
         step = self._rows_per_call(len(ids), qh.shape[1])
         merged = []
         for first_row in range(0, qh.shape[1], step):
@@ -89,6 +104,11 @@ class AttentionDispatch:
         row_pos = torch.arange(q_start, q_start + q.shape[0], device=q.device).repeat_interleave(group)
         return torch_attention.query_rows(q, self.spec.num_kv_heads), row_pos
 
+    def _blocks_per_call(self, num_rows: int) -> int:
+        """Blocks per call so that their per-block states stay within STATE_BUDGET bytes."""
+        per_block = num_rows * self.spec.num_kv_heads * self.spec.head_dim * 4
+        return max(1, STATE_BUDGET // per_block)
+
     def _rows_per_call(self, num_blocks: int, num_rows: int) -> int:
         """Query rows per call so that the per-block states stay within STATE_BUDGET bytes."""
         per_row = max(1, num_blocks) * self.spec.num_kv_heads * self.spec.head_dim * 4
@@ -109,11 +129,14 @@ class AttentionDispatch:
         num_tokens = q.shape[0]
         native_decode = self.backend == "native" and num_tokens == 1
         n = len(ids)
+        fold = None
         if native_decode:
             states = torch.empty(n, self.spec.num_heads, self.spec.head_dim)
             lse = torch.empty(n, self.spec.num_heads)
         else:
             qh, row_pos = self._rows(q, q_start)
+            if self.backend == "native":
+                fold = native.Fold(self.native_lib, self.spec.num_kv_heads, qh.shape[1], self.spec.head_dim)
         outs, lses = [], []
         for first in range(0, n, pool.num_slots):
             pass_ids = ids[first:first + pool.num_slots]
@@ -136,13 +159,17 @@ class AttentionDispatch:
                 qh, row_pos, k, v, torch.tensor(pass_pos, dtype=torch.int64, device=q.device), seq_end, group.window,
                 self.spec.attn_scale,
             )
+            if fold is not None:
+                fold.add(out, l)
+                continue
             outs.append(out)
             lses.append(l)
         if native_decode:
             out = torch.empty(self.spec.num_heads, self.spec.head_dim)
             native.merge_states(self.native_lib, states, lse, out)
             return out[None]
-        return torch_attention.rows_to_tokens(self._merge(outs, lses, qh), num_tokens)
+        merged = fold.result() if fold is not None else self._merge(outs, lses, qh)
+        return torch_attention.rows_to_tokens(merged, num_tokens)
 
     def _native_decode(self, q, k_addr, v_addr, ids_t, pos_t, q_start, seq_end, window) -> torch.Tensor:
         n = ids_t.numel()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-_FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-std=c11"]
+_FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c11"]
 _LIB: ctypes.CDLL | None = None
 
 
@@ -61,6 +61,8 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_decode_block_states.restype = i32
     lib.kvp_merge_states.argtypes = [ptr, ptr, i32, i32, i32, ptr]
     lib.kvp_merge_states.restype = None
+    lib.kvp_fold_states.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, ptr]
+    lib.kvp_fold_states.restype = None
     _LIB = lib
     return lib
 
@@ -107,3 +109,28 @@ def merge_states(lib: ctypes.CDLL, states: torch.Tensor, lse: torch.Tensor, out:
     """states: [n, H, D], lse: [n, H] -> out: [H, D], merged in block order."""
     n, num_heads, head_dim = states.shape
     lib.kvp_merge_states(states.data_ptr(), lse.data_ptr(), n, num_heads, head_dim, out.data_ptr())
+
+
+class Fold:
+    """A running attention state over query rows, folded block by block in logical order.
+
+    rows: Hkv * R query rows of dim D. `add` folds per-block states out: [n, Hkv, R, D] and
+    lse: [n, Hkv, R]; `result` gives the merged output [Hkv, R, D] (0 where nothing was visible)."""
+
+    def __init__(self, lib: ctypes.CDLL, num_kv_heads: int, rows: int, head_dim: int) -> None:
+        self.lib = lib
+        self.shape = (num_kv_heads, rows, head_dim)
+        self.acc = torch.zeros(num_kv_heads * rows, head_dim)
+        self.max = torch.full((num_kv_heads * rows,), float("-inf"))
+        self.sum = torch.zeros(num_kv_heads * rows)
+
+    def add(self, out: torch.Tensor, lse: torch.Tensor) -> None:
+        n = out.shape[0]
+        out = out.reshape(n, -1, self.shape[2]).contiguous()
+        lse = lse.reshape(n, -1).contiguous()
+        self.lib.kvp_fold_states(out.data_ptr(), lse.data_ptr(), n, out.shape[1], self.shape[2],
+                                 self.acc.data_ptr(), self.max.data_ptr(), self.sum.data_ptr())
+
+    def result(self) -> torch.Tensor:
+        out = self.acc / self.sum.clamp_min(torch.finfo(torch.float32).tiny)[:, None]
+        return out.view(self.shape)

