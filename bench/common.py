@@ -35,14 +35,14 @@ def peak_rss_mib() -> float:
 
 
 def read_bandwidth_gbs(mib: int = 1024) -> float:
-    """Measured memory read bandwidth (GB/s): the best of 5 sums over a buffer far larger than the caches."""
+    """Measured memory read bandwidth (GB/s): the median of 9 sums over a buffer far larger than the caches."""
     buffer = torch.randn(mib * 2**20 // 4)
-    best = float("inf")
-    for _ in range(5):
+    times = []
+    for _ in range(9):
         started = time.perf_counter()
         buffer.sum()
-        best = min(best, time.perf_counter() - started)
-    return buffer.numel() * 4 / best / 1e9
+        times.append(time.perf_counter() - started)
+    return buffer.numel() * 4 / sorted(times)[len(times) // 2] / 1e9
 
 
 def run_worker(script: Path, args: list[str], timeout: float = 3600) -> dict:

@@ -1,6 +1,7 @@
 """Engine benchmark: kvpage (exact mode, small pool) beside transformers (and llama.cpp where installed).
 
-The same prompt token ids go through every system, each in its own process so that peak RSS
+A context of N tokens is a prompt of N - 128 tokens and 128 generated ones (so that 8K fits
+SmolLM2's 8192-token limit). The same prompt token ids go through every system, each in its own process so that peak RSS
 belongs to one system. Prefill and decode are timed around whole runs (prefill: the prompt;
 decode: 128 greedy tokens, each fed back). Run:
 
@@ -27,7 +28,7 @@ def worker_kvpage(model: str, length: int, new_tokens: int, dtype: str, pool_mib
     from kvpage_cli.engine import Engine, EngineConfig
 
     engine = Engine.load(model, EngineConfig(pool_mib=pool_mib, dtype=dtype, kv_path=kv_path, home=home))
-    ids = prompt_ids(engine.tokenizer, length)
+    ids = prompt_ids(engine.tokenizer, length - new_tokens)
     list(engine.generate(engine.prefill(ids[:80]), max_new_tokens=2, stop=()))  # warm-up: first calls, kernels
     engine.reset_stats()
     started = time.perf_counter()
@@ -41,7 +42,7 @@ def worker_kvpage(model: str, length: int, new_tokens: int, dtype: str, pool_mib
     stats = engine.stats()
     return {
         "system": "kvpage",
-        "prefill_tok_s": length / prefill_s,
+        "prefill_tok_s": len(ids) / prefill_s,
         "decode_tok_s": (new_tokens - 1) / stats.decode_seconds,
         "decode_wall_tok_s": new_tokens / decode_s,
         "pool_mib": stats.pool_bytes / 2**20 if stats.pool_bytes else (engine.pool.num_slots * engine.spec.num_layers * engine.pool.slot_bytes) / 2**20,
@@ -66,7 +67,7 @@ def worker_transformers(model: str, length: int, new_tokens: int, dtype: str, ho
     folder = resolve_folder(model, Path(home) if home else default_home())
     tokenizer = AutoTokenizer.from_pretrained(folder)
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation="sdpa").eval()
-    ids = prompt_ids(tokenizer, length)
+    ids = prompt_ids(tokenizer, length - new_tokens)
 
     def greedy(prompt: list[int], count: int) -> tuple[list[int], float, float]:
         cache = DynamicCache(config=reference.config)
@@ -88,7 +89,7 @@ def worker_transformers(model: str, length: int, new_tokens: int, dtype: str, ho
     tokens, prefill_s, decode_s = greedy(ids, new_tokens)
     return {
         "system": "transformers",
-        "prefill_tok_s": length / prefill_s,
+        "prefill_tok_s": len(ids) / prefill_s,
         "decode_tok_s": (new_tokens - 1) / decode_s,
         "path": "sdpa/DynamicCache",
         "peak_rss_mib": peak_rss_mib(),
@@ -110,7 +111,7 @@ def worker_llamacpp(model: str, length: int, new_tokens: int, home: str | None) 
     from kvpage_cli.engine.weights import resolve_folder
     from transformers import AutoTokenizer
 
-    ids = prompt_ids(AutoTokenizer.from_pretrained(resolve_folder(model, Path(home) if home else default_home())), length)
+    ids = prompt_ids(AutoTokenizer.from_pretrained(resolve_folder(model, Path(home) if home else default_home())), length - new_tokens)
     started = time.perf_counter()
     llm.eval(ids)
     prefill_s = time.perf_counter() - started
@@ -121,7 +122,7 @@ def worker_llamacpp(model: str, length: int, new_tokens: int, home: str | None) 
         tokens.append(int(token))
         llm.eval([token])
     decode_s = time.perf_counter() - started
-    return {"system": "llama.cpp", "prefill_tok_s": length / prefill_s, "decode_tok_s": new_tokens / decode_s,
+    return {"system": "llama.cpp", "prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": new_tokens / decode_s,
             "path": "Q4_1 GGUF", "peak_rss_mib": peak_rss_mib(), "tokens": tokens}
 
 

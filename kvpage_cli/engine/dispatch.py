@@ -36,6 +36,8 @@ class AttentionDispatch:
         self.triton_ops = triton_ops
         self.bf16 = store.groups[0].dtype == torch.bfloat16
         self.copy_seconds = 0.0
+        self._states: torch.Tensor | None = None
+        self._lse: torch.Tensor | None = None
         self.selector = None  # set by selective mode: (layer, q, ctx, ids, positions) -> (ids, positions)
 
     def blocks_for(self, layer: int, ctx: Context, q_start: int) -> tuple[list[int], list[int]]:
@@ -50,6 +52,11 @@ class AttentionDispatch:
         """q: [T, Hq, D] at positions q_start.. -> attention output [T, Hq, D] fp32."""
         group = self.store.group_of(layer)
         seq_end = q_start + q.shape[0]
+        if self.backend == "native" and self.kv_path == "store" and q.shape[0] == 1 and self.selector is None:
+            # Decode fast path: the table's cached id tensors; a sliding table holds only its window.
+            ids_t, pos_t = ctx.tables[group.index].live_tensors()
+            pos = self.store.layer_pos[layer]
+            return self._native_decode(q, group.k_addr[pos], group.v_addr[pos], ids_t, pos_t, q_start, seq_end, group.window)
         ids, positions = self.blocks_for(layer, ctx, q_start)
         if self.selector is not None:
             ids, positions = self.selector(layer, q, ctx, ids, positions)
@@ -131,8 +138,7 @@ class AttentionDispatch:
         n = len(ids)
         fold = None
         if native_decode:
-            states = torch.empty(n, self.spec.num_heads, self.spec.head_dim)
-            lse = torch.empty(n, self.spec.num_heads)
+            states, lse = self._scratch(n)
         else:
             qh, row_pos = self._rows(q, q_start)
             if self.backend == "native":
@@ -171,10 +177,16 @@ class AttentionDispatch:
         merged = fold.result() if fold is not None else self._merge(outs, lses, qh)
         return torch_attention.rows_to_tokens(merged, num_tokens)
 
+    def _scratch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reused buffers for n blocks' decode states (allocating them each call costs page faults)."""
+        if self._states is None or self._states.shape[0] < n:
+            size = max(n, 2 * (self._states.shape[0] if self._states is not None else 0), 64)
+            self._states = torch.empty(size, self.spec.num_heads, self.spec.head_dim)
+            self._lse = torch.empty(size, self.spec.num_heads)
+        return self._states[:n], self._lse[:n]
+
     def _native_decode(self, q, k_addr, v_addr, ids_t, pos_t, q_start, seq_end, window) -> torch.Tensor:
-        n = ids_t.numel()
-        states = torch.empty(n, self.spec.num_heads, self.spec.head_dim)
-        lse = torch.empty(n, self.spec.num_heads)
+        states, lse = self._scratch(ids_t.numel())
         native.decode_block_states(
             self.native_lib, q[0].float().contiguous(), k_addr, v_addr, ids_t, pos_t, self.spec.num_kv_heads,
             q_start, seq_end, window, self.spec.attn_scale, states, lse, self.bf16,

@@ -59,6 +59,8 @@ class Engine:
             raise UsageError(f"pool_mib={config.pool_mib} is too small for {name}: one slot per layer needs {need:.3f} MiB")
         self.pool = SlotPool(spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, self.dtype, device)
         self.dispatch = AttentionDispatch(spec, self.store, self.pool, backend, kv_path, native_lib, triton_ops)
+        if native_lib is not None:
+            runner.matvec = native.MatVec(native_lib, max(runner.lm_head_t.shape[1], 2 * spec.intermediate_size))
         self.metrics = Metrics()
 
     # -- loading -------------------------------------------------------------------------------

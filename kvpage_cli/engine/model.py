@@ -102,6 +102,13 @@ class ModelRunner:
         q_size = spec.num_heads * spec.head_dim
         kv_size = spec.num_kv_heads * spec.head_dim
         self._split = (q_size, kv_size, kv_size)
+        self.matvec = None  # optional fast y = x @ w_t for one row (set by the engine on CPU)
+
+    def linear(self, x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
+        """x: [T, in] @ w_t: [in, out]."""
+        if self.matvec is not None and x.shape[0] == 1:
+            return self.matvec(x, w_t)
+        return x @ w_t
 
     @property
     def weight_bytes(self) -> int:
@@ -149,7 +156,7 @@ class ModelRunner:
         h = self.embed_tokens(token_ids)
         for i, (layer_spec, w) in enumerate(zip(spec.layers, self.layers)):
             x = self.norm(h, w.norm_attn)
-            qkv = x @ w.qkv_t
+            qkv = self.linear(x, w.qkv_t)
             if w.qkv_bias is not None:
                 qkv = qkv + w.qkv_bias
             q, k, v = qkv.split(self._split, dim=-1)
@@ -164,7 +171,7 @@ class ModelRunner:
             k = apply_rope(k, cos, sin)
             write_kv(i, k, v)
             a = attend(i, q).to(self.dtype).reshape(num_tokens, spec.num_heads * spec.head_dim)
-            a = a @ w.o_t
+            a = self.linear(a, w.o_t)
             if w.o_bias is not None:
                 a = a + w.o_bias
             if spec.gemma_norms:
@@ -175,14 +182,14 @@ class ModelRunner:
                 h = h + a
                 h = h + self.mlp(self.norm(h, w.norm_mlp), w)
         last = h if all_logits else h[-1:]
-        logits = (self.norm(last, self.final_norm) @ self.lm_head_t).float()
+        logits = self.linear(self.norm(last, self.final_norm), self.lm_head_t).float()
         if spec.final_logit_softcap:
             cap = spec.final_logit_softcap
             logits = torch.tanh(logits / cap) * cap
         return logits if all_logits else logits[0]
 
     def mlp(self, x: torch.Tensor, w: LayerWeights) -> torch.Tensor:
-        gate_up = x @ w.gate_up_t
+        gate_up = self.linear(x, w.gate_up_t)
         if w.gate_up_bias is not None:
             gate_up = gate_up + w.gate_up_bias
         gate, up = gate_up.chunk(2, dim=-1)
@@ -190,7 +197,7 @@ class ModelRunner:
             act = F.gelu(gate, approximate="tanh")
         else:
             act = F.silu(gate)
-        out = (act * up) @ w.down_t
+        out = self.linear(act * up, w.down_t)
         if w.down_bias is not None:
             out = out + w.down_bias
         return out

@@ -63,6 +63,8 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_merge_states.restype = None
     lib.kvp_fold_states.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, ptr]
     lib.kvp_fold_states.restype = None
+    lib.kvp_gemv.argtypes = [i32, ptr, ptr, i32, i32, ptr, ptr]
+    lib.kvp_gemv.restype = None
     _LIB = lib
     return lib
 
@@ -134,3 +136,21 @@ class Fold:
     def result(self) -> torch.Tensor:
         out = self.acc / self.sum.clamp_min(torch.finfo(torch.float32).tiny)[:, None]
         return out.view(self.shape)
+
+
+class MatVec:
+    """y = x @ w_t for a single row x, at memory bandwidth: the decode step's weight reads.
+
+    w_t: [in, out] contiguous (fp32 or bf16). Rows of w_t are split between threads."""
+
+    def __init__(self, lib: ctypes.CDLL, max_out: int) -> None:
+        self.lib = lib
+        self.partial = torch.empty(8 * max_out)
+
+    def __call__(self, x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
+        rows, cols = w_t.shape
+        xf = x.reshape(rows).float().contiguous()
+        y = torch.empty(cols)
+        self.lib.kvp_gemv(int(w_t.dtype == torch.bfloat16), xf.data_ptr(), w_t.data_ptr(), rows, cols, y.data_ptr(),
+                          self.partial.data_ptr())
+        return y.view(1, cols).to(x.dtype)

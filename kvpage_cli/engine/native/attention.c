@@ -14,6 +14,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -284,5 +287,61 @@ void kvp_fold_states(const float *states, const float *lse, int n, int H, int D,
         }
         m[h] = mh;
         l[h] = lh;
+    }
+}
+
+/* y[out] = x[in] @ w[in, out] (w row-major, i.e. the transposed weight). Rows are split between
+ * threads, each streaming its rows in order into a partial sum; partials are added at the end. */
+void kvp_gemv(int bf16, const float *x, const void *w, int in, int out, float *y, float *partial) {
+    int threads = 1;
+#if defined(_OPENMP)
+    threads = omp_get_max_threads();
+    if (threads > 8) threads = 8;
+#endif
+#pragma omp parallel num_threads(threads)
+    {
+        int t = 0, nt = 1;
+#if defined(_OPENMP)
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        const int r0 = (int)((int64_t)in * t / nt), r1 = (int)((int64_t)in * (t + 1) / nt);
+        float *acc = partial + (int64_t)t * out;
+        memset(acc, 0, sizeof(float) * (size_t)out);
+        int i = r0;
+        for (; i + 4 <= r1; i += 4) {
+            const float x0 = x[i], x1 = x[i + 1], x2 = x[i + 2], x3 = x[i + 3];
+            if (bf16) {
+                const uint16_t *w0 = (const uint16_t *)w + (int64_t)i * out;
+#pragma omp simd
+                for (int j = 0; j < out; j++)
+                    acc[j] += x0 * bf16_to_f32(w0[j]) + x1 * bf16_to_f32(w0[out + j]) + x2 * bf16_to_f32(w0[2 * out + j]) +
+                              x3 * bf16_to_f32(w0[3 * out + j]);
+            } else {
+                const float *w0 = (const float *)w + (int64_t)i * out;
+#pragma omp simd
+                for (int j = 0; j < out; j++)
+                    acc[j] += x0 * w0[j] + x1 * w0[out + j] + x2 * w0[2 * out + j] + x3 * w0[3 * out + j];
+            }
+        }
+        for (; i < r1; i++) {
+            const float xi = x[i];
+            if (bf16) {
+                const uint16_t *wi = (const uint16_t *)w + (int64_t)i * out;
+#pragma omp simd
+                for (int j = 0; j < out; j++) acc[j] += xi * bf16_to_f32(wi[j]);
+            } else {
+                const float *wi = (const float *)w + (int64_t)i * out;
+#pragma omp simd
+                for (int j = 0; j < out; j++) acc[j] += xi * wi[j];
+            }
+        }
+#pragma omp barrier
+        const int c0 = (int)((int64_t)out * t / nt), c1 = (int)((int64_t)out * (t + 1) / nt);
+        for (int j = c0; j < c1; j++) {
+            float s = 0.0f;
+            for (int p = 0; p < nt; p++) s += partial[(int64_t)p * out + j];
+            y[j] = s;
+        }
     }
 }
