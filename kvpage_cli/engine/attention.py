@@ -66,37 +66,87 @@ def _visible_range(row_pos: torch.Tensor, seq_end: int, window: int) -> tuple[to
 def _block_states_flash(qh, row_pos, k, v, block_pos, seq_end, window, scale):
     # Blocks as the batch dimension of torch's CPU flash-attention kernel: each block is one
     # independent softmax over its 64 keys, which returns exactly the per-block state.
-    num_kv_heads, rows, head_dim = qh.shape
     n = k.shape[0]
     kf, vf = k.float(), v.float()
     first, last = _visible_range(row_pos, seq_end, window)
     key_first = block_pos.to(torch.int64) * BLOCK_TOKENS
     key_last = key_first + BLOCK_TOKENS - 1
-    whole = (key_last <= int(last.min())) & (key_first >= int(first.max()))  # [n] visible to every row in full
-    none = (key_first[:, None] > last[None, :]) | (key_last[:, None] < first[None, :])  # [n, R]
-
-    out = torch.empty(n, num_kv_heads, rows, head_dim)
-    lse = torch.empty(n, num_kv_heads, rows)
-    whole_idx = torch.nonzero(whole).flatten().tolist()
-    lo, hi = (whole_idx[0], whole_idx[-1] + 1) if whole_idx else (n, n)
-    if hi - lo != len(whole_idx):  # not one contiguous stretch: mask them all
-        lo, hi = n, n
+    whole = ((key_last <= int(last.min())) & (key_first >= int(first.max()))).tolist()  # visible to every row in full
     q4 = qh.unsqueeze(0)
+    outs, lses = [], []
+    start = 0
+    while start < n:  # consecutive stretches of blocks that are all whole, or all not
+        end = start
+        while end < n and whole[end] == whole[start]:
+            end += 1
+        batch = q4.expand(end - start, -1, -1, -1)
+        if whole[start]:
+            o, l = _flash_cpu(batch, kf[start:end], vf[start:end], scale=scale)
+        else:
+            key_pos = key_first[start:end, None] + torch.arange(BLOCK_TOKENS)  # [m, 64]
+            visible = (key_pos[:, None, :] <= last[None, :, None]) & (key_pos[:, None, :] >= first[None, :, None])
+            mask = torch.zeros(visible.shape, dtype=torch.float32).masked_fill_(~visible, float("-inf"))
+            o, l = _flash_cpu(batch, kf[start:end], vf[start:end], attn_mask=mask[:, None], scale=scale)
+            none = ~visible.any(-1)  # [m, R]: rows that see nothing of a block (the kernel gives lse 0 there)
+            if bool(none.any()):
+                l = l.masked_fill(none[:, None, :], float("-inf"))
+                o = o.masked_fill(none[:, None, :, None], 0.0)
+        outs.append(o)
+        lses.append(l)
+        start = end
+    if len(outs) == 1:
+        return outs[0], lses[0]
+    return torch.cat(outs), torch.cat(lses)
+
+
+def range_attention(
+    qh: torch.Tensor,
+    row_pos: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_pos: torch.Tensor,
+    seq_end: int,
+    window: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of query rows over n consecutive blocks in logical order, as one state.
+
+    Same arguments as block_states. The blocks every row sees whole go through one unmasked
+    flash-attention call as a single sequence (as fast as attention over a contiguous cache);
+    the edge blocks (causal and window boundaries) get per-block masked calls; the pieces are
+    merged in logical order. The split is fixed by the positions alone, so the result depends
+    only on the context, not on where its blocks are stored. Returns out: [Hkv, R, D], lse: [Hkv, R].
+    """
+    num_kv_heads, rows, head_dim = qh.shape
+    n = k.shape[0]
+    if _flash_cpu is None or k.device.type != "cpu":
+        out, lse = block_states(qh, row_pos, k, v, block_pos, seq_end, window, scale)
+        return merge_states_with_lse(out, lse)
+    first, last = _visible_range(row_pos, seq_end, window)
+    key_first = block_pos.to(torch.int64) * BLOCK_TOKENS
+    whole = ((key_first + BLOCK_TOKENS - 1 <= int(last.min())) & (key_first >= int(first.max()))).tolist()
+    lo = whole.index(True) if True in whole else n
+    hi = lo
+    while hi < n and whole[hi]:
+        hi += 1
+    outs, lses = [], []
+    if lo > 0:
+        o, l = _block_states_flash(qh, row_pos, k[:lo], v[:lo], block_pos[:lo], seq_end, window, scale)
+        outs.append(o)
+        lses.append(l)
     if hi > lo:
-        o, l = _flash_cpu(q4.expand(hi - lo, -1, -1, -1), kf[lo:hi], vf[lo:hi], scale=scale)
-        out[lo:hi], lse[lo:hi] = o, l
-    for a, b in ((0, lo), (hi, n)):
-        if b <= a:
-            continue
-        key_pos = key_first[a:b, None] + torch.arange(BLOCK_TOKENS)  # [m, 64]
-        visible = (key_pos[:, None, :] <= last[None, :, None]) & (key_pos[:, None, :] >= first[None, :, None])
-        mask = torch.zeros(visible.shape, dtype=torch.float32).masked_fill_(~visible, float("-inf"))
-        o, l = _flash_cpu(q4.expand(b - a, -1, -1, -1), kf[a:b], vf[a:b], attn_mask=mask[:, None], scale=scale)
-        out[a:b], lse[a:b] = o, l
-    if bool(none.any()):
-        lse.masked_fill_(none[:, None, :], float("-inf"))
-        out.masked_fill_(none[:, None, :, None], 0.0)
-    return out, lse
+        kf = k[lo:hi].float().permute(1, 0, 2, 3).reshape(1, num_kv_heads, (hi - lo) * BLOCK_TOKENS, head_dim)
+        vf = v[lo:hi].float().permute(1, 0, 2, 3).reshape(1, num_kv_heads, (hi - lo) * BLOCK_TOKENS, head_dim)
+        o, l = _flash_cpu(qh.unsqueeze(0), kf, vf, scale=scale)
+        outs.append(o)
+        lses.append(l)
+    if hi < n:
+        o, l = _block_states_flash(qh, row_pos, k[hi:], v[hi:], block_pos[hi:], seq_end, window, scale)
+        outs.append(o)
+        lses.append(l)
+    if not outs:
+        return torch.zeros(qh.shape), torch.full(qh.shape[:2], float("-inf"))
+    return merge_states_with_lse(torch.cat(outs), torch.cat(lses))
 
 
 def _block_states_matmul(qh, row_pos, k, v, block_pos, seq_end, window, scale):
@@ -122,9 +172,14 @@ def _block_states_matmul(qh, row_pos, k, v, block_pos, seq_end, window, scale):
 
 def merge_states(out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """Merges states along dim 0 in order. out: [n, ..., D], lse: [n, ...] -> [..., D] fp32."""
+    return merge_states_with_lse(out, lse)[0]
+
+
+def merge_states_with_lse(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """As merge_states, also returning the merged log-sum-exp (-inf where every state is empty)."""
     top = lse.amax(0)
     top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
     weights = torch.exp(lse - top)  # 0 for empty states
     total = weights.sum(0)
     merged = (weights[..., None] * out).sum(0)
-    return merged / total.clamp_min(torch.finfo(torch.float32).tiny)[..., None]
+    return merged / total.clamp_min(torch.finfo(torch.float32).tiny)[..., None], top + torch.log(total)

@@ -21,8 +21,6 @@ from .pool import SlotPool
 from .spec import ModelSpec
 from .store import BlockStore
 
-STATE_BUDGET = 64 * 2**20  # bytes of per-block states held at once on the store path
-
 
 class AttentionDispatch:
     def __init__(self, spec: ModelSpec, store: BlockStore, pool: SlotPool, backend: str, kv_path: str,
@@ -74,53 +72,22 @@ class AttentionDispatch:
         qh, row_pos = self._rows(q, q_start)
         block_pos = torch.tensor(positions, dtype=torch.int64)
         runs = group.runs(ids)
-        if self.backend == "native":
-            fold = native.Fold(self.native_lib, self.spec.num_kv_heads, qh.shape[1], self.spec.head_dim)
-            piece = self._blocks_per_call(qh.shape[1])
-            done = 0
-            for run in runs:
-                k, v = group.run_view(pos, run)
-                for first in range(0, run.count, piece):
-                    count = min(piece, run.count - first)
-                    out, lse = torch_attention.block_states(
-                        qh, row_pos, k[first:first + count], v[first:first + count],
-                        block_pos[done + first:done + first + count], seq_end, group.window, self.spec.attn_scale,
-                    )
-                    fold.add(out, lse)
-                done += run.count
-            return torch_attention.rows_to_tokens(fold.result(), num_tokens)
-        step = self._rows_per_call(len(ids), qh.shape[1])
-        merged = []
-        for first_row in range(0, qh.shape[1], step):
-            rows = slice(first_row, first_row + step)
-            outs, lses, done = [], [], 0
-            for run in runs:
-                k, v = group.run_view(pos, run)
-                out, lse = torch_attention.block_states(
-                    qh[:, rows], row_pos[rows], k, v, block_pos[done:done + run.count], seq_end, group.window, self.spec.attn_scale
-                )
-                outs.append(out)
-                lses.append(lse)
-                done += run.count
-            merged.append(self._merge(outs, lses, qh[:, rows]))
-        return torch_attention.rows_to_tokens(torch.cat(merged, dim=1), num_tokens)
+        if not runs:
+            return torch.zeros(q.shape, dtype=torch.float32)
+        views = [group.run_view(pos, run) for run in runs]
+        if len(views) == 1:
+            k, v = views[0]
+        else:  # gather the context's blocks so that the split below depends on positions only
+            k = torch.cat([kv[0] for kv in views])
+            v = torch.cat([kv[1] for kv in views])
+        out, _ = torch_attention.range_attention(qh, row_pos, k, v, block_pos, seq_end, group.window, self.spec.attn_scale)
+        return torch_attention.rows_to_tokens(out, num_tokens)
 
     def _rows(self, q: torch.Tensor, q_start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Query rows [Hkv, T*G, D] fp32 and their positions [T*G]."""
         group = self.spec.group_size
         row_pos = torch.arange(q_start, q_start + q.shape[0], device=q.device).repeat_interleave(group)
         return torch_attention.query_rows(q, self.spec.num_kv_heads), row_pos
-
-    def _blocks_per_call(self, num_rows: int) -> int:
-        """Blocks per call so that their per-block states stay within STATE_BUDGET bytes."""
-        per_block = num_rows * self.spec.num_kv_heads * self.spec.head_dim * 4
-        return max(1, STATE_BUDGET // per_block)
-
-    def _rows_per_call(self, num_blocks: int, num_rows: int) -> int:
-        """Query rows per call so that the per-block states stay within STATE_BUDGET bytes."""
-        per_row = max(1, num_blocks) * self.spec.num_kv_heads * self.spec.head_dim * 4
-        group = self.spec.group_size
-        return max(group, STATE_BUDGET // per_row // group * group)
 
     def _attend_pool(self, layer, q, q_start, seq_end, group, ids, positions) -> torch.Tensor:
         pos = self.store.layer_pos[layer]
