@@ -164,3 +164,17 @@ def test_sampling_is_reproducible_with_a_seed(tiny_models, kv_home):
     greedy = list(engine.generate(engine.prefill(ids), max_new_tokens=20, stop=()))
     assert first == second
     assert first != greedy
+
+
+def test_score_gives_the_log_probabilities_transformers_gives(tiny_models, kv_home):
+    model = tiny_models["qwen3"]
+    engine = Engine.load(model, EngineConfig(home=str(kv_home)))
+    prompt, continuation = random_prompt(70, seed=41), random_prompt(6, seed=42)
+    ctx = engine.prefill(prompt)
+    ours = engine.score(engine.fork(ctx), continuation)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + continuation])).logits[0].float()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    theirs = [float(log_probs[len(prompt) - 1 + i, t]) for i, t in enumerate(continuation)]
+    assert max(abs(a - b) for a, b in zip(ours, theirs)) < 1e-4
+    assert len(ctx.tokens) == 70  # the fork took the continuation, the document did not

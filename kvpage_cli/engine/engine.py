@@ -177,6 +177,22 @@ class Engine:
             decode_seconds += elapsed
             self.metrics.add_decode(1, elapsed)
 
+    def score(self, ctx: Context, token_ids: Iterable[int]) -> list[float]:
+        """Log-probabilities of `token_ids` as a continuation of the context, one per token.
+
+        The tokens are appended to the context (fork first to keep the original)."""
+        token_ids = list(token_ids)
+        if not token_ids:
+            return []
+        logits = self.logits(ctx)
+        scores = [float(torch.log_softmax(logits, dim=-1)[token_ids[0]])]
+        self._check_length(len(ctx.tokens) + len(token_ids))
+        ctx.tokens.extend(token_ids)
+        every = self._forward(ctx, token_ids, all_logits=True)  # [T, V]
+        log_probs = torch.log_softmax(every[:-1], dim=-1)
+        scores += [float(log_probs[i, t]) for i, t in enumerate(token_ids[1:])]
+        return scores
+
     @property
     def stop_ids(self) -> set[int]:
         ids = set(self.spec.eos_token_ids)
@@ -208,7 +224,7 @@ class Engine:
             emit(on_event, PrefillProgress(done, total, self._clock() - started, ctx.cached_prefix))
         self.metrics.add_prefill(total, self._clock() - started)
 
-    def _forward(self, ctx: Context, token_ids: list[int]) -> torch.Tensor:
+    def _forward(self, ctx: Context, token_ids: list[int], all_logits: bool = False) -> torch.Tensor:
         start = ctx.num_cached
         self._make_room(ctx, start, len(token_ids))
         ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
@@ -219,10 +235,10 @@ class Engine:
         def attend(layer: int, q: torch.Tensor) -> torch.Tensor:
             return self.dispatch.attend(layer, q, start, ctx)
 
-        logits = self.runner.forward(ids, start, write_kv, attend)
+        logits = self.runner.forward(ids, start, write_kv, attend, all_logits=all_logits)
         ctx.num_cached += len(token_ids)
         self._drop_outside_windows(ctx)
-        ctx.last_logits = logits
+        ctx.last_logits = logits[-1] if all_logits else logits
         return logits
 
     def _make_room(self, ctx: Context, start: int, count: int) -> None:
