@@ -352,9 +352,9 @@ def _pdf_bytes(blocks: list[Block], total_pages: int | None) -> tuple[bytes, int
     base = ParagraphStyle(
         "Body",
         fontName="Times-Roman",
-        fontSize=11,
-        leading=13.5,
-        spaceAfter=6,
+        fontSize=12,
+        leading=18,
+        spaceAfter=10,
         alignment=TA_JUSTIFY,
         hyphenationLang="",
         embeddedHyphenation=0,
@@ -363,8 +363,8 @@ def _pdf_bytes(blocks: list[Block], total_pages: int | None) -> tuple[bytes, int
     title = ParagraphStyle("Title", parent=base, fontName="Times-Bold", fontSize=18,
                            leading=22, alignment=TA_CENTER, spaceAfter=8)
     subtitle = ParagraphStyle("Subtitle", parent=base, alignment=TA_CENTER, spaceAfter=16)
-    heading = ParagraphStyle("Heading1", parent=base, fontName="Times-Bold", fontSize=12,
-                             leading=15, spaceBefore=10, spaceAfter=6, keepWithNext=1,
+    heading = ParagraphStyle("Heading1", parent=base, fontName="Times-Bold", fontSize=13,
+                             leading=18, spaceBefore=10, spaceAfter=6, keepWithNext=1,
                              alignment=0)
     sig = ParagraphStyle("Signature", parent=base, spaceAfter=2, alignment=0)
     party = ParagraphStyle("SignatureParty", parent=sig, spaceBefore=12, spaceAfter=10)
@@ -373,7 +373,7 @@ def _pdf_bytes(blocks: list[Block], total_pages: int | None) -> tuple[bytes, int
         ParagraphStyle("Level1", parent=base, leftIndent=0.4 * inch),
         ParagraphStyle("Level2", parent=base, leftIndent=0.8 * inch),
     ]
-    cell = ParagraphStyle("Cell", parent=base, fontSize=10.5, leading=13, spaceAfter=0,
+    cell = ParagraphStyle("Cell", parent=base, fontSize=11, leading=14, spaceAfter=0,
                           alignment=0)
 
     pages = {"n": 0}

@@ -177,6 +177,13 @@ class Engine:
             decode_seconds += elapsed
             self.metrics.add_decode(1, elapsed)
 
+    def append(self, ctx: Context, token_ids: Iterable[int], on_event: EventCallback | None = None) -> Context:
+        """Appends tokens to the context (their K/V into blocks, logits of the last one ready)."""
+        if ctx.released:
+            raise ValueError("the context was released")
+        self._extend(ctx, list(token_ids), on_event)
+        return ctx
+
     def score(self, ctx: Context, token_ids: Iterable[int]) -> list[float]:
         """Log-probabilities of `token_ids` as a continuation of the context, one per token.
 

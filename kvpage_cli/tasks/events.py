@@ -12,10 +12,3 @@ class ReviewProgress:
     done: int
     total: int
     clause_id: str
-
-
-@dataclass(frozen=True)
-class AnswerText:
-    """A piece of the answer, as decoded (ask streams these to stdout)."""
-
-    text: str
