@@ -101,6 +101,31 @@ def test_fork_shares_blocks_and_answers_like_separate_runs(kv_home):
     assert list(engine.generate(engine.fork(doc), question_a, max_new_tokens=16, stop=())) == separate_a
 
 
+def test_shared_blocks_are_freed_only_when_no_context_uses_them(kv_home):
+    import gc
+
+    model = tiny_model("gemma3_text")  # sliding-window layers drop blocks too: their counts must hold as well
+    engine = Engine.load(model, EngineConfig(home=str(kv_home)))
+    document, question = random_prompt(5 * BLOCK_TOKENS + 10, seed=51), random_prompt(70, seed=52)
+    expected = list(engine.generate(engine.prefill(document + question), max_new_tokens=6, stop=()))
+    gc.collect()
+    doc = engine.prefill(document)
+    used = engine.stats().store_bytes
+    child = engine.fork(doc)
+    grandchild = engine.fork(child)
+    engine.release(doc)  # the forks still hold the document's blocks
+    assert engine.stats().store_bytes == used
+    assert list(engine.generate(grandchild, question, max_new_tokens=6, stop=())) == expected
+    del child
+    gc.collect()
+    engine.release(grandchild)
+    gc.collect()
+    assert engine.stats().store_bytes == 0
+    for group in engine.store.groups:
+        assert all(count == 0 for count in group.allocator.refcount)
+        assert group.allocator.num_free == group.allocator.capacity
+
+
 def test_sliding_window_layers_keep_only_their_window(kv_home):
     model = tiny_model("gemma3_text")  # layers: sliding(100), full, sliding(100)
     engine = Engine.load(model, EngineConfig(home=str(kv_home)))
@@ -178,3 +203,35 @@ def test_score_gives_the_log_probabilities_transformers_gives(tiny_models, kv_ho
     theirs = [float(log_probs[len(prompt) - 1 + i, t]) for i, t in enumerate(continuation)]
     assert max(abs(a - b) for a, b in zip(ours, theirs)) < 1e-4
     assert len(ctx.tokens) == 70  # the fork took the continuation, the document did not
+
+
+@pytest.mark.parametrize("arch,backend,kv_path", [
+    ("llama", "torch", "store"), ("llama", "torch", "pool"), ("llama", "native", "store"), ("llama", "native", "pool"),
+    ("gemma3_text", "native", "store"), ("gemma3_text", "torch", "pool"),
+])
+def test_a_host_budget_far_below_the_kv_gives_the_same_bits(arch, backend, kv_path, kv_home):
+    model = tiny_model(arch)
+    ids = random_prompt(14 * BLOCK_TOKENS + 17, seed=23)
+    in_ram = engine_with_slots(model, kv_home, 6, backend=backend, kv_path=kv_path)
+    budget_mib = 0.05  # about two blocks of every layer; the context needs 16
+    spilled = engine_with_slots(model, kv_home, 6, backend=backend, kv_path=kv_path, host_mib=budget_mib)
+    ram_logits, ram_tokens = run(in_ram, ids, new_tokens=4)
+    disk_logits, disk_tokens = run(spilled, ids, new_tokens=4)
+    assert disk_tokens == ram_tokens
+    assert all(torch.equal(a, b) for a, b in zip(ram_logits, disk_logits))
+
+    ctx = spilled.prefill(ids)
+    stats = spilled.stats()
+    assert stats.store_disk_bytes > 0.8 * stats.store_bytes
+    assert stats.store_ram_bytes <= budget_mib * 2**20
+    assert spilled.store.source.ram_bytes <= budget_mib * 2**20  # arenas reserved, not only blocks used
+    assert in_ram.stats().store_disk_bytes == 0
+    half = Engine.load(model, EngineConfig(home=str(kv_home), backend=backend, kv_path=kv_path,
+                                           host_mib=stats.store_bytes / 2 / 2**20))
+    half_ctx = half.prefill(ids)
+    assert 0.4 < half.stats().store_disk_bytes / half.stats().store_bytes < 0.6  # RAM is filled first
+    del half_ctx
+    spill_folder = spilled.store.source.folder()
+    assert oct(spill_folder.stat().st_mode & 0o777) == oct(0o700)
+    assert list(spill_folder.iterdir()) == []  # the files are unlinked once mapped: nothing outlives the process
+    del ctx

@@ -507,3 +507,32 @@ except kk.TritonUnavailableError as e:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+# -- the engine's triton backend, end to end (interpreter on CPU, compiled on CUDA) --------------
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_engine_triton_backend_matches_torch(arch, kv_home):
+    from kvpage_cli.engine import Engine, EngineConfig
+
+    from .conftest import random_prompt, tiny_model
+
+    shape = dict(num_hidden_layers=2, head_dim=64, num_attention_heads=4, num_key_value_heads=1)  # kernels: D >= 64
+    if arch == "gemma3_text":
+        shape["layer_types"] = ["sliding_attention", "full_attention"]
+    model = tiny_model(arch, **shape)
+    ids = random_prompt(150, seed=61)  # past gemma's 100-token window, three blocks
+    engines = {
+        backend: Engine.load(model, EngineConfig(home=str(kv_home), backend=backend, kv_path="pool", pool_mib=0.0625,
+                                                 prefill_chunk=64))
+        for backend in ("torch", "triton")
+    }
+    assert engines["triton"].backend == "triton"
+    results = {}
+    for backend, engine in engines.items():
+        ctx = engine.prefill(ids)
+        logits = engine.logits(ctx).clone()
+        results[backend] = (logits, list(engine.generate(ctx, max_new_tokens=6, stop=())))
+    assert results["triton"][1] == results["torch"][1]
+    assert (results["triton"][0] - results["torch"][0]).abs().max().item() < 1e-4

@@ -11,6 +11,7 @@ from .config import BLOCK_TOKENS, EngineConfig
 from .context import Context
 from .engine import Engine
 from .events import BlocksMoved, DecodeProgress, EngineWarning, Event, ModelLoading, PrefillProgress
+from .kvcache import CacheEntry, KVCache
 from .metrics import EngineStats
 from .spec import SUPPORTED_ARCHITECTURES, ModelSpec
 from .weights import ALIASES, DEFAULT_MODEL
@@ -19,6 +20,7 @@ __all__ = [
     "ALIASES",
     "BLOCK_TOKENS",
     "BlocksMoved",
+    "CacheEntry",
     "Context",
     "DEFAULT_MODEL",
     "DecodeProgress",
@@ -27,6 +29,7 @@ __all__ = [
     "EngineStats",
     "EngineWarning",
     "Event",
+    "KVCache",
     "ModelLoading",
     "ModelSpec",
     "PrefillProgress",

@@ -33,8 +33,10 @@ class BlockAllocator:
         start = self.capacity
         self.refcount.extend([0] * count)
         self.generation.extend([0] * count)
-        # Reversed so that pop() hands out ascending ids: runs of consecutive ids stay contiguous.
+        # Kept sorted high->low so that pop() hands out the lowest free id: runs of consecutive ids
+        # stay contiguous, and earlier arenas (host RAM before the disk tier) are used first.
         self._free.extend(range(start + count - 1, start - 1, -1))
+        self._free.sort(reverse=True)
         return range(start, start + count)
 
     def can_allocate(self, count: int) -> bool:

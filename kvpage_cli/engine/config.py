@@ -35,7 +35,12 @@ class EngineConfig:
     home: folder for caches (converted weights, saved KV); None means ~/.cache/kvpage.
     policy, recent_blocks: selective mode's residency policy and the number of most recent
         blocks always kept.
-    host_mib: bound on the host RAM the store may use before blocks spill to disk (None: no bound).
+    host_mib: bound on the host RAM the store may use (None: no bound); blocks beyond it live in
+        memory-mapped files under `home/tmp` (removed when the process ends) and are read back on
+        demand. Values are the same bits wherever a block lives.
+    kv_cache: save documents' blocks after a prefill under `home/kv/` and reuse them when a later
+        prompt starts with the same tokens (see `kvcache.KVCache`).
+    cache_mib: size limit of that cache; least recently used entries are evicted beyond it.
     """
 
     pool_mib: float = 64.0
@@ -52,6 +57,8 @@ class EngineConfig:
     recent_blocks: int = 2
     draft_layers: int = 2
     host_mib: float | None = None
+    kv_cache: bool = False
+    cache_mib: float = 2048.0
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -72,6 +79,8 @@ class EngineConfig:
             raise ValueError(f"recent_blocks must be >= 0, got {self.recent_blocks}")
         if self.host_mib is not None and self.host_mib < 0:
             raise ValueError(f"host_mib must be >= 0, got {self.host_mib}")
+        if not self.cache_mib > 0:
+            raise ValueError(f"cache_mib must be positive, got {self.cache_mib}")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

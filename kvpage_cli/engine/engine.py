@@ -15,14 +15,20 @@ from .config import BLOCK_TOKENS, EngineConfig
 from .context import BlockTable, Context
 from .dispatch import AttentionDispatch
 from .events import DecodeProgress, EngineWarning, EventCallback, PrefillProgress, emit
+from .kvcache import CachedPrefill, KVCache, chain_seed, model_fingerprint, segment_tokens_for
 from .metrics import EngineStats, Metrics
-from .model import ModelRunner
+from .model import ModelRunner, RopeAt
+from .mover import Mover
+from .policy import QuestPolicy, make_policy
 from .pool import SlotPool
+from .selector import Selector
 from .rope import rope_params_from_config
 from .sampler import sample
 from .spec import ModelSpec
 from .store import BlockStore
 from .weights import DEFAULT_MODEL, load_weights
+
+SCORE_QUERY_TOKENS = 16  # final prompt tokens whose attention scores the blocks ("scores" policy)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -48,9 +54,11 @@ class Engine:
         self.home = home
         self.fingerprint = fingerprint
         self.dtype = _DTYPES[config.dtype]
-        self.max_context = min(config.max_context, spec.max_position) if config.max_context else spec.max_position
+        self.max_context = config.max_context or spec.max_position
         store_device = torch.device("cpu")
-        self.store = BlockStore([layer.window for layer in spec.layers], spec.num_kv_heads, spec.head_dim, self.dtype, store_device)
+        host_bytes = int(config.host_mib * 2**20) if config.host_mib is not None else None
+        self.store = BlockStore([layer.window for layer in spec.layers], spec.num_kv_heads, spec.head_dim, self.dtype,
+                                store_device, host_bytes, home / "tmp")
         element = torch.empty(0, dtype=self.dtype).element_size()
         slot_bytes = 2 * spec.num_kv_heads * BLOCK_TOKENS * spec.head_dim * element
         slots = int(config.pool_mib * 2**20) // (spec.num_layers * slot_bytes)
@@ -62,6 +70,19 @@ class Engine:
         if native_lib is not None:
             runner.matvec = native.MatVec(native_lib, max(runner.lm_head_t.shape[1], 2 * spec.intermediate_size))
         self.metrics = Metrics()
+        self.policy = None
+        self.key_bounds: QuestPolicy | None = None  # per-block key min/max, kept in selective mode
+        if config.mode == "selective":
+            self.key_bounds = QuestPolicy(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.group_size)
+            self.dispatch.capture_rows = SCORE_QUERY_TOKENS
+            self.set_selection(config.policy, slots)
+            if kv_path == "pool":
+                self.pool.mover = Mover(device)
+        self.segment_tokens = segment_tokens_for(config.prefill_chunk)
+        # Restored KV must be the bits this engine computes: the seed names how it computes them.
+        self.cache_seed = chain_seed(fingerprint, f"{backend}|{kv_path}|{device.type}|{config.mode}|{config.policy}|"
+                                                  f"chunk{config.prefill_chunk}")
+        self._kv_cache: KVCache | None = None
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -89,7 +110,10 @@ class Engine:
             raise UsageError("kv_path='store' reads blocks in place and needs the store on the compute device (cpu)")
         if backend == "triton" and kv_path == "store":
             kv_path = "pool"  # the Triton kernels read pool slots
-        fingerprint = f"{weights.fingerprint}-{config.dtype}"
+        if config.max_context and config.max_context > weights.spec.max_position:
+            emit(on_event, EngineWarning(f"max_context {config.max_context} is beyond the {weights.spec.max_position} "
+                                         "positions the model was trained on; expect worse answers past that"))
+        fingerprint = model_fingerprint(weights.fingerprint, config.dtype, rope)
         return cls(weights.name, weights.spec, runner, weights.tokenizer, config, device, backend, kv_path, home,
                    fingerprint, native_lib, triton_ops)
 
@@ -100,14 +124,84 @@ class Engine:
         weakref.finalize(ctx, self._release_tables, ctx.tables)
         return ctx
 
-    def prefill(self, token_ids: Iterable[int], on_event: EventCallback | None = None) -> Context:
-        """A new context holding `token_ids` (their K/V in blocks, logits of the last one ready)."""
+    def prefill(self, token_ids: Iterable[int], on_event: EventCallback | None = None, *, label: str | None = None,
+                use_cache: bool = True) -> Context:
+        """A new context holding `token_ids` (their K/V in blocks, logits of the last one ready).
+
+        With the saved-KV cache on (`EngineConfig.kv_cache`, and `use_cache`), the longest saved
+        prefix of `token_ids` is loaded instead of computed (`ctx.cached_prefix` tokens; the
+        PrefillProgress events carry it as `cached`), and the prompt's new whole segments are
+        saved for later runs under `label` (e.g. the document's path, shown by `kvpage cache ls`).
+        The logits are the same bits either way."""
         token_ids = list(token_ids)
         if not token_ids:
             raise ValueError("prefill needs at least one token")
         ctx = self.new_context()
-        self._extend(ctx, token_ids, on_event)
+        cache = self._open_cache(on_event) if use_cache else None
+        if cache is None:
+            self._extend(ctx, token_ids, on_event)
+            self._score_blocks(ctx)
+            return ctx
+        self._check_length(len(token_ids))
+        started = self._clock()
+        cached = CachedPrefill(cache, self.store, self.cache_seed, self.name, token_ids, self.segment_tokens, label, on_event)
+        restored = cached.restore(ctx)
+        elapsed = self._clock() - started
+        self.metrics.add_cached(restored, elapsed)
+        if restored:
+            self._bound_restored_keys(ctx)
+            emit(on_event, PrefillProgress(restored, len(token_ids), elapsed, restored))
+        try:
+            self._extend(ctx, token_ids[restored:], on_event, restored, cached.after_chunk)
+        finally:
+            cached.finish()
+        self._score_blocks(ctx)
         return ctx
+
+    def _score_blocks(self, ctx: Context) -> None:
+        """In selective mode, for the "scores" policy: each block's share of the attention the
+        prompt's final tokens pay, per layer, computed once and kept with the context."""
+        if self.dispatch.captured:
+            ctx.block_scores = self.dispatch.block_relevance(ctx)
+
+    def set_selection(self, policy: str | None, budget: int | None = None, recent_blocks: int | None = None) -> None:
+        """Chooses how decode steps pick blocks: None for exact (every block), or a policy name
+        ("lru", "quest", "draft", "scores") with a budget of blocks per layer (default: the pool's
+        slots). Only an engine loaded in selective mode keeps what the policies need."""
+        if policy is None:
+            self.policy = None
+            self.dispatch.selector = None
+            return
+        if self.key_bounds is None:
+            raise UsageError("selection needs an engine loaded with mode='selective'")
+        self.policy = self.key_bounds if policy == "quest" else make_policy(policy, self.spec, self.config.draft_layers)
+        recent = self.config.recent_blocks if recent_blocks is None else recent_blocks
+        self.dispatch.selector = Selector(self.spec, self.store, self.policy, budget or self.pool.num_slots, recent)
+
+    @property
+    def kv_cache(self) -> KVCache | None:
+        """The saved-KV cache under `home/kv` when `EngineConfig.kv_cache` is on, else None.
+        Raises OSError when the folder cannot be used."""
+        if self._kv_cache is None and self.config.kv_cache:
+            self._kv_cache = KVCache(self.home / "kv", int(self.config.cache_mib * 2**20))
+        return self._kv_cache
+
+    def _bound_restored_keys(self, ctx: Context) -> None:
+        """Selective mode keeps each block's key min/max as blocks are written; restored blocks
+        were not written here, so they get theirs now."""
+        if self.key_bounds is None:
+            return
+        for layer in range(self.spec.num_layers):
+            group, pos = self.store.group_of(layer), self.store.layer_pos[layer]
+            for block_id in ctx.tables[group.index].live()[0]:
+                self.key_bounds.written(layer, block_id, group.k_block(pos, block_id), True)
+
+    def _open_cache(self, on_event: EventCallback | None) -> KVCache | None:
+        try:
+            return self.kv_cache
+        except OSError as exc:  # a read-only or full home: run without the cache
+            emit(on_event, EngineWarning(f"the saved-KV cache is unavailable ({exc}); prefilling without it"))
+            return None
 
     def fork(self, ctx: Context) -> Context:
         """A copy of `ctx` that shares its blocks (copy-on-write: nothing is copied now)."""
@@ -212,7 +306,11 @@ class Engine:
         if total > self.max_context:
             raise ContextTooLongError(total, self.max_context)
 
-    def _extend(self, ctx: Context, token_ids: list[int], on_event: EventCallback | None) -> None:
+    def _extend(self, ctx: Context, token_ids: list[int], on_event: EventCallback | None, restored: int = 0,
+                after_chunk=None) -> None:
+        """Runs the context's pending tokens and `token_ids` in chunks. `restored`: prompt tokens
+        already loaded from the saved-KV cache (counted in the progress events); `after_chunk(ctx)`
+        runs after every chunk."""
         pending = ctx.tokens[ctx.num_cached:]
         ctx.tokens.extend(token_ids)
         todo = pending + token_ids
@@ -228,7 +326,9 @@ class Engine:
             part = todo[first:first + chunk]
             self._forward(ctx, part)
             done += len(part)
-            emit(on_event, PrefillProgress(done, total, self._clock() - started, ctx.cached_prefix))
+            if after_chunk is not None:
+                after_chunk(ctx)
+            emit(on_event, PrefillProgress(restored + done, restored + total, self._clock() - started, ctx.cached_prefix))
         self.metrics.add_prefill(total, self._clock() - started)
 
     def _forward(self, ctx: Context, token_ids: list[int], all_logits: bool = False) -> torch.Tensor:
@@ -236,8 +336,8 @@ class Engine:
         self._make_room(ctx, start, len(token_ids))
         ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
 
-        def write_kv(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-            self._write_kv(ctx, layer, start, k, v)
+        def write_kv(layer: int, k: torch.Tensor, v: torch.Tensor, rope: RopeAt) -> None:
+            self._write_kv(ctx, layer, start, k, v, rope)
 
         def attend(layer: int, q: torch.Tensor) -> torch.Tensor:
             return self.dispatch.attend(layer, q, start, ctx)
@@ -258,6 +358,8 @@ class Engine:
                 if shared is not None and group.allocator.refcount[shared] > 1:
                     fresh = group.allocate(1)[0]
                     group.copy_block(shared, fresh, offset)
+                    for policy in {self.policy, self.key_bounds} - {None}:
+                        policy.copied(group.layers, shared, fresh)
                     group.allocator.decref([shared])
                     table.ids[index] = fresh
                     table.changed()
@@ -266,11 +368,16 @@ class Engine:
                 table.ids.extend(group.allocate(missing))
                 table.changed()
 
-    def _write_kv(self, ctx: Context, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: [T, Hkv, D] of positions start.. -> their blocks in the store."""
+    def _write_kv(self, ctx: Context, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, rope: RopeAt) -> None:
+        """k (not rotated), v: [T, Hkv, D] of positions start.. -> their blocks in the store, RoPE baked in."""
         group = self.store.group_of(layer)
         pos = self.store.layer_pos[layer]
         ids = ctx.tables[group.index].ids
+        if self.backend == "triton" and group.device == k.device and self.key_bounds is None:
+            self.dispatch.bake(layer, k, v, rope, [ids[p // BLOCK_TOKENS] for p in range(start, start + k.shape[0])],
+                               [p % BLOCK_TOKENS for p in range(start, start + k.shape[0])])
+            return
+        k = rope.apply(k)
         k = k.to(self.store.groups[0].device)
         v = v.to(self.store.groups[0].device)
         done, total = 0, k.shape[0]
@@ -281,6 +388,8 @@ class Engine:
             block_id = ids[block]
             group.k_block(pos, block_id)[:, offset:offset + count] = k[done:done + count].transpose(0, 1)
             group.v_block(pos, block_id)[:, offset:offset + count] = v[done:done + count].transpose(0, 1)
+            if self.key_bounds is not None:
+                self.key_bounds.written(layer, block_id, k[done:done + count].transpose(0, 1), offset == 0)
             done += count
 
     def _drop_outside_windows(self, ctx: Context) -> None:
@@ -316,16 +425,26 @@ class Engine:
             bytes_moved=pool.bytes_moved,
             pool_hit_rate=pool.hits / pool.lookups if pool.lookups else None,
             copy_seconds=self.dispatch.copy_seconds,
+            copy_wait_seconds=self.pool.mover.waited_seconds if self.pool.mover else 0.0,
+            blocks_attended=self.dispatch.selector.selected if self.dispatch.selector else 0,
+            blocks_candidate=self.dispatch.selector.candidates if self.dispatch.selector else 0,
             prefill_tokens=m.prefill_tokens,
             prefill_seconds=m.prefill_seconds,
             decode_tokens=m.decode_tokens,
             decode_seconds=m.decode_seconds,
+            store_disk_bytes=self.store.bytes_on_disk,
+            cached_tokens=m.cached_tokens,
+            cache_load_seconds=m.cache_load_seconds,
         )
 
     def reset_stats(self) -> None:
         self.metrics.reset()
         self.pool.blocks_moved = self.pool.bytes_moved = self.pool.hits = self.pool.lookups = 0
         self.dispatch.copy_seconds = 0.0
+        if self.pool.mover is not None:
+            self.pool.mover.waited_seconds = 0.0
+        if self.dispatch.selector is not None:
+            self.dispatch.selector.selected = self.dispatch.selector.candidates = 0
 
     def kv_bytes_per_token(self) -> int:
         element = torch.empty(0, dtype=self.dtype).element_size()
@@ -372,6 +491,6 @@ def _triton_ops():
         import kvpage_kernels
     except ImportError as exc:  # pragma: no cover - kvpage_kernels ships with kvpage
         raise ModelError(f"the Triton kernels cannot be imported: {exc}") from exc
-    if not getattr(kvpage_kernels, "TRITON_AVAILABLE", False):
+    if not getattr(kvpage_kernels, "HAS_TRITON", False):
         raise ModelError("the triton backend needs the triton package: pip install triton")
     return kvpage_kernels

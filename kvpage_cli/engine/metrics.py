@@ -21,10 +21,20 @@ class EngineStats:
     bytes_moved: int
     pool_hit_rate: float | None
     copy_seconds: float
+    copy_wait_seconds: float  # time attention waited for a prefetched copy (selective mode, pool path)
+    blocks_attended: int  # per-layer blocks read by decode steps (selective mode)
+    blocks_candidate: int  # per-layer live blocks those steps could have read
     prefill_tokens: int
     prefill_seconds: float
     decode_tokens: int
     decode_seconds: float
+    store_disk_bytes: int = 0  # of store_bytes, the blocks in the disk tier (the rest are in RAM)
+    cached_tokens: int = 0  # prompt tokens whose KV was loaded from the saved-KV cache
+    cache_load_seconds: float = 0.0  # reading and checking saved KV (not in prefill_seconds)
+
+    @property
+    def store_ram_bytes(self) -> int:
+        return self.store_bytes - self.store_disk_bytes
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -46,10 +56,16 @@ class Metrics:
         self.prefill_seconds = 0.0
         self.decode_tokens = 0
         self.decode_seconds = 0.0
+        self.cached_tokens = 0
+        self.cache_load_seconds = 0.0
 
     def add_prefill(self, tokens: int, seconds: float) -> None:
         self.prefill_tokens += tokens
         self.prefill_seconds += seconds
+
+    def add_cached(self, tokens: int, seconds: float) -> None:
+        self.cached_tokens += tokens
+        self.cache_load_seconds += seconds
 
     def add_decode(self, tokens: int, seconds: float) -> None:
         self.decode_tokens += tokens

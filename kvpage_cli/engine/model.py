@@ -3,8 +3,9 @@
 Weights are kept as `W^T` ([in, out], contiguous), with Q/K/V and gate/up fused, because
 `x @ W^T` reads a row-major weight at close to memory bandwidth on a CPU while `x @ W.t()`
 does not; one transposed matrix serves both the embedding lookup and the LM head when tied.
-Attention is not done here: the runner computes Q/K/V, hands K/V to `write_kv` and Q to
-`attend`, both supplied by the engine, which know the context's blocks.
+Attention is not done here: the runner computes Q/K/V, hands K (not yet rotated) and V to
+`write_kv`, which bakes RoPE into K as it stores the block rows, and the rotated Q to `attend`;
+both are supplied by the engine, which knows the context's blocks.
 """
 
 from __future__ import annotations
@@ -18,6 +19,19 @@ import torch.nn.functional as F
 from ..errors import ModelError
 from .rope import RopeParams, apply_rope, rope_cos_sin
 from .spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class RopeAt:
+    """RoPE for the tokens of one forward: their cos/sin [T, D] and the parameters behind them."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    params: RopeParams
+    positions: torch.Tensor
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return apply_rope(x, self.cos, self.sin)
 
 
 @dataclass
@@ -139,13 +153,13 @@ class ModelRunner:
         self,
         token_ids: torch.Tensor,
         start: int,
-        write_kv: Callable[[int, torch.Tensor, torch.Tensor], None],
+        write_kv: Callable[[int, torch.Tensor, torch.Tensor, "RopeAt"], None],
         attend: Callable[[int, torch.Tensor], torch.Tensor],
         all_logits: bool = False,
     ) -> torch.Tensor:
         """Runs T new tokens at positions start .. start+T-1 through every layer.
 
-        write_kv(layer, k [T, Hkv, D] rotated, v [T, Hkv, D]) stores the new keys and values;
+        write_kv(layer, k [T, Hkv, D] not rotated, v [T, Hkv, D], rope) rotates and stores them;
         attend(layer, q [T, Hq, D] rotated) -> [T, Hq, D] attends over the context, new tokens
         included. Returns fp32 logits of the last token [V] (or of every token [T, V]).
         """
@@ -168,8 +182,7 @@ class ModelRunner:
                 k = self.norm(k, w.k_norm)
             cos, sin = cos_sin[layer_spec.rope_key]
             q = apply_rope(q, cos, sin)
-            k = apply_rope(k, cos, sin)
-            write_kv(i, k, v)
+            write_kv(i, k, v, RopeAt(cos, sin, self.rope[layer_spec.rope_key], positions))
             a = attend(i, q).to(self.dtype).reshape(num_tokens, spec.num_heads * spec.head_dim)
             a = self.linear(a, w.o_t)
             if w.o_bias is not None:

@@ -28,8 +28,8 @@ class NativeUnavailable(RuntimeError):
 
 
 def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
+    for name in ("cc", "gcc", "clang"):
+        if shutil.which(name):
             return name
     return None
 

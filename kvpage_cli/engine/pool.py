@@ -2,7 +2,9 @@
 
 A slot holds one block of one layer. The pool remembers which block each slot holds (id,
 generation and how many of its tokens were filled when copied), so a block still in its slot
-is not copied again; the valid mask marks the slots an attention step may read.
+is not copied again. A slot's valid bit is 1 only while it holds a completely copied block:
+it drops to 0 when a copy into the slot starts and rises when the copy is done (copies started
+by the mover run asynchronously; `load` waits for any that an attention step needs).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class SlotHolder:
     block_id: int
     generation: int
     filled: int
+    pending: object = None  # the mover's handle while the copy is in flight
 
 
 class SlotPool:
@@ -44,6 +47,7 @@ class SlotPool:
         self.bytes_moved = 0
         self.hits = 0
         self.lookups = 0
+        self.mover = None  # set for asynchronous prefetch (selective mode on the pool path)
 
     @property
     def allocated(self) -> bool:
@@ -72,46 +76,88 @@ class SlotPool:
 
         blocks: (block id, generation, tokens filled) each, at most num_slots of them.
         copy_in(block_id, k_slot, v_slot, tokens): copies a block from the store into a slot.
-        Only the returned slots are valid afterwards.
+        On return every returned slot holds its block completely and its valid bit is set.
         """
         assert len(blocks) <= self.num_slots, (len(blocks), self.num_slots)
         self.allocate()
-        holders, slot_of, recency = self.holders[layer], self.slot_of[layer], self.recency[layer]
+        holders, slot_of = self.holders[layer], self.slot_of[layer]
         slots: list[int | None] = []
         wanted: set[int] = set()
         for block_id, generation, filled in blocks:
             self.lookups += 1
-            slot = slot_of.get(block_id)
-            holder = holders[slot] if slot is not None else None
-            if holder is not None and holder.generation == generation and holder.filled >= filled:
+            slot = self._resident(layer, block_id, generation, filled)
+            if slot is not None:
                 self.hits += 1
-                slots.append(slot)
                 wanted.add(slot)
-            else:
-                slots.append(None)
-        victims = (s for s in list(recency) if s not in wanted)
+            slots.append(slot)
+        victims = self._victims(layer, wanted)
         for index, (block_id, generation, filled) in enumerate(blocks):
-            if slots[index] is not None:
-                continue
-            slot = slot_of.get(block_id)
-            if slot is None or slot in wanted:
+            if slots[index] is None:
                 slot = next(victims)
-            old = holders[slot]
-            if old is not None and slot_of.get(old.block_id) == slot:
-                del slot_of[old.block_id]
-            copy_in(block_id, self.k[layer][slot], self.v[layer][slot], filled)
-            holders[slot] = SlotHolder(block_id, generation, filled)
-            slot_of[block_id] = slot
-            slots[index] = slot
-            wanted.add(slot)
-            self.blocks_moved += 1
-            self.bytes_moved += self.slot_bytes * filled // BLOCK_TOKENS
+                self._assign(layer, slot, block_id, generation, filled)
+                copy_in(block_id, self.k[layer][slot], self.v[layer][slot], filled)
+                self.valid[layer][slot] = 1
+                slots[index] = slot
+                wanted.add(slot)
         for slot in slots:
-            recency.move_to_end(slot)
-        valid = self.valid[layer]
-        valid.zero_()
-        valid[torch.tensor(slots, dtype=torch.int64, device=valid.device)] = 1
+            holder = holders[slot]
+            if holder.pending is not None:  # prefetched: wait until the copy has landed
+                self.mover.wait(holder.pending)
+                holder.pending = None
+            assert int(self.valid[layer][slot]) == 1, "attention would read a slot whose copy is not done"
+            self.recency[layer].move_to_end(slot)
         return slots  # type: ignore[return-value]
+
+    def prefetch(self, layer: int, blocks: list[tuple[int, int, int]], copy_in) -> int:
+        """Starts copying blocks the layer is expected to read into its slots, without waiting.
+
+        Needs a mover. Returns the number of copies started."""
+        if self.mover is None:
+            return 0
+        self.allocate()
+        wanted = {s for b, g, f in blocks if (s := self._resident(layer, b, g, f)) is not None}
+        victims = self._victims(layer, wanted)
+        started = 0
+        for block_id, generation, filled in blocks[: self.num_slots]:
+            if self._resident(layer, block_id, generation, filled) is not None:
+                continue
+            slot = next(victims, None)
+            if slot is None:
+                break
+            holder = self._assign(layer, slot, block_id, generation, filled)
+            k_slot, v_slot = self.k[layer][slot], self.v[layer][slot]
+            holder.pending = self.mover.start(lambda b=block_id, k=k_slot, v=v_slot, f=filled: copy_in(b, k, v, f),
+                                              self.valid[layer], slot)
+            wanted.add(slot)
+            started += 1
+        return started
+
+    def _resident(self, layer: int, block_id: int, generation: int, filled: int) -> int | None:
+        slot = self.slot_of[layer].get(block_id)
+        holder = self.holders[layer][slot] if slot is not None else None
+        if holder is not None and holder.generation == generation and holder.filled >= filled:
+            return slot
+        return None
+
+    def _victims(self, layer: int, wanted: set[int]):
+        """Slots to reuse, least recently used first, skipping `wanted` (checked lazily) and slots in flight."""
+        holders = self.holders[layer]
+        return (s for s in list(self.recency[layer])
+                if s not in wanted and (holders[s] is None or holders[s].pending is None))
+
+    def _assign(self, layer: int, slot: int, block_id: int, generation: int, filled: int) -> SlotHolder:
+        holders, slot_of = self.holders[layer], self.slot_of[layer]
+        old = holders[slot]
+        if old is not None and slot_of.get(old.block_id) == slot:
+            del slot_of[old.block_id]
+        self.valid[layer][slot] = 0
+        holder = SlotHolder(block_id, generation, filled)
+        holders[slot] = holder
+        slot_of[block_id] = slot
+        self.recency[layer].move_to_end(slot)
+        self.blocks_moved += 1
+        self.bytes_moved += self.slot_bytes * filled // BLOCK_TOKENS
+        return holder
 
     def forget(self, group_layers: list[int], block_ids: list[int]) -> None:
         """Drops freed blocks of the given layers from the pool's memory of what it holds."""
@@ -120,4 +166,6 @@ class SlotPool:
             for block_id in block_ids:
                 slot = slot_of.pop(block_id, None)
                 if slot is not None:
+                    if holders[slot] is not None and holders[slot].pending is not None:
+                        self.mover.wait(holders[slot].pending)  # let the copy land before the slot is reused
                     holders[slot] = None

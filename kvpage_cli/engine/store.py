@@ -1,15 +1,24 @@
-"""The store: where every block of every context lives (host RAM).
+"""The store: where every block of every context lives (host RAM, then a disk tier).
 
 Layers that see the same blocks form a group: all full-attention layers, and all sliding-window
 layers of one window size. A group has one allocator, so a block id names the same 64 tokens in
 every layer of the group; each layer holds its K and V for that id. Storage comes in arenas,
 tensors of `[A, Hkv, 64, D]` that never move once made, so a block's address is stable and a
 run of consecutive ids in one arena is a plain view.
+
+Arenas are made in host RAM while the host budget allows; beyond it they are memory-mapped
+files (the disk tier), read back on demand through the page cache. Either way an arena is a
+tensor at a fixed address, so the kernels read both alike and the values are the same bits.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
+import shutil
+import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -28,9 +37,84 @@ class Run:
     count: int
 
 
+class ArenaSource:
+    """Makes arenas: in RAM up to `host_bytes` (None: no bound), then memory-mapped files.
+
+    The files live in a private folder `spill_dir/store-<pid>-<random>` (0700, files 0600) and
+    are unlinked as soon as they are mapped, so nothing is left on disk when the process ends,
+    however it ends; the folder itself is removed when the store is collected.
+    """
+
+    def __init__(self, device: torch.device, host_bytes: int | None = None, spill_dir: Path | None = None) -> None:
+        self.device = device
+        self.host_bytes = host_bytes
+        self.spill_dir = spill_dir
+        self.ram_bytes = 0
+        self.disk_bytes = 0
+        self._folder: Path | None = None
+
+    def split(self, blocks: int, block_bytes: int) -> tuple[int, int]:
+        """How many of `blocks` new blocks (of `block_bytes` each) go in RAM and how many on disk."""
+        if self.host_bytes is None or self.device.type != "cpu":
+            return blocks, 0
+        room = max(0, self.host_bytes - self.ram_bytes) // block_bytes
+        return min(blocks, room), blocks - min(blocks, room)
+
+    def ram(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        tensor = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.ram_bytes += tensor.numel() * tensor.element_size()
+        return tensor
+
+    def disk(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A zeroed tensor of `shape` backed by a memory-mapped file."""
+        numel = 1
+        for size in shape:
+            numel *= size
+        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        path = self.folder() / f"arena-{secrets.token_hex(6)}.kv"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, nbytes)  # sparse: reads as zeros, takes disk only where written
+        finally:
+            os.close(fd)
+        try:
+            mapped = torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
+        finally:
+            path.unlink()  # the mapping keeps the file alive until the tensor is freed
+        self.disk_bytes += nbytes
+        return mapped.view(dtype).view(shape)
+
+    def folder(self) -> Path:
+        if self._folder is None:
+            if self.spill_dir is None:
+                import tempfile
+
+                self.spill_dir = Path(tempfile.gettempdir())
+            self.spill_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _remove_stale_folders(self.spill_dir)
+            folder = self.spill_dir / f"store-{os.getpid()}-{secrets.token_hex(4)}"
+            folder.mkdir(mode=0o700)
+            os.chmod(folder, 0o700)
+            weakref.finalize(self, shutil.rmtree, folder, True)
+            self._folder = folder
+        return self._folder
+
+
+def _remove_stale_folders(spill_dir: Path) -> None:
+    """Removes the spill folders of processes that are gone (their files were unlinked already)."""
+    for folder in spill_dir.glob("store-*-*"):
+        try:
+            pid = int(folder.name.split("-")[1])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (ValueError, PermissionError, OSError):
+            continue
+
+
 class StoreGroup:
     def __init__(self, index: int, layers: list[int], window: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, source: ArenaSource | None = None) -> None:
         self.index = index
         self.layers = layers
         self.window = window
@@ -38,10 +122,12 @@ class StoreGroup:
         self.dtype = dtype
         self.device = device
         self.allocator = BlockAllocator()
+        self.source = source if source is not None else ArenaSource(device)
         self.k_arenas: list[list[torch.Tensor]] = [[] for _ in layers]  # [layer_pos][arena]: [A, Hkv, 64, D]
         self.v_arenas: list[list[torch.Tensor]] = [[] for _ in layers]
         self.arena_of: list[int] = []
         self.row_of: list[int] = []
+        self.arena_on_disk: list[bool] = []
         self.k_addr = [torch.empty(0, dtype=torch.int64) for _ in layers]  # per layer: [capacity] addresses
         self.v_addr = [torch.empty(0, dtype=torch.int64) for _ in layers]
         element = torch.empty(0, dtype=dtype).element_size()
@@ -58,10 +144,23 @@ class StoreGroup:
         if missing <= 0:
             return
         size = max(missing, MIN_ARENA_BLOCKS, self.allocator.capacity // 2)
+        in_ram, on_disk = self.source.split(size, self.block_bytes)
+        if in_ram:
+            self._add_arena(in_ram, on_disk=False)
+        if on_disk:
+            self._add_arena(on_disk, on_disk=True)
+
+    def _add_arena(self, size: int, on_disk: bool) -> None:
         arena = len(self.k_arenas[0])
+        shape = (len(self.layers), 2, size, *self.block_shape)
+        # On disk, one file per arena holds K and V of every layer: [layers, 2, A, Hkv, 64, D].
+        both = self.source.disk(shape, self.dtype) if on_disk else None
         for pos in range(len(self.layers)):
-            k = torch.zeros((size, *self.block_shape), dtype=self.dtype, device=self.device)
-            v = torch.zeros((size, *self.block_shape), dtype=self.dtype, device=self.device)
+            if both is not None:
+                k, v = both[pos, 0], both[pos, 1]
+            else:
+                k = self.source.ram((size, *self.block_shape), self.dtype)
+                v = self.source.ram((size, *self.block_shape), self.dtype)
             self.k_arenas[pos].append(k)
             self.v_arenas[pos].append(v)
             step = k[0].numel() * k.element_size()
@@ -70,6 +169,7 @@ class StoreGroup:
             self.v_addr[pos] = torch.cat([self.v_addr[pos], rows + v.data_ptr()])
         self.arena_of.extend([arena] * size)
         self.row_of.extend(range(size))
+        self.arena_on_disk.append(on_disk)
         self.allocator.grow(size)
 
     def allocate(self, count: int) -> list[int]:
@@ -114,17 +214,26 @@ class StoreGroup:
     def bytes_reserved(self) -> int:
         return self.allocator.capacity * self.block_bytes
 
+    @property
+    def bytes_on_disk(self) -> int:
+        """Bytes of the blocks in use that live in the disk tier."""
+        on_disk, arena_of, refcount = self.arena_on_disk, self.arena_of, self.allocator.refcount
+        return sum(1 for i, count in enumerate(refcount) if count and on_disk[arena_of[i]]) * self.block_bytes
+
 
 class BlockStore:
     """All groups of a model; maps a layer to its group and its position in that group."""
 
     def __init__(self, layer_windows: list[int], num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, host_bytes: int | None = None, spill_dir: Path | None = None) -> None:
+        """host_bytes bounds the RAM of all arenas together (None: no bound); arenas beyond it are
+        memory-mapped files in a private folder under `spill_dir` (default: the system temp folder)."""
+        self.source = ArenaSource(device, host_bytes, spill_dir)
         by_window: dict[int, list[int]] = {}
         for layer, window in enumerate(layer_windows):
             by_window.setdefault(window, []).append(layer)
         self.groups = [
-            StoreGroup(i, layers, window, num_kv_heads, head_dim, dtype, device)
+            StoreGroup(i, layers, window, num_kv_heads, head_dim, dtype, device, self.source)
             for i, (window, layers) in enumerate(sorted(by_window.items()))
         ]
         self.layer_group: list[int] = [0] * len(layer_windows)
@@ -144,3 +253,8 @@ class BlockStore:
     @property
     def bytes_reserved(self) -> int:
         return sum(g.bytes_reserved for g in self.groups)
+
+    @property
+    def bytes_on_disk(self) -> int:
+        """Of `bytes_used`, the bytes in the disk tier (the rest are in RAM)."""
+        return sum(g.bytes_on_disk for g in self.groups)

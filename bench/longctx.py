@@ -1,0 +1,149 @@
+"""Long-context quality harness: what selective mode's policies lose against exact mode.
+
+Synthetic tasks generated here, scored by string match, with haystacks cut from the CUAD
+contracts in corpus/ (no other text):
+  passkey      a 5-digit pass key in the haystack
+  niah         one "special magic number" for a key
+  multikey     four keys with a number each; asked for one
+  multivalue   four numbers for one key; all four must come back
+  vartrack     chains VAR A = 12345, VAR B = VAR A, ...; asked which variables hold the value
+Each (task, length, depth) prompt is prefilled once in exact mode; then every configuration
+decodes the answer from a fork of it: exact (the reference row), and each policy with a pool
+of 1/8 and 1/16 of the context's blocks. Reported: accuracy, and agreement of the first
+generated token with exact mode.
+
+    python bench/longctx.py --model gemma3-270m --lengths 8192,16384,32768 --depths 10,50,90
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import corpus_text, table  # noqa: E402
+
+TASKS = ("passkey", "niah", "multikey", "multivalue", "vartrack")
+POLICIES = ("lru", "quest", "draft", "scores")
+WORDS = ("apple", "river", "copper", "violet", "harbor", "lantern", "meadow", "falcon", "quartz", "saddle")
+
+
+def make_task(task: str, rng: random.Random) -> tuple[list[str], str, list[str]]:
+    """(needle sentences, question, expected strings)."""
+    number = lambda: str(rng.randint(10000, 99999))  # noqa: E731
+    if task == "passkey":
+        key = number()
+        return [f"The pass key is {key}. Remember it. {key} is the pass key."], "What is the pass key? The pass key is", [key]
+    if task == "niah":
+        word, value = rng.choice(WORDS), number()
+        return ([f"One of the special magic numbers for {word} is: {value}."],
+                f"What is the special magic number for {word}? The special magic number for {word} is", [value])
+    if task == "multikey":
+        words = rng.sample(WORDS, 4)
+        values = [number() for _ in words]
+        target = rng.randrange(4)
+        needles = [f"One of the special magic numbers for {w} is: {v}." for w, v in zip(words, values)]
+        return needles, (f"What is the special magic number for {words[target]}? "
+                         f"The special magic number for {words[target]} is"), [values[target]]
+    if task == "multivalue":
+        word = rng.choice(WORDS)
+        values = [number() for _ in range(4)]
+        needles = [f"One of the special magic numbers for {word} is: {v}." for v in values]
+        return needles, f"What are all the special magic numbers for {word}? They are", values
+    if task == "vartrack":
+        value = number()
+        names = rng.sample(["QXK", "BMR", "ZTL", "HWP", "JDV", "NRC"], 4)
+        needles = [f"VAR {names[0]} = {value}"] + [f"VAR {b} = VAR {a}" for a, b in zip(names, names[1:])]
+        return (needles, f"Which variables are assigned the value {value}? Answer: the variables assigned {value} are",
+                names)
+    raise ValueError(task)
+
+
+def build_prompt(tokenizer, haystack_ids: list[int], task: str, length: int, depth: float, seed: int) -> tuple[list[int], list[str]]:
+    """Token ids of `length` tokens: haystack with the needles inserted from `depth` (0-1) on."""
+    rng = random.Random(seed)
+    needles, question, expected = make_task(task, rng)
+    head = tokenizer("Below is a long text with some important facts hidden in it. Memorize them.\n\n").input_ids
+    tail = tokenizer(f"\n\n{question}", add_special_tokens=False).input_ids
+    needle_ids = [tokenizer(" " + n + " ", add_special_tokens=False).input_ids for n in needles]
+    budget = length - len(head) - len(tail) - sum(map(len, needle_ids))
+    hay = (haystack_ids * (budget // len(haystack_ids) + 1))[:budget]
+    body: list[int] = []
+    last = 0
+    for i, nid in enumerate(needle_ids):  # consecutive needles 2% of the haystack apart
+        at = int(len(hay) * min(1.0, depth + i * 0.02))
+        body += hay[last:at] + nid
+        last = at
+    return head + body + hay[last:] + tail, expected
+
+
+def score(answer: str, expected: list[str]) -> float:
+    return sum(e in answer for e in expected) / len(expected)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="gemma3-270m")
+    parser.add_argument("--lengths", default="8192,16384,32768")
+    parser.add_argument("--depths", default="10,50,90", help="needle depths in percent")
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--fractions", default="8,16", help="pool = context blocks / N")
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--home", default=None)
+    parser.add_argument("--json", dest="json_path", default=None)
+    args = parser.parse_args()
+
+    from kvpage_cli.engine import Engine, EngineConfig
+
+    # Selective mode keeps the per-block metadata every policy needs; exact rows switch selection off.
+    engine = Engine.load(args.model, EngineConfig(mode="selective", policy="quest", home=args.home, pool_mib=1024))
+    tokenizer = engine.tokenizer
+    haystack = tokenizer(corpus_text(), add_special_tokens=False).input_ids
+    configs = [("exact", None, None)] + [(p, p, f) for f in map(int, args.fractions.split(",")) for p in args.policies.split(",")]
+    results: dict[tuple, list] = {}
+    cases = [(t, int(n), int(d)) for n in args.lengths.split(",") for t in args.tasks.split(",") for d in args.depths.split(",")]
+    started = time.time()
+    for index, (task, length, depth) in enumerate(cases):
+        ids, expected = build_prompt(tokenizer, haystack, task, length, depth / 100, seed=args.seed * 1000 + index)
+        engine.set_selection(None)
+        doc = engine.prefill(ids)
+        blocks = doc.num_blocks
+        first_exact = None
+        for name, policy, fraction in configs:
+            budget = max(4, -(-blocks // fraction)) if fraction else None
+            engine.set_selection(policy, budget)
+            tokens = list(engine.generate(engine.fork(doc), max_new_tokens=args.new_tokens))
+            answer = tokenizer.decode(tokens)
+            if name == "exact":
+                first_exact = tokens[:1]
+            key = (name, fraction, length)
+            results.setdefault(key, []).append((score(answer, expected), tokens[:1] == first_exact))
+        print(f"[{time.time() - started:7.0f}s] {task} {length} depth {depth}%: exact answer {tokenizer.decode(tokens)!r} "
+              f"expected {expected}", file=sys.stderr, flush=True)
+        del doc
+
+    rows = []
+    for (name, fraction, length), values in sorted(results.items(), key=lambda kv: (kv[0][2], kv[0][1] or 0, kv[0][0])):
+        rows.append({
+            "length": length, "policy": name, "pool": f"1/{fraction}" if fraction else "all",
+            "accuracy_pct": 100 * sum(v[0] for v in values) / len(values),
+            "first_token_agree_pct": 100 * sum(v[1] for v in values) / len(values),
+            "cases": len(values),
+        })
+    print(table(rows, [("length", "context"), ("policy", "policy"), ("pool", "pool"), ("accuracy_pct", "accuracy %"),
+                       ("first_token_agree_pct", "1st token = exact %"), ("cases", "cases")]))
+    print(f"model {args.model}; tasks {args.tasks}; depths {args.depths}%; {args.new_tokens} new tokens; "
+          f"wall {time.time() - started:.0f}s")
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

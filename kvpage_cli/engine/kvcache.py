@@ -1,0 +1,677 @@
+"""The saved-KV cache: documents' blocks kept on disk after a prefill and found again by their tokens.
+
+A prompt is cut into segments of `segment_tokens` tokens, a multiple of the 64-token block and of
+the prefill chunk, so that a segment's K/V are the very bits a fresh prefill of any prompt that
+starts with those tokens computes. Keys form a hash chain: the key after block i is
+sha256(key after block i-1 + token ids of block i), starting from a seed that names the model
+(`model_fingerprint`: weights, dtype, RoPE, KV format version) and how its KV was computed; a
+segment is stored under the key after its last block, which covers every token before it. A
+segment file holds the K and V of its blocks in every layer (for sliding-window layers, the blocks
+still in their window at the segment's end: what a prefill resumed there needs).
+
+Layout under `<home>/kv/` (folders 0700, files 0600):
+
+    index.sqlite                        one row per segment: key, parent, root, tokens, bytes, label, last use
+    lock                                file lock: held while segments are renamed into place, rows
+                                        change or segments are evicted
+    segments/<key[:2]>/<key>.kvb        a segment: fixed header, JSON header, payload, crc32 of all before it
+    segments/<key[:2]>/.<key>.<pid>.<random>.tmp    a segment being written
+
+Safety: a segment is written to a temporary file, fsynced and renamed into place, and its index
+row is added after the rename; only indexed segments are read. On load the size, checksum, format
+version, seed, key and shapes are checked; a bad file is deleted (with a warning) and its tokens
+are recomputed. The total size is kept under the limit by evicting the least recently used
+segments together with the segments that continue them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import secrets
+import sqlite3
+import struct
+import threading
+import time
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+from filelock import FileLock
+
+from .config import BLOCK_TOKENS
+from .context import Context
+from .events import EngineWarning, EventCallback, emit
+from .store import BlockStore
+
+KV_FORMAT_VERSION = 1
+"""Version of kvpage's KV layout (what a block holds, RoPE baked into K, the segment file format).
+Part of every model fingerprint: saved KV of another version is never found."""
+
+DEFAULT_CACHE_MIB = 2048.0
+
+_MAGIC = b"KVPAGE\x00S"
+_FIXED = struct.Struct("<8sIIQ")  # magic, format version, header bytes, payload bytes
+_TRAILER = struct.Struct("<I")  # crc32 of everything before it
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_STALE_TMP_S = 24 * 3600
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS segments (
+    key TEXT PRIMARY KEY, parent TEXT NOT NULL, root TEXT NOT NULL, seed TEXT NOT NULL, model TEXT NOT NULL,
+    start INTEGER NOT NULL, "end" INTEGER NOT NULL, bytes INTEGER NOT NULL, label TEXT NOT NULL,
+    created REAL NOT NULL, last_used REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS segments_parent ON segments(parent);
+"""
+
+
+def model_fingerprint(weights_fingerprint: str, dtype: str, rope: dict) -> str:
+    """Names a model's KV: its weights, the KV dtype, its RoPE settings and KV_FORMAT_VERSION.
+
+    rope: rope key -> RopeParams (inverse frequencies and attention scaling)."""
+    digest = hashlib.sha256(f"kvpage-kv-format-{KV_FORMAT_VERSION}|{weights_fingerprint}|{dtype}".encode())
+    for key in sorted(rope):
+        params = rope[key]
+        digest.update(f"|{key}|{params.attention_scaling!r}|".encode())
+        digest.update(params.inv_freq.to(torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()[:32]
+
+
+def chain_seed(fingerprint: str, numerics: str) -> str:
+    """The first link of the hash chain: the model and how its KV is computed (backend, kv path,
+    prefill chunk...), so that restored KV is the bits this engine would compute itself."""
+    return hashlib.sha256(f"kvpage-kv|{fingerprint}|{numerics}".encode()).hexdigest()
+
+
+def chain_keys(seed: str, token_ids: list[int], segment_tokens: int) -> list[str]:
+    """Key of every whole segment of `token_ids`: keys[j] covers tokens [0, (j+1)*segment_tokens)."""
+    keys = []
+    link = bytes.fromhex(seed)
+    ids = np.asarray(token_ids, dtype="<i4")
+    per_segment = segment_tokens // BLOCK_TOKENS
+    for block in range(len(token_ids) // BLOCK_TOKENS):
+        link = hashlib.sha256(link + ids[block * BLOCK_TOKENS:(block + 1) * BLOCK_TOKENS].tobytes()).digest()
+        if (block + 1) % per_segment == 0:
+            keys.append(link.hex())
+    return keys
+
+
+def segment_tokens_for(prefill_chunk: int) -> int:
+    """Segment length: whole blocks and whole prefill chunks (then restored KV is bit-identical)."""
+    return math.lcm(BLOCK_TOKENS, prefill_chunk)
+
+
+class BadSegment(Exception):
+    """A segment file that must not be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One document in the cache, as `kvpage cache ls` shows it.
+
+    key: names the entry for `KVCache.remove` (the chain key of its first segment; a prefix of 8+
+    hex digits is enough). label: what the caller named the document when it was saved (e.g. its
+    path; "" when unnamed). model: the model's name. tokens: the longest saved prefix. bytes: on
+    disk. last_used: seconds since the epoch."""
+
+    key: str
+    label: str
+    model: str
+    tokens: int
+    bytes: int
+    segments: int
+    last_used: float
+
+
+@dataclass
+class Segment:
+    """A segment read back and checked: its header and, per store group, K/V
+    [layers, 2, blocks, Hkv, 64, D] of the logical blocks listed in `header["groups"][g]["blocks"]`."""
+
+    header: dict
+    groups: list[torch.Tensor]
+
+
+class KVCache:
+    """The saved-KV cache in one folder (normally `<home>/kv`), shared safely between processes.
+
+    For the CLI:
+
+        cache = KVCache.open(home)           # or engine.kv_cache
+        for entry in cache.list_entries(): ...
+        cache.remove("contract.pdf")         # by label, or by key prefix
+        cache.clear()
+        KVCache.open(home, cache_mib=512).trim()   # evict down to a new limit now
+
+    The engine saves and restores through `CachedPrefill` (Engine.prefill does it when
+    `EngineConfig.kv_cache` is on).
+    """
+
+    def __init__(self, folder: str | Path, limit_bytes: int = int(DEFAULT_CACHE_MIB * 2**20)) -> None:
+        self.folder = Path(folder)
+        self.limit_bytes = int(limit_bytes)
+        self.segments_dir = self.folder / "segments"
+        self.index_path = self.folder / "index.sqlite"
+        _make_private_dir(self.folder)
+        _make_private_dir(self.segments_dir)
+        self._thread_lock = threading.RLock()
+        self._file_lock = FileLock(str(self.folder / "lock"), mode=0o600)
+        self._writer: ThreadPoolExecutor | None = None
+        self._swept = False
+        with self._locked():
+            try:
+                try:
+                    self._create_index()
+                except sqlite3.DatabaseError as exc:
+                    if isinstance(exc, sqlite3.OperationalError):  # read-only, locked, ...: not damage
+                        raise
+                    # A damaged index: start a new one (the segments it named are orphans, swept later).
+                    self.index_path.unlink(missing_ok=True)
+                    self._create_index()
+            except sqlite3.Error as exc:
+                raise OSError(f"cannot use {self.index_path}: {exc}") from exc
+
+    def _create_index(self) -> None:
+        if not self.index_path.exists():
+            os.close(os.open(self.index_path, os.O_RDWR | os.O_CREAT, 0o600))  # sqlite keeps the mode for its journal
+        with self._db() as db:
+            db.executescript(_SCHEMA)
+
+    @classmethod
+    def open(cls, home: str | Path | None = None, cache_mib: float = DEFAULT_CACHE_MIB) -> "KVCache":
+        """The cache of a kvpage home folder (None: ~/.cache/kvpage), limited to `cache_mib` MiB."""
+        home = Path(home).expanduser() if home is not None else Path.home() / ".cache" / "kvpage"
+        return cls(home / "kv", int(cache_mib * 2**20))
+
+    # -- what the CLI uses -----------------------------------------------------------------------
+
+    def list_entries(self) -> list[CacheEntry]:
+        """Every document in the cache, most recently used first."""
+        with self._db() as db:
+            rows = db.execute('SELECT key, root, label, model, seed, start, "end", bytes, last_used FROM segments').fetchall()
+        return [entry for entry, _ in self._group(rows)]
+
+    def remove(self, what: str) -> list[CacheEntry]:
+        """Removes the entries whose label is `what` or whose key starts with `what`; returns them."""
+        with self._locked(), self._db() as db:
+            rows = db.execute('SELECT key, root, label, model, seed, start, "end", bytes, last_used FROM segments').fetchall()
+            matched = [(entry, keys) for entry, keys in self._group(rows)
+                       if entry.label == what or (len(what) >= 4 and entry.key.startswith(what.lower()))]
+            for _, keys in matched:
+                self._delete(db, keys)
+        return [entry for entry, _ in matched]
+
+    def clear(self) -> list[CacheEntry]:
+        """Removes every entry; returns them."""
+        with self._locked(), self._db() as db:
+            rows = db.execute('SELECT key, root, label, model, seed, start, "end", bytes, last_used FROM segments').fetchall()
+            entries = self._group(rows)
+            self._delete(db, [row[0] for row in rows])
+            self._sweep(db)
+        return [entry for entry, _ in entries]
+
+    def trim(self) -> None:
+        """Evicts least recently used segments until the cache is under its limit (saving a
+        segment does this too; call it after lowering the limit)."""
+        with self._locked(), self._db() as db:
+            self._evict(db)
+
+    @property
+    def total_bytes(self) -> int:
+        with self._db() as db:
+            return int(db.execute("SELECT COALESCE(SUM(bytes), 0) FROM segments").fetchone()[0])
+
+    # -- what CachedPrefill uses -----------------------------------------------------------------
+
+    def present(self, keys: Iterable[str]) -> set[str]:
+        """Which of `keys` have a segment."""
+        keys = list(keys)
+        found: set[str] = set()
+        with self._db() as db:
+            for first in range(0, len(keys), 500):
+                part = keys[first:first + 500]
+                marks = ",".join("?" * len(part))
+                found.update(row[0] for row in db.execute(f"SELECT key FROM segments WHERE key IN ({marks})", part))
+        return found
+
+    def read(self, key: str, seed: str) -> Segment:
+        """Reads and checks the segment saved under `key`. Raises BadSegment (the file must be
+        discarded) or FileNotFoundError (it was evicted meanwhile)."""
+        path = self.path(key)
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size < _FIXED.size + _TRAILER.size:
+                raise BadSegment("truncated")
+            buffer = bytearray(size)
+            view = memoryview(buffer)
+            got = 0
+            while got < size:
+                count = file.readinto(view[got:])
+                if not count:
+                    break
+                got += count
+        if got < size:
+            raise BadSegment("truncated")
+        magic, version, header_bytes, payload_bytes = _FIXED.unpack_from(buffer, 0)
+        if magic != _MAGIC:
+            raise BadSegment("not a kvpage KV file")
+        if version != KV_FORMAT_VERSION:
+            raise BadSegment(f"of KV format version {version}, not {KV_FORMAT_VERSION}")
+        expected = _FIXED.size + header_bytes + payload_bytes + _TRAILER.size
+        if size != expected:
+            raise BadSegment("truncated" if size < expected else f"{size - expected} bytes too long")
+        (crc,) = _TRAILER.unpack_from(buffer, size - _TRAILER.size)
+        if zlib.crc32(view[:size - _TRAILER.size]) != crc:
+            raise BadSegment("corrupt (checksum mismatch)")
+        try:
+            header = json.loads(bytes(view[_FIXED.size:_FIXED.size + header_bytes]))
+            if header["seed"] != seed:
+                raise BadSegment("written for another model or engine setting")
+            if header["key"] != key:
+                raise BadSegment("saved under another key")
+            dtype = _DTYPES[header["dtype"]]
+            payload = view[_FIXED.size + header_bytes:size - _TRAILER.size]
+            flat = torch.frombuffer(payload, dtype=torch.uint8) if payload_bytes else torch.empty(0, dtype=torch.uint8)
+            groups, offset = [], 0
+            shape = tuple(header["block_shape"])
+            for group in header["groups"]:
+                dims = (group["layers"], 2, len(group["blocks"]), *shape)
+                nbytes = math.prod(dims) * torch.empty(0, dtype=dtype).element_size()
+                groups.append(flat[offset:offset + nbytes].view(dtype).view(dims))
+                offset += nbytes
+            if offset != payload_bytes:
+                raise BadSegment("inconsistent (payload size)")
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise BadSegment(f"unreadable ({exc})") from None
+        return Segment(header, groups)
+
+    def write(self, header: dict, groups: list[torch.Tensor], label: str, model: str) -> None:
+        """Saves a segment atomically under header["key"] and indexes it, then evicts beyond the limit.
+
+        header: key, parent ("" for the first segment), root, seed, start, end, dtype, block_shape,
+        groups [{window, layers, blocks}]; groups: per store group, K/V [layers, 2, blocks, Hkv, 64, D]."""
+        key = header["key"]
+        path = self.path(key)
+        _make_private_dir(path.parent)
+        header_json = json.dumps(header, separators=(",", ":")).encode()
+        header_json += b" " * (-(_FIXED.size + len(header_json)) % 64)  # the payload starts 64-byte aligned
+        payloads = [g.contiguous().view(torch.uint8).reshape(-1).numpy() for g in groups]
+        payload_bytes = sum(p.nbytes for p in payloads)
+        fixed = _FIXED.pack(_MAGIC, KV_FORMAT_VERSION, len(header_json), payload_bytes)
+        crc = zlib.crc32(header_json, zlib.crc32(fixed))
+        for payload in payloads:
+            crc = zlib.crc32(payload, crc)
+        tmp = path.parent / f".{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(fixed)
+                file.write(header_json)
+                for payload in payloads:
+                    file.write(memoryview(payload))
+                file.write(_TRAILER.pack(crc))
+                file.flush()
+                os.fsync(file.fileno())
+            with self._locked(), self._db() as db:
+                self._commit(tmp, path)
+                now = time.time()
+                size = _FIXED.size + len(header_json) + payload_bytes + _TRAILER.size
+                db.execute(
+                    'INSERT OR REPLACE INTO segments (key, parent, root, seed, model, start, "end", bytes, label, created, '
+                    "last_used) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (key, header["parent"], header["root"], header["seed"], model, header["start"], header["end"], size,
+                     label, now, now),
+                )
+                if not self._swept:
+                    self._sweep(db)
+                self._evict(db)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _commit(self, tmp: Path, path: Path) -> None:
+        """The rename that makes a written segment visible (a separate step so tests can fail it)."""
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+
+    def touch(self, keys: list[str], label: str) -> None:
+        """Marks segments as used now (for LRU eviction); gives unnamed ones `label`."""
+        if not keys:
+            return
+        now = time.time()
+        with self._locked(), self._db() as db:
+            db.executemany("UPDATE segments SET last_used = ? WHERE key = ?", [(now, k) for k in keys])
+            if label:
+                db.executemany("UPDATE segments SET label = ? WHERE key = ? AND label = ''", [(label, k) for k in keys])
+
+    def discard(self, key: str) -> None:
+        """Deletes a segment that failed its checks (the segments after it stay: they are valid)."""
+        with self._locked(), self._db() as db:
+            db.execute("DELETE FROM segments WHERE key = ?", (key,))
+            self.path(key).unlink(missing_ok=True)
+
+    def submit(self, work) -> Future:
+        """Runs `work()` on the cache's writer thread (segments are saved while prefill goes on)."""
+        with self._thread_lock:
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvpage-kv-writer")
+        return self._writer.submit(work)
+
+    def path(self, key: str) -> Path:
+        return self.segments_dir / key[:2] / f"{key}.kvb"
+
+    # -- internals -------------------------------------------------------------------------------
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Excludes other threads of this process and other processes."""
+        with self._thread_lock, self._file_lock:
+            yield
+
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        """One transaction on the index: committed when the block ends normally, else rolled back."""
+        db = sqlite3.connect(str(self.index_path), timeout=60)
+        try:
+            yield db
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
+        finally:
+            db.close()
+
+    def _group(self, rows) -> list[tuple[CacheEntry, list[str]]]:
+        """Rows -> entries: segments saved under one label (else one chain root) for one model setting."""
+        groups: dict[tuple, list] = {}
+        for row in rows:
+            key, root, label, model, seed = row[:5]
+            groups.setdefault((label or root, model, seed), []).append(row)
+        entries = []
+        for (_, model, _), members in groups.items():
+            first = min(members, key=lambda r: r[5])
+            entry = CacheEntry(
+                key=first[1], label=first[2], model=model, tokens=max(r[6] for r in members),
+                bytes=sum(r[7] for r in members), segments=len(members), last_used=max(r[8] for r in members),
+            )
+            entries.append((entry, [r[0] for r in members]))
+        entries.sort(key=lambda e: -e[0].last_used)
+        return entries
+
+    def _delete(self, db: sqlite3.Connection, keys: Iterable[str]) -> int:
+        """Deletes segments and every segment that continues them; returns the bytes freed."""
+        freed = 0
+        todo = list(keys)
+        seen: set[str] = set()
+        while todo:
+            key = todo.pop()
+            if key in seen:
+                continue
+            seen.add(key)
+            row = db.execute("SELECT bytes FROM segments WHERE key = ?", (key,)).fetchone()
+            todo.extend(r[0] for r in db.execute("SELECT key FROM segments WHERE parent = ?", (key,)))
+            db.execute("DELETE FROM segments WHERE key = ?", (key,))
+            self.path(key).unlink(missing_ok=True)
+            freed += row[0] if row else 0
+        return freed
+
+    def _evict(self, db: sqlite3.Connection) -> None:
+        total = int(db.execute("SELECT COALESCE(SUM(bytes), 0) FROM segments").fetchone()[0])
+        if total <= self.limit_bytes:
+            return
+        # Oldest first; among equals the longest prefix first, so a chain is cut from its end.
+        order = db.execute('SELECT key FROM segments ORDER BY last_used ASC, "end" DESC').fetchall()
+        for (key,) in order:
+            if total <= self.limit_bytes:
+                break
+            total -= self._delete(db, [key])
+
+    def _sweep(self, db: sqlite3.Connection) -> None:
+        """Removes leftovers of processes that died: temporary files, files without a row, rows without a file."""
+        self._swept = True
+        known = {row[0] for row in db.execute("SELECT key FROM segments")}
+        for path in self.segments_dir.glob("*/*"):
+            name = path.name
+            if name.endswith(".tmp"):
+                if _writer_gone(path):
+                    path.unlink(missing_ok=True)
+            elif name.endswith(".kvb") and name[:-4] not in known:
+                path.unlink(missing_ok=True)
+        for key in known:
+            if not self.path(key).exists():
+                db.execute("DELETE FROM segments WHERE key = ?", (key,))
+
+
+class CachedPrefill:
+    """One prefill's use of the cache: the prefix it restores into a fresh context and the
+    segments it saves as the prefill goes.
+
+        cached = CachedPrefill(cache, store, seed, model, token_ids, segment_tokens, label, on_event)
+        restored = cached.restore(ctx)        # ctx.num_cached == ctx.cached_prefix == restored
+        ... prefill the rest, calling cached.after_chunk(ctx) after every chunk ...
+        cached.finish()                       # waits for the writes
+
+    Only a prefix that ends strictly before the prompt's end is restored (the last token's logits
+    are always computed), and only at a segment boundary (then every chunk after it starts where
+    a fresh prefill's chunk starts, and the logits are the same bits).
+    """
+
+    def __init__(self, cache: KVCache, store: BlockStore, seed: str, model: str, token_ids: list[int],
+                 segment_tokens: int, label: str | None = None, on_event: EventCallback | None = None) -> None:
+        self.cache = cache
+        self.store = store
+        self.seed = seed
+        self.model = model
+        self.token_ids = token_ids
+        self.segment_tokens = segment_tokens
+        self.label = label or ""
+        self.on_event = on_event
+        self.keys = chain_keys(seed, token_ids, segment_tokens)
+        self.present: set[str] = set()
+        self.restored = 0
+        self.stopped = False
+        self.pending: list[Future] = []
+        self._dtype = next(name for name, dtype in _DTYPES.items() if dtype == store.groups[0].dtype)
+        self._block_shape = list(store.groups[0].block_shape)
+
+    @property
+    def segment_bytes(self) -> int:
+        """Upper bound of one segment's payload (sliding-window groups may hold fewer blocks)."""
+        return sum(g.block_bytes for g in self.store.groups) * (self.segment_tokens // BLOCK_TOKENS)
+
+    def restore(self, ctx: Context) -> int:
+        """Loads the longest saved prefix into `ctx` (fresh, empty) and returns its length in tokens."""
+        assert ctx.num_cached == 0 and not ctx.tokens
+        usable = (len(self.token_ids) - 1) // self.segment_tokens
+        try:
+            self.present = self.cache.present(self.keys)
+        except (OSError, sqlite3.Error) as exc:
+            self._warn(f"the saved-KV index is unreadable ({exc}); prefilling without it")
+            self.stopped = True
+            return 0
+        count = 0
+        while count < usable and self.keys[count] in self.present:
+            count += 1
+        if count == 0:
+            return 0
+        for group in self.store.groups:
+            if not group.window:
+                group.reserve(-(-len(self.token_ids) // BLOCK_TOKENS) + 1)
+        done = 0
+        for index in range(count):
+            key = self.keys[index]
+            try:
+                segment = self.cache.read(key, self.seed)
+                self._check(segment, index)
+            except FileNotFoundError:
+                self.present.discard(key)  # evicted by another process meanwhile
+                break
+            except BadSegment as exc:
+                self._warn(f"saved KV of {self.label or 'the document'} (tokens {index * self.segment_tokens}-"
+                           f"{(index + 1) * self.segment_tokens}) was {exc}; discarded it, recomputing")
+                self._quietly(self.cache.discard, key)
+                self.present.discard(key)
+                break
+            except OSError as exc:
+                self._warn(f"could not read saved KV from {self.cache.folder} ({exc}); recomputing")
+                self.stopped = True
+                break
+            self._place(ctx, segment, index)
+            done = index + 1
+        self.restored = done * self.segment_tokens
+        ctx.tokens = list(self.token_ids[:self.restored])
+        ctx.num_cached = ctx.cached_prefix = self.restored
+        self._quietly(self.cache.touch, self.keys[:done], self.label)
+        return self.restored
+
+    @staticmethod
+    def _quietly(work, *args) -> None:
+        """Index bookkeeping that may fail without harm (the next run redoes it)."""
+        try:
+            work(*args)
+        except (OSError, sqlite3.Error):
+            pass
+
+    def after_chunk(self, ctx: Context) -> None:
+        """Saves the segment that ends where the context now ends, if one does and it is new."""
+        end = ctx.num_cached
+        if self.stopped or end % self.segment_tokens or end <= self.restored or end > len(self.token_ids):
+            return
+        index = end // self.segment_tokens - 1
+        key = self.keys[index]
+        if key in self.present:
+            return
+        if self.segment_bytes * (index + 1) > self.cache.limit_bytes:
+            self.stopped = True  # the prefix would not fit under the limit: save no more of it
+            return
+        header, groups = self._capture(ctx, index)
+        self.pending.append(self.cache.submit(lambda: self.cache.write(header, groups, self.label, self.model)))
+        self.present.add(key)
+
+    def finish(self) -> None:
+        """Waits for this prefill's writes; a write that failed is a warning (the answer is unaffected)."""
+        for future in self.pending:
+            try:
+                future.result()
+            except (OSError, sqlite3.Error) as exc:
+                self._warn(f"could not save KV to {self.cache.folder}: {exc}")
+                break
+        self.pending = []
+
+    def _capture(self, ctx: Context, index: int) -> tuple[dict, list[torch.Tensor]]:
+        """The header and K/V of segment `index` of the context, copied out of the store."""
+        per_segment = self.segment_tokens // BLOCK_TOKENS
+        first = index * per_segment
+        groups, described = [], []
+        for group, table in zip(self.store.groups, ctx.tables):
+            blocks = [b for b in range(first, first + per_segment) if table.ids[b] is not None]
+            data = torch.empty((len(group.layers), 2, len(blocks), *group.block_shape), dtype=group.dtype)
+            for i, block in enumerate(blocks):
+                block_id = table.ids[block]
+                for pos in range(len(group.layers)):
+                    data[pos, 0, i].copy_(group.k_block(pos, block_id))
+                    data[pos, 1, i].copy_(group.v_block(pos, block_id))
+            groups.append(data)
+            described.append({"window": group.window, "layers": len(group.layers), "blocks": blocks})
+        header = {
+            "key": self.keys[index], "parent": self.keys[index - 1] if index else "", "root": self.keys[0],
+            "seed": self.seed, "start": index * self.segment_tokens, "end": (index + 1) * self.segment_tokens,
+            "dtype": self._dtype, "block_shape": self._block_shape, "groups": described,
+        }
+        return header, groups
+
+    def _check(self, segment: Segment, index: int) -> None:
+        """Raises BadSegment unless the segment fits this store and holds every block a prefill
+        resumed at its end needs."""
+        try:
+            self._check_layout(segment.header, index)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadSegment(f"unreadable ({exc!r})") from None
+
+    def _check_layout(self, header: dict, index: int) -> None:
+        per_segment = self.segment_tokens // BLOCK_TOKENS
+        end = (index + 1) * self.segment_tokens
+        if header.get("dtype") != self._dtype or list(header.get("block_shape", [])) != self._block_shape:
+            raise BadSegment("of another KV shape or dtype")
+        if header.get("start") != index * self.segment_tokens or header.get("end") != end:
+            raise BadSegment("of another segment length")
+        described = header.get("groups", [])
+        if len(described) != len(self.store.groups):
+            raise BadSegment("of another layer layout")
+        for group, desc in zip(self.store.groups, described):
+            if desc["window"] != group.window or desc["layers"] != len(group.layers):
+                raise BadSegment("of another layer layout")
+            blocks = desc["blocks"]
+            first_needed = max(index * per_segment, _first_visible_block(end, group.window))
+            if blocks != sorted(set(blocks)) or any(not index * per_segment <= b < end // BLOCK_TOKENS for b in blocks):
+                raise BadSegment("inconsistent (block list)")
+            if not set(range(first_needed, end // BLOCK_TOKENS)) <= set(blocks):
+                raise BadSegment("incomplete (blocks missing)")
+
+    def _place(self, ctx: Context, segment: Segment, index: int) -> None:
+        """Copies a checked segment's blocks into new blocks of the context."""
+        per_segment = self.segment_tokens // BLOCK_TOKENS
+        end = (index + 1) * self.segment_tokens
+        for group, table, desc, data in zip(self.store.groups, ctx.tables, segment.header["groups"], segment.groups):
+            first_needed = _first_visible_block(end, group.window)
+            wanted = [(i, b) for i, b in enumerate(desc["blocks"]) if b >= first_needed]
+            ids = group.allocate(len(wanted))
+            slot = dict(zip((b for _, b in wanted), ids))
+            table.ids.extend(slot.get(b) for b in range(index * per_segment, (index + 1) * per_segment))
+            for pos in range(len(group.layers)):
+                for (row, _), block_id in zip(wanted, ids):
+                    group.k_block(pos, block_id).copy_(data[pos, 0, row])
+                    group.v_block(pos, block_id).copy_(data[pos, 1, row])
+            if group.window:
+                dropped = table.drop_before(first_needed)
+                if dropped:
+                    group.allocator.decref(dropped)
+            table.changed()
+
+    def _warn(self, message: str) -> None:
+        emit(self.on_event, EngineWarning(message))
+
+
+def _first_visible_block(end: int, window: int) -> int:
+    """First block a query at position `end` can see in a layer of this window (0: full attention)."""
+    return max(0, end - window + 1) // BLOCK_TOKENS if window else 0
+
+
+def _make_private_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if (path.stat().st_mode & 0o777) != 0o700:
+        os.chmod(path, 0o700)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _writer_gone(tmp: Path) -> bool:
+    """Whether the process that was writing a temporary file is gone (or the file is a day old)."""
+    try:
+        if time.time() - tmp.stat().st_mtime > _STALE_TMP_S:
+            return True
+        pid = int(tmp.name.split(".")[2])
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (ValueError, IndexError, OSError):
+        return False
+    return False

@@ -1,0 +1,185 @@
+"""Residency policies for selective mode: which blocks a decode step attends to.
+
+A policy scores a layer's candidate blocks; the selector keeps the always-kept blocks (the
+first block, the last `recent_blocks` blocks, every block of a sliding-window layer's window)
+and fills the rest of the layer's budget with the best-scored blocks, ties broken by position,
+so a selection is deterministic given the same inputs.
+
+| policy | score of a block                                                         |
+|--------|--------------------------------------------------------------------------|
+| lru    | the last step at which the block was attended (or written)               |
+| quest  | upper bound of q.k from the block's element-wise key min and max, summed over the query heads |
+| draft  | attention mass the draft (the model's first layers) put on the block this step |
+| scores | relevance computed once after prefill from the document's final tokens' attention |
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Policy:
+    """Scores blocks for one layer at one decode step (higher = more worth attending)."""
+
+    name = "policy"
+
+    def scores(self, layer: int, q: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
+        """q: [Hq, D] this step's rotated query; ids, positions: [n] candidates -> [n] float scores."""
+        raise NotImplementedError
+
+    def attended(self, layer: int, ids: list[int], step: int) -> None:
+        """The blocks a layer attended at `step` (policies with memory use it)."""
+
+    def written(self, layer: int, block_id: int, k: torch.Tensor, first_rows: bool) -> None:
+        """Rows k: [Hkv, t, D] (rotated) were written into `block_id` of `layer` (`first_rows`: from row 0)."""
+
+    def copied(self, group_layers: list[int], src: int, dst: int) -> None:
+        """A block was copied (copy-on-write); per-block metadata follows it."""
+
+
+class LruPolicy(Policy):
+    name = "lru"
+
+    def __init__(self, num_layers: int) -> None:
+        self.last_used: list[dict[int, int]] = [{} for _ in range(num_layers)]
+
+    def scores(self, layer, q, ids, positions, ctx):
+        used = self.last_used[layer]
+        return torch.tensor([float(used.get(int(b), -1)) for b in ids], dtype=torch.float32)
+
+    def attended(self, layer, ids, step):
+        used = self.last_used[layer]
+        for block_id in ids:
+            used[block_id] = step
+
+    def copied(self, group_layers, src, dst):
+        for layer in group_layers:
+            if src in self.last_used[layer]:
+                self.last_used[layer][dst] = self.last_used[layer][src]
+
+
+class QuestPolicy(Policy):
+    """Quest (Tang et al., 2024): per block and KV head, the element-wise min and max of its keys."""
+
+    name = "quest"
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, group_size: int) -> None:
+        self.kmin: list[torch.Tensor] = [torch.empty(0, num_kv_heads, head_dim) for _ in range(num_layers)]
+        self.kmax: list[torch.Tensor] = [torch.empty(0, num_kv_heads, head_dim) for _ in range(num_layers)]
+        self.group_size = group_size
+
+    def _ensure(self, layer: int, block_id: int) -> None:
+        size = self.kmin[layer].shape[0]
+        if block_id >= size:
+            grow = max(block_id + 1, 2 * size, 64) - size
+            shape = (grow, *self.kmin[layer].shape[1:])
+            self.kmin[layer] = torch.cat([self.kmin[layer], torch.full(shape, float("inf"))])
+            self.kmax[layer] = torch.cat([self.kmax[layer], torch.full(shape, float("-inf"))])
+
+    def written(self, layer, block_id, k, first_rows):
+        self._ensure(layer, block_id)
+        rows_min = k.float().amin(dim=1)  # [Hkv, D]
+        rows_max = k.float().amax(dim=1)
+        if first_rows:
+            self.kmin[layer][block_id] = rows_min
+            self.kmax[layer][block_id] = rows_max
+        else:
+            torch.minimum(self.kmin[layer][block_id], rows_min, out=self.kmin[layer][block_id])
+            torch.maximum(self.kmax[layer][block_id], rows_max, out=self.kmax[layer][block_id])
+
+    def copied(self, group_layers, src, dst):
+        for layer in group_layers:
+            if src < self.kmin[layer].shape[0]:
+                self._ensure(layer, dst)
+                self.kmin[layer][dst] = self.kmin[layer][src]
+                self.kmax[layer][dst] = self.kmax[layer][src]
+
+    def scores(self, layer, q, ids, positions, ctx):
+        index = ids.to(torch.int64)
+        kmin, kmax = self.kmin[layer][index], self.kmax[layer][index]  # [n, Hkv, D]
+        num_kv_heads = kmin.shape[1]
+        qg = q.float().view(num_kv_heads, self.group_size, -1)  # [Hkv, G, D]
+        # upper bound of q.k over the block: per dim, the larger of q*min and q*max
+        bound = torch.maximum(qg[None] * kmin[:, :, None, :], qg[None] * kmax[:, :, None, :]).sum(-1)  # [n, Hkv, G]
+        return bound.sum(dim=(1, 2))
+
+
+class DraftPolicy(Policy):
+    """The model's first `draft_layers` layers attend to every block; the attention mass they put
+    on each block this step ranks the blocks for the layers after them."""
+
+    name = "draft"
+
+    def __init__(self, draft_layers: int) -> None:
+        self.draft_layers = draft_layers
+        self.mass: dict[int, float] = {}  # logical block index -> attention mass this step
+        self.step = -1
+
+    def observe(self, step: int, positions: torch.Tensor, lse: torch.Tensor) -> None:
+        """Per-block log-sum-exp [n, Hq] from a draft layer's exact attention at `step`."""
+        if step != self.step:
+            self.mass, self.step = {}, step
+        weights = torch.softmax(lse.float(), dim=0).sum(dim=1)  # attention mass per block, summed over heads
+        for position, weight in zip(positions.tolist(), weights.tolist()):
+            self.mass[position] = self.mass.get(position, 0.0) + weight
+
+    def scores(self, layer, q, ids, positions, ctx):
+        return torch.tensor([self.mass.get(int(p), 0.0) for p in positions], dtype=torch.float32)
+
+
+class ScoresPolicy(Policy):
+    """Static per-block relevance, computed once after prefill and kept with the context."""
+
+    name = "scores"
+
+    def scores(self, layer, q, ids, positions, ctx):
+        table = ctx.block_scores[layer] if ctx.block_scores is not None else None
+        out = torch.full((len(positions),), float("inf"))  # blocks written after the scoring: keep
+        if table is not None:
+            known = positions.to(torch.int64) < table.shape[0]
+            out[known] = table[positions.to(torch.int64)[known]]
+        return out
+
+
+def choose(candidate_ids: torch.Tensor, candidate_pos: torch.Tensor, scores: torch.Tensor, keep: torch.Tensor,
+           budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept blocks plus the best-scored others, within `budget` blocks, in logical order.
+
+    Ties are broken by position (later first), so the choice is deterministic."""
+    n = candidate_ids.numel()
+    if n <= budget:
+        return candidate_ids, candidate_pos
+    free = max(0, budget - int(keep.sum()))
+    rest = (~keep).nonzero().flatten()
+    if free and rest.numel():
+        # sort by score, then position: a stable descending sort of (score, position)
+        order = torch.argsort(candidate_pos[rest].to(torch.float64), descending=True, stable=True)
+        rest = rest[order]
+        order = torch.argsort(scores[rest], descending=True, stable=True)
+        picked = rest[order[:free]]
+    else:
+        picked = rest[:0]
+    chosen = torch.cat([keep.nonzero().flatten(), picked])
+    chosen = chosen[torch.argsort(candidate_pos[chosen])]
+    return candidate_ids[chosen], candidate_pos[chosen]
+
+
+def always_kept(positions: torch.Tensor, num_blocks: int, recent_blocks: int) -> torch.Tensor:
+    """[n] bool: the first block (attention sink) and the last `recent_blocks` blocks."""
+    return (positions == 0) | (positions >= num_blocks - recent_blocks)
+
+
+
+def make_policy(name: str, spec, draft_layers: int) -> Policy:
+    """The policy called `name` for a model of this spec."""
+    if name == "lru":
+        return LruPolicy(spec.num_layers)
+    if name == "quest":
+        return QuestPolicy(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.group_size)
+    if name == "draft":
+        if not 0 < draft_layers < spec.num_layers:
+            raise ValueError(f"draft_layers must be between 1 and {spec.num_layers - 1}, got {draft_layers}")
+        return DraftPolicy(draft_layers)
+    if name == "scores":
+        return ScoresPolicy()
+    raise ValueError(f"unknown policy {name!r}")

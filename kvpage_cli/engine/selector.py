@@ -1,0 +1,61 @@
+"""Selective mode: per layer and decode step, the blocks attention may read.
+
+The budget is the pool: `slots` blocks per layer. Always kept: the first block (attention
+sink), the last `recent_blocks` blocks, and all blocks of a sliding-window layer (its table
+holds only its window). The policy's best-scored blocks fill the rest of the budget.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .policy import DraftPolicy, Policy, always_kept, choose
+from .spec import ModelSpec
+from .store import BlockStore
+
+
+class Selector:
+    def __init__(self, spec: ModelSpec, store: BlockStore, policy: Policy, budget: int, recent_blocks: int) -> None:
+        self.spec = spec
+        self.store = store
+        self.policy = policy
+        self.budget = budget
+        self.recent_blocks = recent_blocks
+        self.draft_layers = policy.draft_layers if isinstance(policy, DraftPolicy) else 0
+        self.selected = 0
+        self.candidates = 0
+        self.last: dict[int, torch.Tensor] = {}  # layer -> logical indices it attended at the last step
+
+    def exact_layer(self, layer: int) -> bool:
+        """Layers that always read every block: sliding-window layers and the draft layers."""
+        return bool(self.store.group_of(layer).window) or layer < self.draft_layers
+
+    def select(self, layer: int, q: torch.Tensor, ctx, ids: torch.Tensor, positions: torch.Tensor,
+               step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [Hq, D]; ids, positions: [n] int32 live blocks in logical order -> the chosen subset."""
+        n = ids.numel()
+        self.candidates += n
+        if self.exact_layer(layer) or n <= self.budget:
+            chosen_ids, chosen_pos = ids, positions
+        else:
+            keep = always_kept(positions, ctx.num_blocks, self.recent_blocks)
+            scores = self.policy.scores(layer, q, ids, positions, ctx)
+            chosen_ids, chosen_pos = choose(ids, positions, scores, keep, self.budget)
+        self.selected += chosen_ids.numel()
+        self.policy.attended(layer, chosen_ids.tolist(), step)
+        self.last[layer] = chosen_pos
+        return chosen_ids, chosen_pos
+
+    def predicted(self, layer: int, ctx) -> list[int] | None:
+        """Logical blocks `layer` will likely read next: what it read last step, plus the newest block."""
+        last = self.last.get(layer)
+        if last is None:
+            return None
+        newest = ctx.num_blocks - 1
+        positions = last.tolist()
+        return positions if newest in positions else positions + [newest]
+
+    def observe(self, layer: int, step: int, positions: torch.Tensor, lse: torch.Tensor) -> None:
+        """Per-block lse [n, Hq] of an exact draft layer (feeds the draft policy)."""
+        if layer < self.draft_layers:
+            self.policy.observe(step, positions, lse)

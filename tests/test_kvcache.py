@@ -1,0 +1,292 @@
+"""The saved-KV cache: a second prefill of a document loads its blocks instead of computing them,
+with the same bits; damaged, foreign or half-written files are never used; processes share it."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import stat
+
+import pytest
+import torch
+
+from kvpage_cli.engine import BLOCK_TOKENS, Engine, EngineConfig, EngineWarning, PrefillProgress
+from kvpage_cli.engine.kvcache import KVCache
+
+from .conftest import random_prompt, tiny_model
+
+SEGMENT = 256  # the default prefill chunk: saved prefixes end on multiples of it
+
+
+def load(model, home, **config) -> Engine:
+    config.setdefault("backend", "torch")  # a fresh home would compile the native kernels first
+    config.setdefault("kv_cache", True)
+    return Engine.load(model, EngineConfig(home=str(home), **config))
+
+
+def fresh_logits(model, home, ids, **config) -> torch.Tensor:
+    engine = load(model, home, kv_cache=False, **config)
+    return engine.logits(engine.prefill(ids)).clone()
+
+
+def prefill(engine: Engine, ids: list[int], label: str = "doc"):
+    """(context, its logits, the events it reported)."""
+    events = []
+    ctx = engine.prefill(ids, events.append, label=label)
+    return ctx, engine.logits(ctx).clone(), events
+
+
+def warnings(events) -> list[str]:
+    return [e.message for e in events if isinstance(e, EngineWarning)]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama")
+
+
+@pytest.mark.parametrize("arch,kv_path", [("llama", "store"), ("llama", "pool"), ("gemma3_text", "store"), ("mistral", "pool")])
+def test_second_prefill_loads_the_document_and_gives_the_same_bits(arch, kv_path, tmp_path):
+    model = tiny_model(arch)  # gemma3 and mistral have sliding-window layers (window 100)
+    ids = random_prompt(7 * SEGMENT + 100, seed=3)
+    reference = fresh_logits(model, tmp_path, ids, kv_path=kv_path)
+    engine = load(model, tmp_path, kv_path=kv_path)
+
+    first, first_logits, _ = prefill(engine, ids)
+    assert first.cached_prefix == 0
+    second, second_logits, events = prefill(engine, ids)
+    assert second.cached_prefix == 7 * SEGMENT and second.cached_prefix % BLOCK_TOKENS == 0
+    progress = [e for e in events if isinstance(e, PrefillProgress)]
+    assert progress[0].cached == progress[-1].cached == 7 * SEGMENT
+    assert progress[-1].done == progress[-1].total == len(ids)
+    assert engine.stats().cached_tokens == 7 * SEGMENT
+    assert torch.equal(first_logits, reference) and torch.equal(second_logits, reference)
+    assert list(engine.generate(first, max_new_tokens=12, stop=())) == list(engine.generate(second, max_new_tokens=12, stop=()))
+    assert not warnings(events)
+
+
+def test_a_prompt_ending_on_a_segment_boundary_recomputes_its_last_segment(llama, tmp_path):
+    ids = random_prompt(4 * SEGMENT, seed=4)
+    engine = load(llama, tmp_path)
+    prefill(engine, ids)
+    ctx, logits, _ = prefill(engine, ids)
+    assert ctx.cached_prefix == 3 * SEGMENT  # the last token's logits are always computed
+    assert torch.equal(logits, fresh_logits(llama, tmp_path, ids))
+
+
+def test_a_shared_prefix_is_reused_up_to_where_the_prompts_part(llama, tmp_path):
+    document = random_prompt(5 * SEGMENT + 30, seed=5)
+    question_a, question_b = random_prompt(300, seed=6), random_prompt(200, seed=7)
+    engine = load(llama, tmp_path)
+    prefill(engine, document + question_a)
+    ctx, logits, _ = prefill(engine, document + question_b)
+    assert ctx.cached_prefix == 5 * SEGMENT  # the segment holding the document's end differs
+    assert torch.equal(logits, fresh_logits(llama, tmp_path, document + question_b))
+    other, _, _ = prefill(engine, random_prompt(3 * SEGMENT, seed=8))
+    assert other.cached_prefix == 0
+
+
+def test_forks_of_a_loaded_document_answer_like_a_fresh_one(llama, tmp_path):
+    document, question = random_prompt(3 * SEGMENT + 10, seed=9), random_prompt(40, seed=10)
+    engine = load(llama, tmp_path)
+    expected = list(engine.generate(engine.fork(engine.prefill(document, use_cache=False)), question, max_new_tokens=10, stop=()))
+    prefill(engine, document)
+    doc, _, _ = prefill(engine, document)
+    assert doc.cached_prefix == 3 * SEGMENT
+    assert list(engine.generate(engine.fork(doc), question, max_new_tokens=10, stop=())) == expected
+    assert list(engine.generate(engine.fork(doc), question, max_new_tokens=10, stop=())) == expected
+
+
+def _flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "another model"])
+def test_a_damaged_or_foreign_file_is_discarded_and_recomputed(damage, llama, tmp_path):
+    ids = random_prompt(6 * SEGMENT + 50, seed=11)
+    engine = load(llama, tmp_path / "home")
+    prefill(engine, ids)
+    cache = engine.kv_cache
+    entry = cache.list_entries()[0]
+    assert entry.tokens == 6 * SEGMENT and entry.segments == 6
+    from kvpage_cli.engine.kvcache import chain_keys
+
+    keys = chain_keys(engine.cache_seed, ids, SEGMENT)
+    victim = cache.path(keys[3])
+    if damage == "flipped byte":
+        _flip_a_byte(victim)
+    elif damage == "truncated":
+        _truncate(victim)
+    else:  # the same tokens saved by another model, put where this model looks
+        other = load(tiny_model("llama", seed=1), tmp_path / "other")
+        prefill(other, ids)
+        victim.write_bytes(other.kv_cache.path(chain_keys(other.cache_seed, ids, SEGMENT)[3]).read_bytes())
+
+    ctx, logits, events = prefill(engine, ids)
+    assert ctx.cached_prefix == 3 * SEGMENT  # the segments before the bad one are still good
+    [message] = warnings(events)
+    assert {"flipped byte": "checksum", "truncated": "truncated", "another model": "another model"}[damage] in message
+    assert torch.equal(logits, fresh_logits(llama, tmp_path / "home", ids))
+    # The bad segment was recomputed and saved again: the next run loads everything, silently.
+    ctx, logits, events = prefill(engine, ids)
+    assert ctx.cached_prefix == 6 * SEGMENT and not warnings(events)
+    assert torch.equal(logits, fresh_logits(llama, tmp_path / "home", ids))
+
+
+def _prefill_in_child(home: str, seed: int, barrier=None, die_before_rename: bool = False) -> None:
+    model = tiny_model("llama")
+    engine = load(model, home)
+    if die_before_rename:
+        KVCache._commit = lambda self, tmp, path: os.kill(os.getpid(), signal.SIGKILL)
+    if barrier is not None:
+        barrier.wait(timeout=60)
+    engine.prefill(random_prompt(4 * SEGMENT + 10, seed=seed), label="shared")
+
+
+def test_a_writer_killed_before_the_rename_leaves_nothing_that_is_used(llama, tmp_path):
+    spawn = multiprocessing.get_context("spawn")
+    child = spawn.Process(target=_prefill_in_child, args=(str(tmp_path), 12), kwargs={"die_before_rename": True})
+    child.start()
+    child.join(120)
+    assert child.exitcode == -signal.SIGKILL
+    leftovers = list((tmp_path / "kv" / "segments").glob("*/*.tmp"))
+    assert leftovers  # the dead writer's temporary file is there ...
+    ids = random_prompt(4 * SEGMENT + 10, seed=12)
+    engine = load(llama, tmp_path)
+    ctx, logits, events = prefill(engine, ids)
+    assert ctx.cached_prefix == 0 and not warnings(events)  # ... and is not used
+    assert torch.equal(logits, fresh_logits(llama, tmp_path, ids))
+    assert not any(p.exists() for p in leftovers)  # the next writer swept it away
+    assert prefill(engine, ids)[0].cached_prefix == 4 * SEGMENT
+
+
+def test_a_failed_write_is_a_warning_and_saves_nothing(llama, tmp_path, monkeypatch):
+    def refuse(self, tmp, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(KVCache, "_commit", refuse)
+    ids = random_prompt(2 * SEGMENT + 10, seed=13)
+    engine = load(llama, tmp_path)
+    ctx, logits, events = prefill(engine, ids)
+    assert "No space left" in warnings(events)[0]
+    assert torch.equal(logits, fresh_logits(llama, tmp_path, ids))
+    assert engine.kv_cache.list_entries() == [] and not list((tmp_path / "kv" / "segments").glob("*/*"))
+
+
+def test_two_processes_writing_the_same_entry_end_with_one_valid_entry(llama, tmp_path):
+    spawn = multiprocessing.get_context("spawn")
+    barrier = spawn.Barrier(2)
+    children = [spawn.Process(target=_prefill_in_child, args=(str(tmp_path), 14, barrier)) for _ in range(2)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(120)
+    assert [c.exitcode for c in children] == [0, 0]
+    ids = random_prompt(4 * SEGMENT + 10, seed=14)
+    engine = load(llama, tmp_path)
+    [entry] = engine.kv_cache.list_entries()
+    assert entry.segments == 4 and entry.tokens == 4 * SEGMENT and entry.label == "shared"
+    assert len(list((tmp_path / "kv" / "segments").glob("*/*"))) == 4  # no temporary file left
+    ctx, logits, events = prefill(engine, ids)
+    assert ctx.cached_prefix == 4 * SEGMENT and not warnings(events)
+    assert torch.equal(logits, fresh_logits(llama, tmp_path, ids))
+
+
+def test_eviction_keeps_the_cache_under_its_limit(llama, tmp_path):
+    segment = BLOCK_TOKENS  # a 64-token prefill chunk: 64-token segments, small and quick
+    probe = load(llama, tmp_path / "probe", prefill_chunk=segment)
+    prefill(probe, random_prompt(segment + 1, seed=20))
+    segment_bytes = probe.kv_cache.total_bytes
+    limit_mib = 10.5 * segment_bytes / 2**20  # room for ten segments
+    engine = load(llama, tmp_path / "home", cache_mib=limit_mib, prefill_chunk=segment)
+    documents = [random_prompt(4 * segment + 1, seed=21 + i) for i in range(5)]  # four segments each
+    for i, document in enumerate(documents):
+        prefill(engine, document, label=f"doc{i}")
+        assert engine.kv_cache.total_bytes <= limit_mib * 2**20
+    assert [e.label for e in engine.kv_cache.list_entries()][:2] == ["doc4", "doc3"]
+    assert prefill(engine, documents[4], label="doc4")[0].cached_prefix == 4 * segment  # the newest is whole
+    assert prefill(engine, documents[0], label="doc0")[0].cached_prefix == 0  # the oldest went first
+    smaller = KVCache.open(tmp_path / "home", cache_mib=4.5 * segment_bytes / 2**20)
+    smaller.trim()  # a lower limit applies at once
+    assert smaller.total_bytes <= 4.5 * segment_bytes and [e.label for e in smaller.list_entries()] == ["doc0"]
+    # A document larger than the whole cache keeps only the prefix that fits.
+    big = load(llama, tmp_path / "big", cache_mib=2.5 * segment_bytes / 2**20, prefill_chunk=segment)
+    prefill(big, random_prompt(6 * segment + 1, seed=30))
+    assert big.kv_cache.list_entries()[0].tokens == 2 * segment
+
+
+def test_cache_files_are_readable_by_the_user_only(llama, tmp_path):
+    engine = load(llama, tmp_path)
+    prefill(engine, random_prompt(2 * SEGMENT + 1, seed=40))
+    folder = tmp_path / "kv"
+    paths = [folder, *folder.rglob("*")]
+    assert len([p for p in paths if p.suffix == ".kvb"]) == 2
+    for path in paths:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+
+
+def test_list_remove_and_clear(llama, tmp_path):
+    engine = load(llama, tmp_path)
+    prefill(engine, random_prompt(3 * SEGMENT + 1, seed=50), label="a.pdf")
+    prefill(engine, random_prompt(2 * SEGMENT + 1, seed=51), label="b.txt")
+    prefill(engine, random_prompt(SEGMENT + 1, seed=52), label="")
+    cache = KVCache.open(tmp_path)  # what `kvpage cache` opens, without a model
+    entries = cache.list_entries()
+    assert [(e.label, e.tokens, e.segments) for e in entries] == [("", 256, 1), ("b.txt", 512, 2), ("a.pdf", 768, 3)]
+    assert all(e.model == "LlamaForCausalLM" and e.bytes > 0 for e in entries)
+    assert sum(e.bytes for e in entries) == cache.total_bytes
+    assert [e.label for e in cache.remove("a.pdf")] == ["a.pdf"]
+    assert [e.label for e in cache.remove(entries[0].key[:10])] == [""]
+    assert cache.remove("no-such-document") == []
+    assert [e.label for e in cache.list_entries()] == ["b.txt"]
+    assert [e.label for e in cache.clear()] == ["b.txt"]
+    assert cache.list_entries() == [] and cache.total_bytes == 0
+    assert not list((tmp_path / "kv" / "segments").glob("*/*"))
+
+
+def test_without_the_cache_nothing_is_read_or_written(llama, tmp_path):
+    ids = random_prompt(2 * SEGMENT + 1, seed=60)
+    engine = load(llama, tmp_path)
+    engine.prefill(ids, use_cache=False)
+    assert not (tmp_path / "kv").exists() or KVCache.open(tmp_path).list_entries() == []
+    prefill(engine, ids)
+    assert engine.prefill(ids, use_cache=False).cached_prefix == 0
+    off = load(llama, tmp_path, kv_cache=False)
+    assert off.kv_cache is None and off.prefill(ids).cached_prefix == 0
+
+
+def test_a_damaged_index_is_started_afresh(llama, tmp_path):
+    ids = random_prompt(2 * SEGMENT + 1, seed=70)
+    prefill(load(llama, tmp_path), ids)
+    (tmp_path / "kv" / "index.sqlite").write_bytes(b"not a database" * 100)
+    engine = load(llama, tmp_path)
+    ctx, logits, _ = prefill(engine, ids)
+    assert ctx.cached_prefix == 0 and torch.equal(logits, fresh_logits(llama, tmp_path, ids))
+    assert len(list((tmp_path / "kv" / "segments").glob("*/*.kvb"))) == 2  # orphans swept, segments saved again
+    assert prefill(engine, ids)[0].cached_prefix == 2 * SEGMENT
+
+
+def test_selective_mode_gets_the_key_bounds_of_loaded_blocks(llama, tmp_path):
+    ids = random_prompt(5 * SEGMENT + 20, seed=80)
+    config = dict(mode="selective", policy="quest", pool_mib=0.15)
+    reference = load(llama, tmp_path, kv_cache=False, **config)
+    ref_ctx = reference.prefill(ids)
+    expected = list(reference.generate(reference.fork(ref_ctx), max_new_tokens=12, stop=()))
+    prefill(load(llama, tmp_path, **config), ids)
+    engine = load(llama, tmp_path, **config)  # a new process would start with no bounds at all
+    ctx, _, _ = prefill(engine, ids)
+    assert ctx.cached_prefix == 5 * SEGMENT
+    for layer in range(llama.config.num_hidden_layers):
+        mine, theirs = ctx.tables[0].live()[0], ref_ctx.tables[0].live()[0]
+        assert torch.equal(engine.key_bounds.kmin[layer][mine], reference.key_bounds.kmin[layer][theirs])
+        assert torch.equal(engine.key_bounds.kmax[layer][mine], reference.key_bounds.kmax[layer][theirs])
+    assert list(engine.generate(ctx, max_new_tokens=12, stop=())) == expected

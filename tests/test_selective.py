@@ -1,0 +1,179 @@
+"""Selective mode: policies, always-kept blocks, sliding windows, and the mover's valid bits."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from kvpage_cli.engine import BLOCK_TOKENS, Engine, EngineConfig
+from kvpage_cli.engine.policy import QuestPolicy, always_kept, choose
+
+from .conftest import random_prompt, tiny_model
+
+POLICIES = ["lru", "quest", "draft", "scores"]
+
+
+def selective(model, kv_home, policy: str, slots: int, **config) -> Engine:
+    cfg = model.config
+    slot_bytes = 2 * cfg.num_key_value_heads * BLOCK_TOKENS * cfg.head_dim * 4
+    pool_mib = slots * cfg.num_hidden_layers * slot_bytes / 2**20
+    engine = Engine.load(model, EngineConfig(home=str(kv_home), mode="selective", policy=policy, pool_mib=pool_mib,
+                                             draft_layers=1, **config))
+    assert engine.pool.num_slots == slots
+    return engine
+
+
+def record_selections(engine: Engine) -> list[tuple[int, list[int]]]:
+    """Wraps the selector: returns the list it appends (layer, chosen logical blocks) to."""
+    selections = []
+    select = engine.dispatch.selector.select
+
+    def recording(layer, q, ctx, ids, positions, step):
+        chosen_ids, chosen_pos = select(layer, q, ctx, ids, positions, step)
+        selections.append((layer, chosen_pos.tolist(), positions.tolist(), ctx.num_blocks, step))
+        return chosen_ids, chosen_pos
+
+    engine.dispatch.selector.select = recording
+    return selections
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("kv_path", ["store", "pool"])
+def test_a_pool_holding_every_block_gives_the_exact_tokens(policy, kv_path, tiny_models, kv_home):
+    model = tiny_models["llama"]
+    ids = random_prompt(20 * BLOCK_TOKENS + 9, seed=51)
+    exact = Engine.load(model, EngineConfig(home=str(kv_home), kv_path=kv_path))
+    engine = selective(model, kv_home, policy, 40, kv_path=kv_path)
+    expected = list(exact.generate(exact.prefill(ids), max_new_tokens=20, stop=()))
+    assert list(engine.generate(engine.prefill(ids), max_new_tokens=20, stop=())) == expected
+
+
+def test_quest_chooses_the_block_whose_keys_bound_every_query(tiny_models, kv_home):
+    model = tiny_models["llama"]
+    engine = selective(model, kv_home, "quest", 6)
+    ctx = engine.prefill(random_prompt(30 * BLOCK_TOKENS, seed=52))
+    needle = 17
+    group = engine.store.groups[0]
+    block_id = ctx.tables[0].ids[needle]
+    for layer in range(model.config.num_hidden_layers):
+        k = group.k_block(engine.store.layer_pos[layer], block_id)
+        k[:, 0] = 50.0  # one key row far out along +1 in every dimension, one along -1:
+        k[:, 1] = -50.0  # q.k can be as large as 50 * sum|q| here, more than anywhere else
+        engine.policy.written(layer, block_id, k[:, :2], True)
+    selections = record_selections(engine)
+    list(engine.generate(ctx, max_new_tokens=1, stop=()))
+    list(engine.generate(ctx, max_new_tokens=2, stop=()))
+    assert selections
+    for _, chosen, _, _, _ in selections:
+        assert needle in chosen
+
+
+def test_quest_scores_match_a_brute_force_upper_bound():
+    torch.manual_seed(0)
+    policy = QuestPolicy(num_layers=1, num_kv_heads=2, head_dim=8, group_size=3)
+    keys = [torch.randn(2, 64, 8) for _ in range(5)]
+    for block_id, k in enumerate(keys):
+        policy.written(0, block_id, k[:, :30], True)
+        policy.written(0, block_id, k[:, 30:], False)
+    q = torch.randn(6, 8)
+    scores = policy.scores(0, q, torch.arange(5), torch.arange(5), None)
+    for block_id, k in enumerate(keys):
+        qg = q.view(2, 3, 8)
+        true_max = torch.einsum("hgd,htd->hgt", qg, k).amax(-1).sum()
+        assert scores[block_id] >= true_max - 1e-4  # an upper bound of the real maximum
+
+
+def test_choose_keeps_the_kept_blocks_and_breaks_ties_by_position():
+    positions = torch.arange(10, dtype=torch.int32)
+    ids = positions + 100
+    keep = always_kept(positions, 10, recent_blocks=2)
+    scores = torch.tensor([0.0, 5, 1, 5, 1, 0, 0, 0, 9, 9])
+    chosen_ids, chosen_pos = choose(ids, positions, scores, keep, budget=5)
+    assert chosen_pos.tolist() == [0, 1, 3, 8, 9]  # sink, the two 5s, the recent two
+    assert chosen_ids.tolist() == [100, 101, 103, 108, 109]
+    scores = torch.zeros(10)
+    assert choose(ids, positions, scores, keep, budget=4)[1].tolist() == [0, 7, 8, 9]  # ties: later first
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_always_kept_blocks_are_always_read(policy, tiny_models, kv_home):
+    model = tiny_models["qwen3"]
+    engine = selective(model, kv_home, policy, 5)
+    selections = record_selections(engine)
+    list(engine.generate(engine.prefill(random_prompt(25 * BLOCK_TOKENS + 3, seed=53)), max_new_tokens=70, stop=()))
+    assert len(selections) >= 69 * model.config.num_hidden_layers
+    for layer, chosen, candidates, num_blocks, _ in selections:
+        assert 0 in chosen
+        assert all(p in chosen for p in range(num_blocks - 2, num_blocks))
+        if layer >= 1 or policy != "draft":
+            assert len(chosen) <= 5
+        else:
+            assert chosen == candidates  # the draft layer reads every block
+
+
+def test_sliding_window_layers_never_lose_a_block_of_their_window(kv_home):
+    model = tiny_model("gemma3_text", sliding_window=300)  # window: 300 tokens, about 5 blocks
+    engine = selective(model, kv_home, "quest", 3)
+    selections = record_selections(engine)
+    ctx = engine.prefill(random_prompt(20 * BLOCK_TOKENS, seed=54))
+    list(engine.generate(ctx, max_new_tokens=40, stop=()))
+    sliding = [i for i, t in enumerate(model.config.layer_types) if t == "sliding_attention"]
+    for layer, chosen, candidates, _, query in selections:
+        if layer in sliding:
+            assert chosen == candidates  # the whole window
+            window = range(max(0, query - 300 + 1) // BLOCK_TOKENS, query // BLOCK_TOKENS + 1)
+            assert set(window) <= set(chosen)
+
+
+def test_selection_is_deterministic(tiny_models, kv_home):
+    model = tiny_models["llama"]
+    ids = random_prompt(30 * BLOCK_TOKENS, seed=55)
+    runs = []
+    for _ in range(2):
+        engine = selective(model, kv_home, "quest", 6)
+        selections = record_selections(engine)
+        tokens = list(engine.generate(engine.prefill(ids), max_new_tokens=12, stop=()))
+        runs.append((tokens, selections))
+    assert runs[0] == runs[1]
+
+
+def test_the_mover_never_lets_attention_read_an_unfinished_copy(tiny_models, kv_home, monkeypatch):
+    model = tiny_models["llama"]
+    ids = random_prompt(24 * BLOCK_TOKENS, seed=56)
+    reference = selective(model, kv_home, "lru", 8, kv_path="pool")
+    expected = list(reference.generate(reference.prefill(ids), max_new_tokens=12, stop=()))
+
+    engine = selective(model, kv_home, "lru", 8, kv_path="pool")
+    copier = engine.dispatch._copier
+    slow_copies = []
+
+    def slow(layer, group):
+        copy_in = copier(layer, group)
+
+        def slowly(block_id, k_slot, v_slot, tokens):
+            time.sleep(0.02)  # a slow link: the layer reaches the slot before the copy lands
+            copy_in(block_id, k_slot, v_slot, tokens)
+            slow_copies.append(block_id)
+
+        return slowly
+
+    monkeypatch.setattr(engine.dispatch, "_copier", slow)
+    from kvpage_cli.engine import native
+
+    decode = native.decode_block_states
+
+    def checked(lib, q, k_addr, v_addr, ids, *args, **kwargs):
+        if k_addr is engine.pool.k_addr[layer_of(k_addr)]:
+            layer = layer_of(k_addr)
+            assert bool((engine.pool.valid[layer][ids.long()] == 1).all()), "read a slot whose copy is not done"
+        return decode(lib, q, k_addr, v_addr, ids, *args, **kwargs)
+
+    def layer_of(k_addr):
+        return next((i for i, t in enumerate(engine.pool.k_addr) if t is k_addr), 0)
+
+    monkeypatch.setattr(native, "decode_block_states", checked)
+    assert list(engine.generate(engine.prefill(ids), max_new_tokens=12, stop=())) == expected
+    assert engine.pool.mover.prefetched > 0 and slow_copies
+    assert engine.stats().copy_wait_seconds > 0  # some reads really waited for a copy in flight
