@@ -122,10 +122,10 @@ def main() -> None:
             tokens = list(engine.generate(engine.fork(doc), max_new_tokens=args.new_tokens))
             answer = tokenizer.decode(tokens)
             if name == "exact":
-                first_exact = tokens[:1]
+                first_exact, exact_answer = tokens[:1], answer
             key = (name, fraction, length)
             results.setdefault(key, []).append((score(answer, expected), tokens[:1] == first_exact))
-        print(f"[{time.time() - started:7.0f}s] {task} {length} depth {depth}%: exact answer {tokenizer.decode(tokens)!r} "
+        print(f"[{time.time() - started:7.0f}s] {task} {length} depth {depth}%: exact answer {exact_answer!r} "
               f"expected {expected}", file=sys.stderr, flush=True)
         del doc
 

@@ -177,3 +177,34 @@ def test_the_mover_never_lets_attention_read_an_unfinished_copy(tiny_models, kv_
     assert list(engine.generate(engine.prefill(ids), max_new_tokens=12, stop=())) == expected
     assert engine.pool.mover.prefetched > 0 and slow_copies
     assert engine.stats().copy_wait_seconds > 0  # some reads really waited for a copy in flight
+
+
+def test_a_separate_draft_model_ranks_the_blocks(tiny_models, kv_home, tmp_path):
+    model = tiny_models["llama"]
+    draft = tiny_model("llama", seed=9, num_hidden_layers=1)  # same vocabulary, another model
+    draft.save_pretrained(tmp_path)
+    ids = random_prompt(24 * BLOCK_TOKENS, seed=57)
+    exact = Engine.load(model, EngineConfig(home=str(kv_home)))
+    expected = list(exact.generate(exact.prefill(ids), max_new_tokens=10, stop=()))
+
+    large = selective(model, kv_home, "draft", 40, draft_model=str(tmp_path))
+    assert large.draft is not None and large.policy.draft_layers == 0
+    assert list(large.generate(large.prefill(ids), max_new_tokens=10, stop=())) == expected
+
+    small = selective(model, kv_home, "draft", 6, draft_model=str(tmp_path))
+    selections = record_selections(small)
+    ctx = small.prefill(ids)
+    fork = small.fork(ctx)  # the draft's context forks with ours
+    assert fork.draft is not None and fork.draft is not ctx.draft
+    list(small.generate(fork, max_new_tokens=10, stop=()))
+    assert small.policy.mass  # the draft's attention arrived, block by block
+    assert len(fork.draft.tokens) == len(fork.tokens) - 1  # in lockstep (the last token is not fed yet)
+    assert all(len(chosen) <= 6 for _, chosen, _, _, _ in selections)
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(tiny_models, kv_home, tmp_path):
+    tiny_model("llama", vocab_size=500).save_pretrained(tmp_path)
+    from kvpage_cli.errors import ModelError
+
+    with pytest.raises(ModelError, match="tokenizer"):
+        selective(tiny_models["llama"], kv_home, "draft", 6, draft_model=str(tmp_path))

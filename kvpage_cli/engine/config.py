@@ -35,6 +35,9 @@ class EngineConfig:
     home: folder for caches (converted weights, saved KV); None means ~/.cache/kvpage.
     policy, recent_blocks: selective mode's residency policy and the number of most recent
         blocks always kept.
+    draft_layers, draft_model: the "draft" policy ranks blocks by the attention of a draft: a
+        separate model with the same tokenizer (draft_model: alias, folder or .gguf) decoding
+        alongside, or, when draft_model is None, the model's own first `draft_layers` layers.
     host_mib: bound on the host RAM the store may use (None: no bound); blocks beyond it live in
         memory-mapped files under `home/tmp` (removed when the process ends) and are read back on
         demand. Values are the same bits wherever a block lives.
@@ -56,6 +59,7 @@ class EngineConfig:
     policy: str = "quest"
     recent_blocks: int = 2
     draft_layers: int = 2
+    draft_model: str | None = None
     host_mib: float | None = None
     kv_cache: bool = False
     cache_mib: float = 2048.0

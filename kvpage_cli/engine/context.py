@@ -77,6 +77,7 @@ class Context:
         self.released = False
         self.cached_prefix = 0  # tokens whose KV came from the saved-KV cache
         self.block_scores: list[torch.Tensor] | None = None  # per layer, for the "scores" policy
+        self.draft: Context | None = None  # the draft model's context over the same tokens
 
     def __len__(self) -> int:
         return len(self.tokens)

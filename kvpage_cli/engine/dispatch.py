@@ -38,7 +38,8 @@ class AttentionDispatch:
         self._lse: torch.Tensor | None = None
         self.capture_rows = 0  # keep the queries of the last rows of each prefill chunk ("scores" policy)
         self.captured: dict[int, tuple[torch.Tensor, int]] = {}  # layer -> (q [t, Hq, D], first position)
-        self.selector = None  # set by selective mode: (layer, q, ctx, ids, positions) -> (ids, positions)
+        self.selector = None  # set by selective mode
+        self.observer = None  # (layer, step, positions, lse) after each decode step's per-block states: (layer, q, ctx, ids, positions) -> (ids, positions)
 
     def blocks_for(self, layer: int, ctx: Context, q_start: int) -> tuple[list[int], list[int]]:
         """(ids, logical indices) of the blocks a query chunk starting at `q_start` may see."""
@@ -55,7 +56,7 @@ class AttentionDispatch:
         if self.capture_rows and q.shape[0] > 1:
             keep = min(self.capture_rows, q.shape[0])
             self.captured[layer] = (q[-keep:].clone(), seq_end - keep)
-        if q.shape[0] == 1 and (self.selector is not None or self.backend in ("native", "triton")):
+        if q.shape[0] == 1 and (self.selector is not None or self.observer is not None or self.backend in ("native", "triton")):
             return self._decode(layer, q, q_start, group, ctx)
         ids, positions = self.blocks_for(layer, ctx, q_start)
         if self.kv_path == "store":
@@ -75,6 +76,8 @@ class AttentionDispatch:
             states, lse = self._pool_states(layer, q, q_start, group, ids.tolist(), positions.tolist())
         if self.selector is not None:
             self.selector.observe(layer, q_start, positions, lse)
+        if self.observer is not None:
+            self.observer(layer, q_start, positions, lse)
         if self.native_lib is not None:
             out = torch.empty(self.spec.num_heads, self.spec.head_dim)
             native.merge_states(self.native_lib, states, lse, out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -19,7 +20,7 @@ from .kvcache import CachedPrefill, KVCache, chain_seed, model_fingerprint, segm
 from .metrics import EngineStats, Metrics
 from .model import ModelRunner, RopeAt
 from .mover import Mover
-from .policy import QuestPolicy, make_policy
+from .policy import DraftPolicy, QuestPolicy, make_policy
 from .pool import SlotPool
 from .selector import Selector
 from .rope import rope_params_from_config
@@ -42,7 +43,7 @@ class Engine:
 
     def __init__(self, name: str, spec: ModelSpec, runner: ModelRunner, tokenizer, config: EngineConfig,
                  device: torch.device, backend: str, kv_path: str, home: Path, fingerprint: str,
-                 native_lib=None, triton_ops=None) -> None:
+                 native_lib=None, triton_ops=None, draft: "Engine | None" = None) -> None:
         self.name = name
         self.spec = spec
         self.runner = runner
@@ -70,6 +71,9 @@ class Engine:
         if native_lib is not None:
             runner.matvec = native.MatVec(native_lib, max(runner.lm_head_t.shape[1], 2 * spec.intermediate_size))
         self.metrics = Metrics()
+        self.draft = draft  # a separate draft model decoding alongside (the "draft" policy)
+        if draft is not None:
+            draft.dispatch.observer = self._draft_observed
         self.policy = None
         self.key_bounds: QuestPolicy | None = None  # per-block key min/max, kept in selective mode
         if config.mode == "selective":
@@ -114,15 +118,29 @@ class Engine:
             emit(on_event, EngineWarning(f"max_context {config.max_context} is beyond the {weights.spec.max_position} "
                                          "positions the model was trained on; expect worse answers past that"))
         fingerprint = model_fingerprint(weights.fingerprint, config.dtype, rope)
+        draft = None
+        if config.draft_model and config.mode == "selective":
+            draft = cls.load(config.draft_model, replace(config, mode="exact", draft_model=None, kv_cache=False,
+                                                         host_mib=None), on_event=on_event)
+            if draft.spec.vocab_size != weights.spec.vocab_size:
+                raise ModelError(f"the draft model {config.draft_model} must share the model's tokenizer "
+                                 f"(vocabularies of {draft.spec.vocab_size} and {weights.spec.vocab_size} tokens)")
         return cls(weights.name, weights.spec, runner, weights.tokenizer, config, device, backend, kv_path, home,
-                   fingerprint, native_lib, triton_ops)
+                   fingerprint, native_lib, triton_ops, draft)
 
     # -- contexts ------------------------------------------------------------------------------
 
     def new_context(self) -> Context:
         ctx = Context([BlockTable() for _ in self.store.groups])
+        if self.draft is not None:
+            ctx.draft = self.draft.new_context()
         weakref.finalize(ctx, self._release_tables, ctx.tables)
         return ctx
+
+    def _draft_observed(self, layer: int, step: int, positions: torch.Tensor, lse: torch.Tensor) -> None:
+        """The draft engine attended to its blocks at `step`: its attention mass ranks ours."""
+        if isinstance(self.policy, DraftPolicy):
+            self.policy.observe(step, positions, lse)
 
     def prefill(self, token_ids: Iterable[int], on_event: EventCallback | None = None, *, label: str | None = None,
                 use_cache: bool = True) -> Context:
@@ -146,6 +164,8 @@ class Engine:
         started = self._clock()
         cached = CachedPrefill(cache, self.store, self.cache_seed, self.name, token_ids, self.segment_tokens, label, on_event)
         restored = cached.restore(ctx)
+        if ctx.draft is not None and restored:
+            self.draft.append(ctx.draft, token_ids[:restored])
         elapsed = self._clock() - started
         self.metrics.add_cached(restored, elapsed)
         if restored:
@@ -174,7 +194,8 @@ class Engine:
             return
         if self.key_bounds is None:
             raise UsageError("selection needs an engine loaded with mode='selective'")
-        self.policy = self.key_bounds if policy == "quest" else make_policy(policy, self.spec, self.config.draft_layers)
+        draft_layers = 0 if self.draft is not None else self.config.draft_layers  # a separate draft replaces own layers
+        self.policy = self.key_bounds if policy == "quest" else make_policy(policy, self.spec, draft_layers)
         recent = self.config.recent_blocks if recent_blocks is None else recent_blocks
         self.dispatch.selector = Selector(self.spec, self.store, self.policy, budget or self.pool.num_slots, recent)
 
@@ -209,6 +230,8 @@ class Engine:
         child.last_logits = ctx.last_logits
         child.cached_prefix = ctx.cached_prefix
         child.block_scores = ctx.block_scores
+        if ctx.draft is not None:
+            child.draft = self.draft.fork(ctx.draft)
         for group, table in zip(self.store.groups, child.tables):
             group.allocator.incref(table.live()[0])
         weakref.finalize(child, self._release_tables, child.tables)
@@ -217,6 +240,8 @@ class Engine:
     def release(self, ctx: Context) -> None:
         """Frees the context's blocks now (otherwise they are freed when it is garbage collected)."""
         if not ctx.released:
+            if ctx.draft is not None:
+                self.draft.release(ctx.draft)
             self._release_tables(ctx.tables)
             ctx.released = True
 
@@ -332,6 +357,8 @@ class Engine:
         self.metrics.add_prefill(total, self._clock() - started)
 
     def _forward(self, ctx: Context, token_ids: list[int], all_logits: bool = False) -> torch.Tensor:
+        if ctx.draft is not None:  # the draft reads the same tokens first; its attention ranks our blocks
+            self.draft.append(ctx.draft, token_ids)
         start = ctx.num_cached
         self._make_room(ctx, start, len(token_ids))
         ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)

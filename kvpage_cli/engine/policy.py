@@ -177,7 +177,7 @@ def make_policy(name: str, spec, draft_layers: int) -> Policy:
     if name == "quest":
         return QuestPolicy(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.group_size)
     if name == "draft":
-        if not 0 < draft_layers < spec.num_layers:
+        if not 0 <= draft_layers < spec.num_layers:  # 0: a separate draft model supplies the attention
             raise ValueError(f"draft_layers must be between 1 and {spec.num_layers - 1}, got {draft_layers}")
         return DraftPolicy(draft_layers)
     if name == "scores":
