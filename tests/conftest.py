@@ -76,3 +76,33 @@ def gemma(kv_home):
     from kvpage_cli.engine import Engine, EngineConfig
 
     return Engine.load("gemma3-270m", EngineConfig(home=str(kv_home), pool_mib=16))
+
+
+# -- the tiny model the CLI tests pass as --model FOLDER -----------------------------------------
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+
+
+@pytest.fixture(scope="session")
+def tiny_cli_model(tmp_path_factory, kv_home) -> Path:
+    """A random 2-layer llama with SmolLM2's tokenizer, saved as a Hugging Face folder.
+
+    Its output is gibberish, but `kvpage ... --model FOLDER` runs the whole command path through
+    the same model factory users use, in seconds."""
+    import shutil
+
+    from kvpage_cli.engine.weights import resolve_folder
+    from kvpage_cli.errors import ModelError
+
+    try:
+        smollm2_folder = resolve_folder("smollm2", kv_home)
+    except ModelError as exc:
+        pytest.skip(f"the CLI tests borrow SmolLM2's tokenizer: {exc}")
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    model = tiny_model("llama", seed=0, vocab_size=49152, num_hidden_layers=2, max_position_embeddings=8192,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (smollm2_folder / name).exists():
+            shutil.copy(smollm2_folder / name, folder / name)
+    return folder

@@ -1,0 +1,105 @@
+"""`kvpage info`: what a model costs on the paged KV cache, and where it runs."""
+
+from __future__ import annotations
+
+import json
+
+from ..engine import ALIASES, BLOCK_TOKENS, Engine
+from .options import MODEL, OUTPUT, RUN, Options, shared_options
+from .output import Sink, check_out_path, choose_format
+from .session import MIB, Session, pool_capacity_bytes
+
+FORMATS = ("text", "json")
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+@shared_options(MODEL, OUTPUT, RUN)
+def info(*, opts: Options) -> None:
+    """Show the model, its context limit, KV bytes per token, pool and store sizes, device and backend.
+
+    Loads the model (converting a GGUF once, into KVPAGE_HOME or ~/.cache/kvpage) and prints what
+    the engine would run with: architecture, context limit, KV bytes per token in float32 and
+    bfloat16, the pool (MiB and 64-token slots per layer), the store in use, the weights, the
+    device, the attention backend and how exact mode reaches blocks.
+
+    Examples:
+
+    ```
+    kvpage info
+    kvpage info --model gemma3-270m --dtype bfloat16 --pool-mib 16
+    kvpage info --model ./my-model-folder --json
+    ```
+    """
+    fmt = choose_format(opts.json_out, opts.fmt, opts.out, FORMATS)
+    check_out_path(opts.out)
+    sink = Sink(opts.out, opts.no_color)
+    with Session(opts) as session:
+        engine = session.load_engine()
+        data = describe(engine, opts.model)
+        session.reporter.stop_bars()
+        if fmt == "json":
+            sink.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+        else:
+            sink.write(_text(data))
+        sink.commit()
+
+
+def describe(engine: Engine, source: str) -> dict:
+    spec = engine.spec
+    stats = engine.stats()
+    windows = sorted({layer.window for layer in spec.layers if layer.window})
+    alias = ALIASES.get(source)
+    return {
+        "model": engine.name,
+        "description": alias.description if alias else None,
+        "architecture": spec.arch,
+        "layers": spec.num_layers,
+        "sliding_window_layers": sum(1 for layer in spec.layers if layer.window),
+        "sliding_windows": windows,
+        "heads": spec.num_heads,
+        "kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "hidden_size": spec.hidden_size,
+        "vocab_size": spec.vocab_size,
+        "context_limit": engine.max_context,
+        "dtype": engine.config.dtype,
+        "kv_bytes_per_token": engine.kv_bytes_per_token(),
+        "kv_bytes_per_token_by_dtype": {d: spec.kv_bytes_per_token(b) for d, b in ELEMENT_BYTES.items()},
+        "kv_bytes_per_token_full_attention_layers": spec.kv_bytes_per_token(ELEMENT_BYTES[engine.config.dtype],
+                                                                            full_layers_only=True),
+        "block_tokens": BLOCK_TOKENS,
+        "pool_mib": round(pool_capacity_bytes(engine) / MIB, 2),
+        "pool_slots_per_layer": engine.pool.num_slots,
+        "store_mib": round(stats.store_bytes / MIB, 2),
+        "weights_mib": round(stats.weight_bytes / MIB, 1),
+        "device": str(engine.device),
+        "backend": engine.backend,
+        "kv_path": engine.kv_path,
+        "mode": engine.config.mode,
+    }
+
+
+def _text(d: dict) -> str:
+    kv = d["kv_bytes_per_token_by_dtype"]
+    arch = (f"{d['architecture']}: {d['layers']} layers, {d['heads']} heads, {d['kv_heads']} KV heads, "
+            f"head dim {d['head_dim']}, hidden {d['hidden_size']}, vocab {d['vocab_size']:,}")
+    if d["sliding_window_layers"]:
+        arch += f"; {d['sliding_window_layers']} sliding-window layers (window {', '.join(map(str, d['sliding_windows']))})"
+    rows = [
+        ("model", d["model"] + (f" ({d['description']})" if d["description"] else "")),
+        ("architecture", arch),
+        ("context limit", f"{d['context_limit']:,} tokens"),
+        ("kv per token", f"{d['kv_bytes_per_token']:,} bytes ({d['kv_bytes_per_token'] / 1024:.1f} KiB) in {d['dtype']}; "
+                         + ", ".join(f"{name} {value:,}" for name, value in kv.items())
+                         + (f"; full-attention layers only {d['kv_bytes_per_token_full_attention_layers']:,} "
+                            "(sliding layers keep a fixed window)" if d["sliding_window_layers"] else "")),
+        ("pool", f"{d['pool_mib']:,.1f} MiB, {d['pool_slots_per_layer']:,} slots of {d['block_tokens']} tokens per layer"),
+        ("store", f"{d['store_mib']:,.1f} MiB in use"),
+        ("weights", f"{d['weights_mib']:,.1f} MiB in {d['dtype']}"),
+        ("device", d["device"]),
+        ("backend", d["backend"]),
+        ("kv path", d["kv_path"]),
+        ("mode", d["mode"]),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "".join(f"{name:<{width}}  {value}\n" for name, value in rows)

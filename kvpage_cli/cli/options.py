@@ -1,0 +1,158 @@
+"""Options shared by the commands, declared once and added to each command by group.
+
+A command takes `opts: Options` and lists the groups it wants:
+
+    @shared_options(MODEL, GENERATION, OUTPUT, RUN)
+    def ask(path: ..., question: ..., opts: Options) -> None:
+        engine_config = opts.engine_config()
+
+Adding an option every command of a group gets is one `Shared(...)` line in SHARED; when it
+feeds `EngineConfig`, `config=` names the field (or maps the value to fields), e.g.
+
+    Shared("no_cache", bool, False, _opt("--no-cache", group=MODEL, help="..."), MODEL,
+           lambda value: {"kv_cache": not value}),
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Callable, Literal
+
+import typer
+
+from ..engine import DEFAULT_MODEL, EngineConfig
+from ..engine.config import MODES
+from ..errors import UsageError
+
+# Groups of shared options.
+MODEL = "Model and engine"
+GENERATION = "Generation"
+OUTPUT = "Output"
+RUN = "Messages"
+
+Format = Literal["table", "text", "markdown", "json", "jsonl"]
+
+
+@dataclass(frozen=True)
+class Shared:
+    """One shared option: its parameter name, type, default, the typer.Option, and its group.
+
+    config: the EngineConfig field it sets (a name), or a function from its value to a dict of
+    fields; None when it does not feed the engine. A value of None is left to EngineConfig."""
+
+    name: str
+    type: Any
+    default: Any
+    option: Any
+    group: str
+    config: str | Callable[[Any], dict] | None = None
+
+
+def _opt(*decls: str, group: str, **kwargs) -> Any:
+    return typer.Option(*decls, rich_help_panel=group, **kwargs)
+
+
+SHARED: tuple[Shared, ...] = (
+    Shared("model", str, DEFAULT_MODEL, _opt("--model", "-m", envvar="KVPAGE_MODEL", group=MODEL, show_envvar=True,
+           help="Alias (smollm2, gemma3-270m), a Hugging Face model folder or a .gguf file."), MODEL),
+    Shared("mode", Literal[MODES], "exact", _opt("--mode", group=MODEL,
+           help="exact: every block takes part in every attention step (lossless); selective: only "
+                "the blocks the policy keeps in the pool (approximate)."), MODEL, "mode"),
+    Shared("pool_mib", float, 64.0, _opt("--pool-mib", group=MODEL, metavar="MIB",
+           help="Size of the slot pool on the compute device, in MiB; it does not grow with the document."),
+           MODEL, "pool_mib"),
+    Shared("dtype", Literal["float32", "bfloat16"], "float32", _opt("--dtype", group=MODEL,
+           help="Weights, activations and KV blocks."), MODEL, "dtype"),
+    Shared("device", Literal["auto", "cpu", "cuda"], "auto", _opt("--device", group=MODEL,
+           help="Compute device; auto picks CUDA when torch sees one."), MODEL, "device"),
+    Shared("backend", Literal["auto", "torch", "native", "triton"], "auto", _opt("--backend", group=MODEL,
+           help="Attention kernels: auto is Triton on CUDA, the native C kernels on CPU."), MODEL, "backend"),
+    Shared("policy", Literal["lru", "quest", "draft", "scores"], "quest", _opt("--policy", group=MODEL,
+           help="Which blocks stay in the pool in selective mode."), MODEL, "policy"),
+    Shared("threads", int | None, None, _opt("--threads", group=MODEL, min=1,
+           help="CPU threads for torch and the native kernels (default: torch's choice)."), MODEL, "threads"),
+    Shared("max_new_tokens", int | None, None, _opt("--max-new-tokens", group=GENERATION, min=1,
+           help="Most tokens generated per answer (review: per clause rationale; default 40; ask: 256)."),
+           GENERATION),
+    Shared("json_out", bool, False, _opt("--json", group=OUTPUT, help="Print one JSON document."), OUTPUT),
+    Shared("fmt", Format | None, None, _opt("--format", "-f", group=OUTPUT,
+           help="Output format (default: table on a terminal, else text; with --out, from its suffix)."),
+           OUTPUT),
+    Shared("out", Path | None, None, _opt("--out", "-o", group=OUTPUT, dir_okay=False, metavar="FILE",
+           help="Write the output to FILE, only once the run is complete (nothing on stdout)."), OUTPUT),
+    Shared("quiet", bool, False, _opt("--quiet", "-q", group=RUN,
+           help="No statistics or warnings on stderr; errors only."), RUN),
+    Shared("verbose", bool, False, _opt("--verbose", "-v", group=RUN,
+           help="Also print model-loading stages and a line per clause on stderr."), RUN),
+    Shared("no_color", bool, False, _opt("--no-color", group=RUN,
+           help="No colours on stderr or in tables (NO_COLOR is honoured too)."), RUN),
+    Shared("debug", bool, False, _opt("--debug", envvar="KVPAGE_DEBUG", group=RUN,
+           help="Show the full traceback of an error (also KVPAGE_DEBUG=1)."), RUN),
+)
+
+
+class Options:
+    """The shared option values of one command run, as attributes (`opts.model`, `opts.quiet`)."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+        self._names = set(values)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.__dict__.get(name, default)
+
+    @property
+    def home(self) -> str | None:
+        """Cache folder for converted weights and saved KV: KVPAGE_HOME, else the engine's default."""
+        return os.environ.get("KVPAGE_HOME") or None
+
+    def engine_config(self, **overrides: Any) -> EngineConfig:
+        """The EngineConfig these options ask for; an impossible value is a usage error."""
+        fields: dict[str, Any] = {"home": self.home}
+        for shared in SHARED:
+            if shared.config is None or shared.name not in self._names:
+                continue
+            value = getattr(self, shared.name)
+            if callable(shared.config):
+                fields.update(shared.config(value))
+            elif value is not None:
+                fields[shared.config] = value
+        fields.update(overrides)
+        try:
+            return EngineConfig(**fields)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+
+def shared_options(*groups: str) -> Callable:
+    """Adds the shared options of `groups` to a command that takes `opts: Options`.
+
+    The command's own parameters come first in --help; the shared ones follow in their panels.
+    The wrapped function is called as `fn(**own, opts=Options(...))` inside the error guard."""
+
+    def decorate(fn: Callable) -> Callable:
+        signature = inspect.signature(fn, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "opts"]
+        added = [s for s in SHARED if s.group in groups]
+        params = own + [
+            inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=s.default,
+                              annotation=Annotated[s.type, s.option])
+            for s in added
+        ]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            from .session import guarded
+
+            opts = Options({s.name: kwargs.pop(s.name) for s in added})
+            return guarded(opts, lambda: fn(opts=opts, **kwargs))
+
+        command.__signature__ = signature.replace(parameters=params)
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate

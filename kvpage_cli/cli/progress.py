@@ -1,0 +1,125 @@
+"""Engine and task events -> progress bars on stderr (only when stderr is a terminal), plus the
+verbose lines and warnings. The engine never prints; this is the only place its events show."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from ..engine.events import BlocksMoved, DecodeProgress, EngineWarning, ModelLoading, PrefillProgress
+from ..tasks.events import ReviewProgress
+
+
+def message(console: Console, kind: str, text: str, style: str) -> None:
+    """One `kvpage: <kind>: <text>` line on stderr, never wrapped."""
+    line = Text.assemble(("kvpage: ", "bold"), (f"{kind}: ", style), text.replace("\n", " "))
+    console.print(line, soft_wrap=True, highlight=False)
+
+
+class Reporter:
+    """The event callback of a run. Bars show only while `bars` is on (stderr is a terminal);
+    `-v` adds model-loading stages and per-clause lines; `-q` hides bars and warnings."""
+
+    def __init__(self, console: Console, bars: bool | None = None, verbose: bool = False, quiet: bool = False) -> None:
+        self.console = console
+        self.bars = (sys.stderr.isatty() and not quiet) if bars is None else bars
+        self.verbose = verbose
+        self.quiet = quiet
+        self.blocks_moved = 0
+        self.bytes_moved = 0
+        self._progress: Progress | None = None
+        self._tasks: dict[str, TaskID] = {}
+        self._finished: set[str] = set()
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def __enter__(self) -> "Reporter":
+        if self.bars:
+            self._progress = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description:<10}"),
+                BarColumn(bar_width=30),
+                TextColumn("{task.fields[count]}"),
+                TextColumn("{task.fields[rate]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=False,
+                redirect_stdout=False,  # stdout is data: never route it through the live display
+                redirect_stderr=False,
+            )
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_bars()
+
+    def stop_bars(self) -> None:
+        """Ends the live display (before data is streamed to the same terminal)."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    # -- events --------------------------------------------------------------------------------
+
+    def __call__(self, event) -> None:
+        if isinstance(event, PrefillProgress):
+            if "prefill" in self._finished:  # ask's question is appended after the document
+                return
+            rate = (event.done - event.cached) / event.elapsed_s if event.elapsed_s > 0 else 0.0
+            cached = f", {event.cached:,} cached" if event.cached else ""
+            self._update("prefill", event.done, event.total, f"{event.done:,}/{event.total:,} tok{cached}",
+                         f"{rate:,.0f} tok/s")
+            if event.done >= event.total:
+                self._finished.add("prefill")
+        elif isinstance(event, DecodeProgress):
+            rate = event.generated / event.elapsed_s if event.elapsed_s > 0 else 0.0
+            self._update("decode", event.generated, None, f"{event.generated:,} tok", f"{rate:,.1f} tok/s")
+        elif isinstance(event, ReviewProgress):
+            self._update("clauses", event.done, event.total, f"{event.done}/{event.total}", "")
+        elif isinstance(event, BlocksMoved):
+            self.blocks_moved += event.blocks
+            self.bytes_moved += event.bytes
+        elif isinstance(event, ModelLoading):
+            self.note(f"{event.source}: {event.stage}")
+            if self._progress is not None and "load" in self._tasks:
+                self._progress.update(self._tasks["load"], description="loading", count=event.stage)
+        elif isinstance(event, EngineWarning):
+            self.warn(event.message)
+
+    def _update(self, name: str, done: int, total: int | None, count: str, rate: str) -> None:
+        if self._progress is None:
+            return
+        if name not in self._tasks:
+            self._tasks[name] = self._progress.add_task(name, total=total, count=count, rate=rate)
+        self._progress.update(self._tasks[name], completed=done, total=total, count=count, rate=rate)
+
+    # -- stages and lines ----------------------------------------------------------------------
+
+    @contextmanager
+    def stage(self, name: str, what: str) -> Iterator[None]:
+        """A spinner while something without its own progress runs (reading a file, loading a model)."""
+        self.note(what)
+        if self._progress is None:
+            yield
+            return
+        task = self._progress.add_task(name, total=None, count=what, rate="")
+        self._tasks[name] = task
+        try:
+            yield
+        finally:
+            if self._progress is not None:
+                self._progress.update(task, total=1, completed=1, count=what)
+
+    def note(self, text: str) -> None:
+        """A -v line on stderr."""
+        if self.verbose and not self.quiet:
+            self.console.print(Text("kvpage: " + text), soft_wrap=True, highlight=False)
+
+    def warn(self, text: str) -> None:
+        if not self.quiet:
+            message(self.console, "warning", text, "bold yellow")

@@ -1,0 +1,409 @@
+"""The command line, through typer's CliRunner: stdout (data) and stderr (everything else) apart.
+
+The model is a tiny random llama with SmolLM2's tokenizer (`tiny_cli_model` in conftest), passed as
+`--model FOLDER` like a user's model: its text is gibberish, but every command path runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from kvpage_cli.cli.app import app
+from kvpage_cli.ingest import load as load_document
+from kvpage_cli.tasks import CATEGORIES, RISK_LEVELS, SCHEMA_VERSION, Asker, Reviewer
+
+from .conftest import CORPUS, SAMPLES
+
+CONTRACT = """SERVICES AGREEMENT
+
+1. TERM
+
+1.1 Initial Term. This Agreement starts on April 1, 2025 and runs for three years.
+
+1.2 Renewal. This Agreement renews automatically for successive three-year terms unless Customer gives notice of non-renewal at least 180 days before the end of the term.
+
+2. LIABILITY
+
+2.1 Cap. Provider's total liability shall not exceed the fees paid in the three months before the claim.
+
+3. GOVERNING LAW
+
+3.1 Law. This Agreement is governed by the laws of the State of Delaware.
+"""
+CLAUSE_IDS = ["1.1", "1.2", "2.1", "3.1"]
+COLOR_CODE = re.compile(r"\x1b\[[0-9;]*(?:3[0-8]|9[0-7])[;m]")
+
+
+@pytest.fixture(scope="module")
+def cli(kv_home, tiny_cli_model):
+    """run(*args, input=None, env=None, model=True) -> Result, with the tiny model and small outputs."""
+    runner = CliRunner()
+
+    def run(*args: str, input=None, env: dict | None = None, model: bool = True):
+        argv = [str(a) for a in args]
+        if model and argv and argv[0] in ("review", "ask", "info"):
+            argv += ["--model", str(tiny_cli_model)]
+            if argv[0] != "info":
+                argv += ["--max-new-tokens", "3"]
+        environment = {"KVPAGE_HOME": str(kv_home), "KVPAGE_MODEL": None, "KVPAGE_DEBUG": None,
+                       "NO_COLOR": None, "FORCE_COLOR": None, **(env or {})}
+        return runner.invoke(app, argv, input=input, env=environment)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def contract(tmp_path_factory):
+    path = tmp_path_factory.mktemp("contract") / "contract.txt"
+    path.write_text(CONTRACT, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def reviewed(cli, contract):
+    """One `review --json` run, shared by the checks of its content."""
+    result = cli("review", contract, "--json")
+    assert result.exit_code == 0, result.stderr
+    return result
+
+
+def one_error_line(result, exit_code: int = 1) -> str:
+    """The result is a failure with nothing on stdout and exactly one line on stderr."""
+    assert result.exit_code == exit_code, (result.exit_code, result.stdout, result.stderr)
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def stats_only(stderr: str) -> None:
+    """stderr holds the final statistics line and nothing else (no bars, no data)."""
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("kvpage: prefill ")
+    for figure in ("tok/s", "decode", "pool", "MiB", "store", "blocks moved"):
+        assert figure in lines[0]
+
+
+# -- help ---------------------------------------------------------------------------------------
+
+def test_help_lists_the_commands(cli):
+    result = cli("--help", model=False)
+    assert result.exit_code == 0
+    for command in ("review", "ask", "info"):
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize("command", ["review", "ask", "info"])
+def test_each_command_help_has_examples(cli, command):
+    result = cli(command, "--help", model=False)
+    assert result.exit_code == 0
+    assert "Examples" in result.stdout
+    assert f"kvpage {command}" in result.stdout
+    for option in ("--model", "--mode", "--pool-mib", "--json", "--out", "--quiet", "--no-color", "--debug"):
+        assert option in result.stdout
+
+
+# -- review -------------------------------------------------------------------------------------
+
+def test_review_json_is_one_document_with_valid_findings(reviewed, contract):
+    data = json.loads(reviewed.stdout)
+    assert next(iter(data)) == "schema_version" and data["schema_version"] == SCHEMA_VERSION
+    assert data["mode"] == "exact" and data["complete"] is True
+    assert data["clauses_total"] == len(CLAUSE_IDS)
+    assert [f["clause_id"] for f in data["findings"]] == CLAUSE_IDS
+    doc = load_document(str(contract))
+    for finding in data["findings"]:
+        assert finding["category"] in CATEGORIES
+        assert finding["risk"] in RISK_LEVELS
+        assert doc.text[finding["start"]:finding["end"]] == finding["quote"]
+        assert doc.find_quote(finding["quote"]) is not None
+        assert finding["source"].startswith("line")
+    for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "pool_mib", "store_mib", "blocks_moved"):
+        assert key in data["stats"]
+    stats_only(reviewed.stderr)
+
+
+def test_review_in_a_pipe_is_plain_text_and_says_the_mode(cli, contract):
+    result = cli("review", contract, "-v")
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "exact mode" in out.splitlines()[0]
+    for clause_id in CLAUSE_IDS:
+        assert re.search(rf"^{re.escape(clause_id)} ", out, re.M)
+    assert out.count("  risk:") == len(CLAUSE_IDS) and out.count("  quote:") == len(CLAUSE_IDS)
+    assert "\x1b[" not in out and "\x1b[" not in result.stderr
+    assert "━" not in result.stderr  # no progress bars when stderr is not a terminal
+    # -v: model-loading stages and one line per clause, then the statistics
+    assert "loading weights" in result.stderr
+    for clause_id in CLAUSE_IDS:
+        assert f"clause {clause_id} " in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("kvpage: prefill ")
+
+
+def test_review_jsonl_streams_findings_then_a_summary(cli, contract):
+    result = cli("review", contract, "--jsonl")
+    assert result.exit_code == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["type"] for line in lines] == ["finding"] * len(CLAUSE_IDS) + ["summary"]
+    assert [line["clause_id"] for line in lines[:-1]] == CLAUSE_IDS
+    assert lines[-1]["complete"] is True and lines[-1]["mode"] == "exact"
+    stats_only(result.stderr)
+
+
+def test_review_markdown_and_table_carry_the_same_fields(cli, contract, reviewed):
+    findings = json.loads(reviewed.stdout)["findings"]
+    markdown = cli("review", contract, "--format", "markdown", "-q")
+    assert markdown.exit_code == 0 and markdown.stderr == ""
+    assert markdown.stdout.startswith("# Contract review")
+    assert "exact mode" in markdown.stdout
+    table = cli("review", contract, "-f", "table", "-q")
+    assert table.exit_code == 0 and table.stderr == ""
+    assert "exact mode" in table.stdout
+    for finding in findings:
+        for text in (markdown.stdout, table.stdout):
+            assert finding["clause_id"] in text and finding["category"].split()[0] in text
+        assert f"- **Risk:** {finding['risk']}" in markdown.stdout
+        assert " ".join(finding["quote"].split()) in markdown.stdout
+        assert finding["source"] in markdown.stdout
+    for level in {f["risk"] for f in findings}:
+        assert f"{level.upper()} risk" in table.stdout
+        assert f"## {level.capitalize()} risk" in markdown.stdout
+
+
+def test_review_out_writes_the_file_and_nothing_on_stdout(cli, contract, tmp_path):
+    out = tmp_path / "review.md"
+    result = cli("review", contract, "--out", out, "-q")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "" and result.stderr == ""
+    assert out.read_text().startswith("# Contract review")  # the format follows the suffix
+    assert [p.name for p in tmp_path.iterdir()] == ["review.md"]  # no temp file left
+
+
+def test_review_reads_stdin(cli, contract):
+    result = cli("review", "-", "--json", input=CONTRACT.encode())
+    assert result.exit_code == 0, result.stderr
+    assert [f["clause_id"] for f in json.loads(result.stdout)["findings"]] == CLAUSE_IDS
+
+
+def test_review_selective_mode_says_so(cli, contract):
+    result = cli("review", contract, "--json", "--mode", "selective", "--pool-mib", "0.1")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["mode"] == "selective" and data["stats"]["mode"] == "selective"
+    assert all(f["category"] in CATEGORIES for f in data["findings"])
+
+
+def test_fail_on_exits_3_only_when_a_finding_reaches_the_level(cli, contract, reviewed):
+    risks = [f["risk"] for f in json.loads(reviewed.stdout)["findings"]]
+    worst = min(RISK_LEVELS.index(r) for r in risks)
+    if RISK_LEVELS[worst] != "none":
+        hit = cli("review", contract, "--json", "--fail-on", RISK_LEVELS[worst])
+        assert hit.exit_code == 3
+        assert json.loads(hit.stdout)["complete"] is True  # the output is printed in full first
+        assert "--fail-on" in hit.stderr.splitlines()[-1]
+    if worst > 0:
+        miss = cli("review", contract, "--json", "--fail-on", RISK_LEVELS[worst - 1])
+        assert miss.exit_code == 0, miss.stderr
+
+
+def test_encrypted_pdf_reads_with_the_password(cli):
+    result = cli("review", CORPUS / "odd/pdf/issue21579.pdf", "--password", "pässwört", "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["findings"] and all(f["source"] == "page 1" for f in data["findings"])
+    assert "decryption succeeded" in " ".join(f["quote"] for f in data["findings"])
+
+
+def test_non_utf8_text_is_read_with_a_warning(cli, tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("1. Le présent contrat est régi par le droit français; la société paie.\n".encode("cp1252"))
+    result = cli("review", path, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert "présent" in json.loads(result.stdout)["findings"][0]["quote"]
+    assert "not UTF-8" in result.stderr.splitlines()[0]
+
+
+# -- bad input: one line on stderr, nothing on stdout --------------------------------------------
+
+def _broken_files(tmp_path):
+    (tmp_path / "broken.docx").write_bytes(b"PK\x03\x04 not really a zip")
+    (tmp_path / "broken.pdf").write_bytes(b"%PDF-1.4\n1 0 obj garbage")
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "blob.txt").write_bytes(bytes(range(256)) * 16)
+
+
+@pytest.mark.parametrize("path, says", [
+    (CORPUS / "odd/pdf/issue21579.pdf", "encrypted; pass --password"),
+    (CORPUS / "odd/pdf/issue7200.pdf", "needs OCR"),
+    (CORPUS / "odd/pdf/poppler-395-0-fuzzed.pdf", "could not read page 1"),
+    (CORPUS / "odd/docx/doc-word-default-blank.docx", "is empty"),
+    (SAMPLES / "repo/assets/logo.png", "not a supported document type"),
+    (SAMPLES, "is a directory"),
+    ("no/such/contract.pdf", "does not exist"),
+    ("broken.docx", "could not be read"),
+    ("broken.pdf", "could not be read"),
+    ("empty.txt", "is empty"),
+    ("blob.txt", "looks binary"),
+])
+def test_bad_input_is_one_clear_line(cli, tmp_path, monkeypatch, path, says):
+    _broken_files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = cli("review", path, "--out", tmp_path / "review.json")
+    line = one_error_line(result)
+    assert line.startswith("kvpage: error: ") and says in line
+    assert not (tmp_path / "review.json").exists()
+
+
+def test_a_directory_with_nothing_readable(cli, tmp_path):
+    (tmp_path / "logo.png").write_bytes((SAMPLES / "repo/assets/logo.png").read_bytes())
+    line = one_error_line(cli("ask", tmp_path, "What is here?"))
+    assert "has no readable text files" in line
+
+
+def test_a_document_longer_than_the_context_says_both_numbers(cli, tmp_path):
+    path = tmp_path / "long.txt"
+    path.write_text("\n\n".join(f"{i}. The Supplier shall deliver the goods on time and in full." for i in range(1, 900)))
+    line = one_error_line(cli("review", path))
+    numbers = [int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*(?= tokens)", line)]
+    assert 8192 in numbers and max(numbers) > 8192, line
+    assert "gemma3-270m" in line  # what to do
+
+
+def test_unknown_model(cli, contract):
+    line = one_error_line(cli("review", contract, "--model", "no-such-model", model=False))
+    assert "unknown model 'no-such-model'" in line
+    line = one_error_line(cli("info", "--model", "missing.gguf", model=False))
+    assert "does not exist" in line
+
+
+@pytest.mark.parametrize("args, says", [
+    (["review"], "Missing argument"),
+    (["review", "{contract}", "--mode", "fast"], "--mode"),
+    (["review", "{contract}", "--json", "--jsonl"], "choose one output format"),
+    (["review", "{contract}", "--json", "--format", "markdown"], "choose one output format"),
+    (["review", "{contract}", "--pool-mib", "0"], "pool_mib must be positive"),
+    (["review", "{contract}", "--out", "no/such/folder/review.json"], "does not exist"),
+    (["review", "{contract}", "--fail-on", "none"], "--fail-on"),
+    (["ask", "{contract}", "  "], "the question is empty"),
+    (["info", "--format", "markdown"], "not available"),
+    (["review", "{contract}", "--no-such-option"], "No such option"),
+])
+def test_usage_errors_exit_2_with_one_line(cli, contract, args, says):
+    args = [str(contract) if a == "{contract}" else a for a in args]
+    line = one_error_line(cli(*args), exit_code=2)
+    assert line.startswith("kvpage: error: ") and says in line
+
+
+def test_unexpected_errors_are_one_line_unless_debug(cli, contract, monkeypatch):
+    def boom(self):
+        raise RuntimeError("boom")
+        yield
+
+    monkeypatch.setattr(Reviewer, "findings", boom)
+    line = one_error_line(cli("review", contract))
+    assert "unexpected error: RuntimeError: boom" in line and "--debug" in line
+    for debug in ({"env": {"KVPAGE_DEBUG": "1"}}, {}):
+        args = ("review", contract) if debug else ("review", contract, "--debug")
+        result = cli(*args, **debug)
+        assert isinstance(result.exception, RuntimeError)  # re-raised: the traceback is shown
+
+
+# -- Ctrl-C ---------------------------------------------------------------------------------------
+
+@pytest.fixture()
+def interrupt_after_two(monkeypatch):
+    real = Reviewer.findings
+
+    def findings(self):
+        for done, finding in enumerate(real(self)):
+            if done == 2:
+                raise KeyboardInterrupt
+            yield finding
+
+    monkeypatch.setattr(Reviewer, "findings", findings)
+
+
+def test_ctrl_c_keeps_printed_lines_but_no_summary(cli, contract, interrupt_after_two):
+    result = cli("review", contract, "--jsonl")
+    assert result.exit_code == 130
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["type"] for line in lines] == ["finding", "finding"]
+    assert "interrupted: 2 of 4 clauses reviewed" in result.stderr.splitlines()[-1]
+
+
+def test_ctrl_c_writes_no_out_file(cli, contract, tmp_path, interrupt_after_two):
+    out = tmp_path / "review.json"
+    result = cli("review", contract, "--out", out)
+    assert result.exit_code == 130 and result.stdout == ""
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    assert f"{out} was not written" in result.stderr
+
+
+# -- ask ------------------------------------------------------------------------------------------
+
+def test_ask_streams_each_piece_as_it_is_decoded(cli, contract, monkeypatch):
+    real = Asker.answer
+    seen: list[tuple[str, str]] = []
+
+    def answer(self):
+        for piece in real(self):
+            seen.append((piece, sys.stdout.buffer.getvalue().decode()))  # stdout before this piece
+            yield piece
+
+    monkeypatch.setattr(Asker, "answer", answer)
+    result = cli("ask", contract, "How long is the initial term?", "--max-new-tokens", "6")
+    assert result.exit_code == 0, result.stderr
+    assert seen
+    for i, (_, before) in enumerate(seen):
+        assert before == "".join(piece for piece, _ in seen[:i])  # earlier pieces were flushed
+    assert result.stdout == "".join(piece for piece, _ in seen) + "\n"
+    stats_only(result.stderr)
+
+
+def test_ask_json_over_a_repository(cli):
+    result = cli("ask", SAMPLES / "repo", "Where is the VAT rate configured?", "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert next(iter(data)) == "schema_version"
+    assert data["question"] == "Where is the VAT rate configured?" and isinstance(data["answer"], str)
+    assert data["mode"] == "exact" and data["complete"] is True and data["document_tokens"] > 1000
+    assert "assets/logo.png" in result.stderr  # the skipped binary file is a warning on stderr
+    assert result.stderr.splitlines()[-1].startswith("kvpage: prefill ")
+
+
+def test_ask_reads_stdin(cli):
+    result = cli("ask", "-", "Who pays?", "--json", "-q", input=CONTRACT.encode())
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ""
+    assert json.loads(result.stdout)["source"] == "-"
+
+
+# -- info -----------------------------------------------------------------------------------------
+
+def test_info_text_and_json(cli):
+    text = cli("info")
+    assert text.exit_code == 0, text.stderr
+    for label in ("model", "architecture", "context limit", "kv per token", "pool", "store", "weights",
+                  "device", "backend"):
+        assert re.search(rf"^{label} +\S", text.stdout, re.M), label
+    data = json.loads(cli("info", "--json").stdout)
+    # 2 (K and V) x 2 layers x 2 KV heads x head dim 16 x 4 bytes
+    assert data["kv_bytes_per_token"] == 512 and data["kv_bytes_per_token_by_dtype"]["bfloat16"] == 256
+    assert data["context_limit"] == 8192 and data["architecture"] == "llama"
+    assert data["pool_slots_per_layer"] > 0 and data["store_mib"] == 0
+    assert data["device"] == "cpu" and data["backend"] in ("native", "torch")
+
+
+# -- colour -------------------------------------------------------------------------------------
+
+def test_no_color_and_NO_COLOR_are_honoured(cli):
+    args = ("review", "missing.pdf")
+    assert COLOR_CODE.search(cli(*args, env={"FORCE_COLOR": "1"}).stderr)  # colour is on when forced
+    assert not COLOR_CODE.search(cli(*args, "--no-color", env={"FORCE_COLOR": "1"}).stderr)
+    assert not COLOR_CODE.search(cli(*args, env={"FORCE_COLOR": "1", "NO_COLOR": "1"}).stderr)

@@ -1,0 +1,49 @@
+"""End to end: `kvpage review samples/contract.pdf` with the real default model (a few minutes on CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvpage_cli.cli.app import app
+from kvpage_cli.engine.weights import resolve_folder
+from kvpage_cli.errors import ModelError
+from kvpage_cli.ingest import load as load_document
+from kvpage_cli.ingest import split_clauses
+from kvpage_cli.tasks import CATEGORIES, RISK_LEVELS, SCHEMA_VERSION
+
+from .conftest import SAMPLES
+
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
+
+
+def test_review_of_the_sample_contract_with_the_default_model(kv_home):
+    try:
+        resolve_folder("smollm2", kv_home)
+    except ModelError as exc:
+        pytest.fail(f"the default model must be installed for this test: {exc}")
+    pdf = SAMPLES / "contract.pdf"
+    result = CliRunner().invoke(app, ["review", str(pdf), "--json"],
+                                env={"KVPAGE_HOME": str(kv_home), "KVPAGE_MODEL": None, "KVPAGE_DEBUG": None})
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)  # stdout is one JSON document and nothing else
+    assert data["schema_version"] == SCHEMA_VERSION
+    assert data["model"] == "smollm2" and data["mode"] == "exact" and data["complete"] is True
+
+    doc = load_document(str(pdf))
+    clauses = split_clauses(doc)
+    assert data["clauses_total"] == len(clauses) == len(data["findings"])
+    assert [f["clause_id"] for f in data["findings"]] == [c.id for c in clauses]
+    for finding in data["findings"]:
+        assert finding["category"] in CATEGORIES, finding
+        assert finding["risk"] in RISK_LEVELS, finding
+        assert finding["quote"].strip(), finding
+        assert doc.find_quote(finding["quote"]) is not None, finding
+        assert doc.text[finding["start"]:finding["end"]] == finding["quote"]
+        assert finding["source"].startswith("page"), finding
+        assert finding["rationale"].strip(), finding
+    # the document was prefilled once, with statistics on stderr only
+    assert data["stats"]["prefill_tokens"] >= data["document_tokens"] > 5000
+    assert result.stderr.splitlines()[-1].startswith("kvpage: prefill ")

@@ -1,0 +1,119 @@
+"""The distribution: what the wheel holds, and which packages may import the CLI libraries."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from .conftest import REPO
+
+UI_LIBRARIES = {"typer", "rich", "tqdm", "click"}
+UI_FREE = ["kvpage_cli/engine", "kvpage_cli/tasks", "kvpage_cli/ingest", "kernels"]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """Builds the wheel from a copy of the sources (the working tree gets no build/ or egg-info)."""
+    src = tmp_path_factory.mktemp("src")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    for license_file in REPO.glob("LICEN[CS]E*"):
+        shutil.copy(license_file, src / license_file.name)
+    for folder in ("kvpage_cli", "kernels", "prompts"):
+        shutil.copytree(REPO / folder, src / folder, ignore=ignore)
+    dist = tmp_path_factory.mktemp("dist")
+    if _setuptools_version() >= (69,):
+        # the installed setuptools can build it: no isolated environment, no package index
+        command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)]
+    elif importlib.util.find_spec("build") is not None:
+        command = [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(src)]
+    else:
+        command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [built] = dist.glob("kvpage-*.whl")
+    return zipfile.ZipFile(built)
+
+
+def _setuptools_version() -> tuple[int, ...]:
+    try:
+        version = importlib.metadata.version("setuptools")
+    except importlib.metadata.PackageNotFoundError:
+        return (0,)
+    return tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+
+
+def test_wheel_ships_prompts_kernels_and_native_sources(wheel):
+    wheel = set(wheel.namelist())
+    prompts = {name for name in wheel if name.startswith("kvpage_cli/prompts/") and name.endswith(".md")}
+    shipped = {p.relative_to(REPO).as_posix().replace("prompts/", "kvpage_cli/prompts/", 1)
+               for p in (REPO / "prompts").glob("*.md")}
+    assert shipped and shipped <= prompts
+    assert "kvpage_kernels/__init__.py" in wheel
+    assert {f"kvpage_kernels/{p.name}" for p in (REPO / "kernels").glob("*.py")} <= wheel
+    assert "kvpage_cli/engine/native/attention.c" in wheel
+    assert "kvpage_cli/cli/app.py" in wheel
+    assert not any(name.startswith("kernels/") for name in wheel)  # would shadow the `kernels` package
+    assert not any(name.startswith(("tests/", "samples/", "corpus/")) for name in wheel)
+
+
+def test_wheel_declares_the_console_script(wheel):
+    [entry_points] = [name for name in wheel.namelist() if name.endswith(".dist-info/entry_points.txt")]
+    assert "kvpage = kvpage_cli.cli.app:main" in wheel.read(entry_points).decode()
+
+
+def _imports(path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("package", UI_FREE)
+def test_engine_tasks_ingest_and_kernels_never_import_ui_libraries(package):
+    """Every import statement, including those inside functions."""
+    offenders = {str(path.relative_to(REPO)): sorted(_imports(path) & UI_LIBRARIES)
+                 for path in (REPO / package).rglob("*.py")}
+    assert {path: libs for path, libs in offenders.items() if libs} == {}
+
+
+def test_only_the_cli_imports_typer_and_rich():
+    outside = [path for path in (REPO / "kvpage_cli").rglob("*.py")
+               if "cli" not in path.relative_to(REPO / "kvpage_cli").parts[:1]]
+    assert outside
+    assert {str(p.relative_to(REPO)) for p in outside if _imports(p) & {"typer", "rich", "click"}} == set()
+
+
+def test_importing_the_library_loads_no_ui_library():
+    """In a fresh interpreter: what importing the engine, tasks, ingest and kernels adds to
+    sys.modules, beyond what their own dependencies (torch, transformers...) bring."""
+    code = """
+import sys
+import numpy, torch
+try:
+    import triton
+except ImportError:
+    pass
+before = set(sys.modules)
+import kvpage_cli.engine, kvpage_cli.tasks, kvpage_cli.ingest, kvpage_kernels
+added = {name.split(".")[0] for name in set(sys.modules) - before}
+print(sorted(added & {"typer", "rich", "tqdm", "click"}))
+print(sorted({name.split(".")[0] for name in sys.modules} & {"typer", "rich"}))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr
+    added, present = result.stdout.split("\n")[:2]
+    assert added == "[]"
+    assert present == "[]"
