@@ -78,14 +78,14 @@ def read_pdf(
 def _quiet_pypdf():
     """pypdf logs and warns about every quirk it repairs; a user cannot act on those."""
     logger = logging.getLogger("pypdf")
-    old_propagate, old_disabled = logger.propagate, logger.disabled
-    logger.propagate, logger.disabled = False, True
+    old_level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)  # children (pypdf._reader, ...) inherit it: nothing is emitted
     try:
         with py_warnings.catch_warnings():
             py_warnings.simplefilter("ignore")
             yield
     finally:
-        logger.propagate, logger.disabled = old_propagate, old_disabled
+        logger.setLevel(old_level)
 
 
 def _open(source, display: str) -> pypdf.PdfReader:

@@ -186,27 +186,48 @@ class Reviewer:
             tokens.append(token)
             if "\n" in self.prompts.decode(tokens[-1:]):
                 break
-        return self.prompts.decode(tokens).strip().split("\n")[0].strip()
+        line = self.prompts.decode(tokens).strip().split("\n")[0].strip()
+        if len(line) > 1 and line[0] in "\"“" and line[-1] in "\"”":  # the model often wraps it in quotes
+            line = line[1:-1].strip()
+        return line
 
     # -- quotes ----------------------------------------------------------------------------------
 
     def _quote(self, clause: Clause, category: str) -> tuple[int, int]:
         """Offsets in the document of the clause's sentence that best shows the category."""
         text = self.doc.text
-        sentences = [(clause.start + m.start(), clause.start + m.end())
-                     for m in re.finditer(r"\S[^.;:]*(?:[.;:](?=\s|$)|$)", text[clause.start:clause.end])]
-        sentences = [(s, e) for s, e in sentences if len(text[s:e].split()) >= 3] or [(clause.start, clause.end)]
+        sentences = [(s, e) for s, e in _sentences(text, clause.start, clause.end) if len(text[s:e].split()) >= 5]
+        if not sentences:
+            sentences = [(clause.start, clause.end)]
         cues = QUOTE_CUES.get(category, ())
-        best = sentences[0]
-        for start, end in sentences:
-            if any(cue in text[start:end].lower() for cue in cues):
-                best = (start, end)
-                break
-        start, end = best
+        start, end = next(((s, e) for s, e in sentences if any(cue in text[s:e].lower() for cue in cues)), sentences[0])
         if end - start > QUOTE_CHARS:  # cut at a word boundary: still an exact substring
             cut = text.rfind(" ", start, start + QUOTE_CHARS)
             end = cut if cut > start else start + QUOTE_CHARS
         return start, end
+
+
+# A sentence ends at . ; or : after a letter or closing mark (not after a digit, so "10.2" and
+# "1." numbering do not end one), followed by white space or the end.
+_SENTENCE_END = re.compile(r"(?<=[A-Za-z)\]\"”'%])[.;:](?=\s|$)")
+
+
+def _sentences(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """(start, end) offsets of the sentences of text[start:end], white space trimmed."""
+    spans, first = [], start
+    for match in _SENTENCE_END.finditer(text, start, end):
+        spans.append((first, match.end()))
+        first = match.end()
+    spans.append((first, end))
+    out = []
+    for s, e in spans:
+        while s < e and text[s].isspace():
+            s += 1
+        while e > s and text[e - 1].isspace():
+            e -= 1
+        if e > s:
+            out.append((s, e))
+    return out
 
 
 def _shorten(text: str, limit: int) -> str:
