@@ -1,0 +1,73 @@
+"""The tasks' own pieces: prompt templates, prompt assembly, quotes, and review/ask on a tiny model."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpage_cli.engine import Engine, EngineConfig
+from kvpage_cli.ingest import load
+from kvpage_cli.tasks import CATEGORIES, RISK_LEVELS, Asker, PromptError, Reviewer, render
+from kvpage_cli.tasks.chat import PromptBuilder
+from kvpage_cli.tasks.review import _sentences
+
+from .conftest import SAMPLES
+
+
+def test_every_shipped_template_renders_with_its_placeholders():
+    assert "Question: why?" in render("ask", question="why?")
+    text = render("review_clause", clause_id="4.2", heading="Renewal", clause="It renews.")
+    assert "4.2" in text and "Renewal" in text and "It renews." in text
+    assert "$1,000,000" in render("review_instructions", categories="- other")  # $$ is a literal dollar
+
+
+def test_a_missing_or_unknown_placeholder_is_an_error():
+    with pytest.raises(PromptError, match=r"\$question"):
+        render("ask")
+    with pytest.raises(PromptError, match="no placeholder"):
+        render("ask", question="q", extra="x")
+    with pytest.raises(PromptError, match="missing"):
+        render("no_such_template")
+
+
+def test_sentences_do_not_end_inside_clause_numbers():
+    text = "10.2 Indemnification by Customer. Customer shall indemnify Provider; see Section 11.1. Done: yes"
+    sentences = [text[s:e] for s, e in _sentences(text, 0, len(text))]
+    assert sentences == ["10.2 Indemnification by Customer.", "Customer shall indemnify Provider;",
+                         "see Section 11.1. Done:", "yes"]
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_cli_model, kv_home):
+    return Engine.load(str(tiny_cli_model), EngineConfig(home=str(kv_home)))
+
+
+def test_the_document_prefix_is_shared_and_questions_follow_it(tiny_engine):
+    prompts = PromptBuilder(tiny_engine.tokenizer)
+    prefix = prompts.prefix("DOCUMENT TEXT")
+    question = prompts.question("What?")
+    whole = tiny_engine.tokenizer.decode(prefix + question)
+    assert whole.index("DOCUMENT TEXT") < whole.index("What?")
+    assert whole.rstrip().endswith("assistant")  # the chat template's answer turn opens last
+
+
+def test_review_gives_every_clause_a_valid_finding_with_an_exact_quote(tiny_engine):
+    doc = load(str(SAMPLES / "contract.txt"))
+    reviewer = Reviewer(tiny_engine, doc, max_reason_tokens=4)
+    reviewer.clauses = reviewer.clauses[:6]
+    findings = list(reviewer.findings())
+    assert [f.clause_id for f in findings] == [c.id for c in reviewer.clauses]
+    for f in findings:
+        assert f.category in CATEGORIES and f.risk in RISK_LEVELS
+        assert doc.text[f.start:f.end] == f.quote and len(f.quote.split()) >= 3
+        assert f.source.startswith("line")
+        assert set(f.category_scores) == set(CATEGORIES) and set(f.risk_scores) == set(RISK_LEVELS)
+
+
+def test_ask_streams_text_and_refuses_an_empty_question(tiny_engine):
+    doc = load(str(SAMPLES / "repo"))
+    asker = Asker(tiny_engine, doc, "Where is the VAT rate?", max_new_tokens=8)
+    pieces = list(asker.answer())
+    assert asker.complete and asker.document_tokens > 1000
+    assert all(isinstance(p, str) for p in pieces)
+    with pytest.raises(ValueError, match="empty"):
+        Asker(tiny_engine, doc, "  ")
