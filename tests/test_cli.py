@@ -407,3 +407,42 @@ def test_no_color_and_NO_COLOR_are_honoured(cli):
     assert COLOR_CODE.search(cli(*args, env={"FORCE_COLOR": "1"}).stderr)  # colour is on when forced
     assert not COLOR_CODE.search(cli(*args, "--no-color", env={"FORCE_COLOR": "1"}).stderr)
     assert not COLOR_CODE.search(cli(*args, env={"FORCE_COLOR": "1", "NO_COLOR": "1"}).stderr)
+
+
+# -- the saved-KV cache ----------------------------------------------------------------------------
+
+
+def test_a_second_ask_reads_the_document_from_the_cache(cli, tmp_path):
+    env = {"KVPAGE_HOME": str(tmp_path)}
+    contract = SAMPLES / "contract.txt"  # long enough for whole 256-token segments
+    first = cli("ask", contract, "What is the term?", "--json", env=env)
+    second = cli("ask", contract, "What is the term?", "--json", env=env)
+    assert first.exit_code == 0 and second.exit_code == 0, second.stderr
+    one, two = json.loads(first.stdout), json.loads(second.stdout)
+    assert one["cached_tokens"] == 0
+    assert two["cached_tokens"] > 0 and two["cached_tokens"] % 64 == 0
+    assert two["answer"] == one["answer"]
+    assert "from saved KV" in second.stderr
+
+    listed = cli("cache", "ls", "--json", env=env)
+    entries = json.loads(listed.stdout)
+    assert [e["label"] for e in entries] == [str(contract.resolve())]
+    assert entries[0]["tokens"] >= two["cached_tokens"]
+
+    removed = cli("cache", "rm", str(contract), env=env)
+    assert removed.exit_code == 0 and "removed 1" in removed.stderr
+    assert json.loads(cli("cache", "ls", "--json", env=env).stdout) == []
+    missing = cli("cache", "rm", str(contract), env=env)
+    assert missing.exit_code == 1 and "no saved document" in missing.stderr
+
+
+def test_no_cache_neither_reads_nor_writes(cli, tmp_path):
+    env = {"KVPAGE_HOME": str(tmp_path)}
+    contract = SAMPLES / "contract.txt"
+    assert cli("ask", contract, "Who pays?", "--no-cache", env=env).exit_code == 0
+    assert json.loads(cli("cache", "ls", "--json", env=env).stdout) == []
+    assert cli("ask", contract, "Who pays?", env=env).exit_code == 0
+    assert len(json.loads(cli("cache", "ls", "--json", env=env).stdout)) == 1
+    cleared = cli("cache", "clear", env=env)
+    assert cleared.exit_code == 0 and "removed 1" in cleared.stderr
+    assert json.loads(cli("cache", "ls", "--json", env=env).stdout) == []

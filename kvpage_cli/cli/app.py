@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from .. import __version__
-from . import ask, info, review
+from . import ask, cache, info, review
 from .progress import message
 from .session import stderr_console
 
@@ -85,6 +85,7 @@ def register(app: typer.Typer) -> None:
     app.command("review")(review.review)
     app.command("ask")(ask.ask)
     app.command("info")(info.info)
+    app.add_typer(cache.app, name="cache")
 
 
 register(app)

@@ -11,7 +11,7 @@ from ..tasks import Asker, AskResult
 from . import render
 from .options import GENERATION, MODEL, OUTPUT, RUN, Options, shared_options
 from .output import Sink, check_out_path, choose_format
-from .session import Interrupted, Session, stats_dict
+from .session import Interrupted, Session, document_label, stats_dict
 
 FORMATS = ("text", "markdown", "json")
 DEFAULT_ANSWER_TOKENS = 256
@@ -55,7 +55,7 @@ def ask(
         engine = session.load_engine()
         try:
             asker = Asker(engine, doc, question, max_new_tokens=opts.max_new_tokens or DEFAULT_ANSWER_TOKENS,
-                          temperature=temperature, on_event=session.reporter, label=doc.source)
+                          temperature=temperature, on_event=session.reporter, label=document_label(path))
         except ValueError as exc:  # a model without a tokenizer
             raise ModelError(f"{opts.model}: {exc}") from None
         streaming = fmt != "json"

@@ -12,7 +12,7 @@ from ..tasks import RISK_LEVELS, Finding, Reviewer, ReviewProgress, ReviewResult
 from . import render
 from .options import GENERATION, MODEL, OUTPUT, RUN, Options, shared_options
 from .output import Sink, check_out_path, choose_format
-from .session import Interrupted, Session, stats_dict
+from .session import Interrupted, Session, document_label, stats_dict
 
 FORMATS = ("table", "text", "markdown", "json", "jsonl")
 DEFAULT_REASON_TOKENS = 40
@@ -61,7 +61,7 @@ def review(
         clause_bar = _ClauseBarAfterPrefill(session)
         try:
             reviewer = Reviewer(engine, doc, max_reason_tokens=opts.max_new_tokens or DEFAULT_REASON_TOKENS,
-                                on_event=clause_bar)
+                                on_event=clause_bar, label=document_label(file))
         except ValueError as exc:  # a model without a tokenizer
             raise ModelError(f"{opts.model}: {exc}") from None
         total = clause_bar.total = len(reviewer.clauses)

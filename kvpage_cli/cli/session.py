@@ -9,6 +9,7 @@ import sys
 import time
 import warnings
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Callable
 
 import typer
@@ -110,6 +111,11 @@ class Session:
     def warn(self, text: str) -> None:
         self.reporter.warn(text)
 
+    def say(self, text: str) -> None:
+        """A line on stderr for the user (not with -q)."""
+        if not self.opts.get("quiet"):
+            self.console.print("kvpage: " + text, soft_wrap=True, highlight=False, markup=False)
+
     def read_document(self, path: str, password: str | None = None, allow_directory: bool = True) -> ingest.Document:
         """The document at `path` ("-": stdin bytes), with its warnings shown on stderr."""
         name = "stdin" if path == "-" else path
@@ -141,6 +147,11 @@ class Session:
         if self.opts.get("quiet"):
             return
         self.console.print(stats_line(engine, self.elapsed()), soft_wrap=True, highlight=False, markup=False)
+
+
+def document_label(path: str) -> str:
+    """How a document is named in the saved-KV cache: its absolute path ("stdin" for -)."""
+    return "stdin" if path == "-" else str(Path(path).resolve())
 
 
 def pool_capacity_bytes(engine: Engine) -> int:

@@ -49,7 +49,7 @@ class Asker:
     def answer(self) -> Iterator[str]:
         """Prefills the document, then decodes, yielding each new piece of text."""
         engine = self.engine
-        ctx = engine.prefill(self.prefix_ids, on_event=self.on_event)
+        ctx = engine.prefill(self.prefix_ids, on_event=self.on_event, label=self.label)
         self.cached_tokens = ctx.cached_prefix
         stop = engine.stop_ids
         tokens: list[int] = []

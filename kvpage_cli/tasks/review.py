@@ -65,12 +65,13 @@ class Reviewer:
     """Reviews one document. `findings()` yields a Finding per clause, in document order."""
 
     def __init__(self, engine: Engine, doc: Document, clauses: list[Clause] | None = None,
-                 max_reason_tokens: int = 40, on_event: EventCallback | None = None) -> None:
+                 max_reason_tokens: int = 40, on_event: EventCallback | None = None, label: str | None = None) -> None:
         self.engine = engine
         self.doc = doc
         self.clauses = clauses if clauses is not None else split_clauses(doc)
         self.max_reason_tokens = max_reason_tokens
         self.on_event = on_event
+        self.label = label  # names the document's saved KV (kvpage cache ls)
         self.prompts = PromptBuilder(engine.tokenizer)
         categories = "\n".join(f"- {name}: {desc}" for name, desc in CATEGORIES.items())
         document = render("document", kind="contract", source=doc.source, text=doc.text.strip())
@@ -98,7 +99,7 @@ class Reviewer:
 
     def findings(self) -> Iterator[Finding]:
         """Prefills the document once, then reviews each clause on a fork of it."""
-        self._doc_ctx = self.engine.prefill(self.prefix_ids, on_event=self.on_event)
+        self._doc_ctx = self.engine.prefill(self.prefix_ids, on_event=self.on_event, label=self.label)
         total = len(self.clauses)
         for done, clause in enumerate(self.clauses, 1):
             finding = self._review(clause)

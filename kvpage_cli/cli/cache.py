@@ -1,0 +1,102 @@
+"""`kvpage cache ls|rm|clear`: the saved document KV under KVPAGE_HOME/kv."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..engine import KVCache
+from .options import OUTPUT, RUN, Options, shared_options
+from .output import Sink, check_out_path, choose_format
+from .session import MIB, Session, document_label
+
+app = typer.Typer(
+    help="The saved KV of documents already read: a later `ask` or `review` of the same document "
+         "loads it instead of computing its prefill again.\n\n"
+         "Entries live under KVPAGE_HOME/kv (default ~/.cache/kvpage/kv), files readable by you only; "
+         "the least recently used are evicted past --cache-mib (default 2048). `--no-cache` on ask or "
+         "review neither reads nor writes it.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+)
+
+FORMATS = ("table", "text", "json")
+
+
+def _open(opts: Options) -> KVCache:
+    return KVCache.open(opts.home)
+
+
+@app.command("ls")
+@shared_options(OUTPUT, RUN)
+def ls(*, opts: Options) -> None:
+    """List the saved documents: label, model, tokens, size and when last used.
+
+    Examples:
+
+    ```
+    kvpage cache ls
+    kvpage cache ls --json | jq '.[] | select(.tokens > 4000)'
+    ```
+    """
+    fmt = choose_format(opts.json_out, opts.fmt, opts.out, FORMATS)
+    check_out_path(opts.out)
+    sink = Sink(opts.out, opts.no_color)
+    with Session(opts) as session:
+        entries = _open(opts).list_entries()
+        rows = [
+            {"label": e.label or "(unnamed)", "model": e.model, "tokens": e.tokens, "mib": round(e.bytes / MIB, 1),
+             "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used)), "key": e.key[:12]}
+            for e in entries
+        ]
+        if fmt == "json":
+            sink.write(json.dumps(rows, indent=2) + "\n")
+        elif fmt == "table" and rows:
+            table = Table("label", "model", "tokens", "MiB", "last used", "key")
+            for r in rows:
+                table.add_row(r["label"], r["model"], f"{r['tokens']:,}", f"{r['mib']:.1f}", r["last_used"], r["key"])
+            sink.render(table)
+        else:
+            sink.write("".join(f"{r['label']}\t{r['model']}\t{r['tokens']}\t{r['mib']:.1f} MiB\t{r['last_used']}\t{r['key']}\n"
+                               for r in rows))
+        sink.commit()
+        session.say(f"{len(entries)} saved document(s), {sum(e.bytes for e in entries) / MIB:.1f} MiB")
+
+
+@app.command("rm")
+@shared_options(RUN)
+def rm(document: Annotated[str, typer.Argument(help="A label as `cache ls` shows it (e.g. the file's path), or a key prefix.")],
+       *, opts: Options) -> None:
+    """Remove one saved document, by its label or key prefix.
+
+    Examples:
+
+    ```
+    kvpage cache rm samples/contract.pdf
+    kvpage cache rm 3f9a02c1
+    ```
+    """
+    with Session(opts) as session:
+        removed = _open(opts).remove(document_label(document) if Path(document).exists() else document)
+        if not removed:
+            from ..errors import KvpageError
+
+            raise KvpageError(f"no saved document matches {document!r} (see 'kvpage cache ls')")
+        session.say(f"removed {len(removed)} saved document(s), {sum(e.bytes for e in removed) / MIB:.1f} MiB")
+
+
+@app.command("clear")
+@shared_options(RUN)
+def clear(*, opts: Options) -> None:
+    """Remove every saved document.
+
+    Example: `kvpage cache clear`
+    """
+    with Session(opts) as session:
+        removed = _open(opts).clear()
+        session.say(f"removed {len(removed)} saved document(s), {sum(e.bytes for e in removed) / MIB:.1f} MiB")
