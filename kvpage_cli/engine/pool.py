@@ -80,7 +80,7 @@ class SlotPool:
         """
         assert len(blocks) <= self.num_slots, (len(blocks), self.num_slots)
         self.allocate()
-        holders, slot_of = self.holders[layer], self.slot_of[layer]
+        holders = self.holders[layer]
         slots: list[int | None] = []
         wanted: set[int] = set()
         for block_id, generation, filled in blocks:

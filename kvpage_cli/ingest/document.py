@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import os
 from dataclasses import dataclass, field
 
 # Characters a quote may spell differently from the document; each maps to its plain form.
@@ -147,3 +148,17 @@ def _fold(text: str, collapse: bool) -> tuple[str, list[int]]:
             out.append(piece)
             where.append(i)
     return "".join(out), where
+
+
+def read_source(source, display: str) -> bytes:
+    """The bytes of `source` (a path, or bytes already read from stdin); an unreadable file is a
+    BrokenDocument naming `display`."""
+    from .errors import BrokenDocument
+
+    if isinstance(source, (bytes, bytearray)):
+        return bytes(source)
+    try:
+        with open(os.fspath(source), "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise BrokenDocument(display, e.strerror or str(e)) from None

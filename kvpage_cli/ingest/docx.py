@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from kvpage_cli.ingest.document import Document, Span
+from kvpage_cli.ingest.document import Document, Span, read_source
 from kvpage_cli.ingest.errors import BrokenDocument, EmptyDocument
 
 _W_TRANSITIONAL = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
@@ -113,14 +113,7 @@ class _Package:
 
     @classmethod
     def open(cls, source, display: str) -> _Package:
-        try:
-            if isinstance(source, (bytes, bytearray)):
-                data = bytes(source)
-            else:
-                with open(source, "rb") as f:
-                    data = f.read()
-        except OSError as e:
-            raise BrokenDocument(display, e.strerror or str(e)) from None
+        data = read_source(source, display)
         if data.startswith(_OLE_MAGIC):
             raise BrokenDocument(
                 display, "it is a password-protected or legacy Word file, not DOCX; "

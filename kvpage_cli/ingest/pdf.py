@@ -14,7 +14,7 @@ from collections import defaultdict
 import pypdf
 from pypdf.errors import DependencyError
 
-from kvpage_cli.ingest.document import Document, Span
+from kvpage_cli.ingest.document import Document, Span, read_source
 from kvpage_cli.ingest.errors import (
     BrokenDocument,
     EmptyDocument,
@@ -89,14 +89,7 @@ def _quiet_pypdf():
 
 
 def _open(source, display: str) -> pypdf.PdfReader:
-    try:
-        if isinstance(source, (bytes, bytearray)):
-            data = bytes(source)
-        else:
-            with open(source, "rb") as f:
-                data = f.read()
-    except OSError as e:
-        raise BrokenDocument(display, e.strerror or str(e)) from None
+    data = read_source(source, display)
     if not data:
         raise BrokenDocument(display, "the file is empty")
     if b"%PDF" not in data[:1024]:

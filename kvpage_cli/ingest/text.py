@@ -8,8 +8,8 @@ import unicodedata
 
 import charset_normalizer
 
-from kvpage_cli.ingest.document import Document, Span
-from kvpage_cli.ingest.errors import BinaryDocument, BrokenDocument, EmptyDocument
+from kvpage_cli.ingest.document import Document, Span, read_source
+from kvpage_cli.ingest.errors import BinaryDocument, EmptyDocument
 
 _BOMS = (
     (codecs.BOM_UTF32_LE, "utf-32"),
@@ -36,16 +36,9 @@ def read_text(source: str | os.PathLike | bytes, display: str | None = None) -> 
     guessed, with a warning naming the guess. Binary data raises BinaryDocument, a file with no
     text EmptyDocument.
     """
-    if isinstance(source, (bytes, bytearray)):
-        data = bytes(source)
-        display = display or "-"
-    else:
-        display = display or os.fspath(source)
-        try:
-            with open(source, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise BrokenDocument(display, e.strerror or str(e)) from None
+    if not display:
+        display = "-" if isinstance(source, (bytes, bytearray)) else os.fspath(source)
+    data = read_source(source, display)
     text, encoding = decode_text(data, display)
     warnings = []
     if encoding is not None:
