@@ -125,9 +125,9 @@ class Reviewer:
         risk_scores = self._calibrated(risk_ctx, self.risk_options, self._null_risks(category))
         risk = max(risk_scores, key=risk_scores.get)
 
-        reason_ctx = engine.append(engine.fork(ctx), self._field_ids("review_reason", category=category, risk=risk))
+        reason_ctx = engine.append(risk_ctx, self._field_ids("review_reason", risk=risk))  # continues "Risk:"
         reason = self._generate_line(reason_ctx)
-        for c in (ctx, risk_ctx, reason_ctx):
+        for c in (ctx, reason_ctx):
             engine.release(c)
 
         start, end = self._quote(clause, category)
