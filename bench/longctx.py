@@ -98,6 +98,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--home", default=None)
     parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--log", default="longctx-cases.jsonl", help="per-case results; cases already there are skipped")
     args = parser.parse_args()
 
     from kvpage_cli.engine import Engine, EngineConfig
@@ -107,15 +108,26 @@ def main() -> None:
     tokenizer = engine.tokenizer
     haystack = tokenizer(corpus_text(), add_special_tokens=False).input_ids
     configs = [("exact", None, None)] + [(p, p, f) for f in map(int, args.fractions.split(",")) for p in args.policies.split(",")]
-    results: dict[tuple, list] = {}
-    cases = [(t, int(n), int(d)) for n in args.lengths.split(",") for t in args.tasks.split(",") for d in args.depths.split(",")]
+    lengths = [int(n) for n in args.lengths.split(",")]
+    tasks = args.tasks.split(",")
+    depths = [int(d) for d in args.depths.split(",")]
+    cases = [(t, n, d) for n in lengths for t in tasks for d in depths]
+    log_path = Path(args.log)
+    done = set()
+    if log_path.exists():
+        done = {(r["task"], r["length"], r["depth"]) for r in map(json.loads, open(log_path)) if r["config"] == "exact"}
     started = time.time()
     for index, (task, length, depth) in enumerate(cases):
-        ids, expected = build_prompt(tokenizer, haystack, task, length, depth / 100, seed=args.seed * 1000 + index)
+        if (task, length, depth) in done:
+            continue
+        # the context is `length` tokens once the answer is decoded, so 32K fits Gemma's 32768
+        ids, expected = build_prompt(tokenizer, haystack, task, length - args.new_tokens, depth / 100,
+                                     seed=args.seed * 1000 + index)
         engine.set_selection(None)
         doc = engine.prefill(ids)
         blocks = doc.num_blocks
         first_exact = None
+        case_rows = []
         for name, policy, fraction in configs:
             budget = max(4, -(-blocks // fraction)) if fraction else None
             engine.set_selection(policy, budget)
@@ -123,11 +135,21 @@ def main() -> None:
             answer = tokenizer.decode(tokens)
             if name == "exact":
                 first_exact, exact_answer = tokens[:1], answer
-            key = (name, fraction, length)
-            results.setdefault(key, []).append((score(answer, expected), tokens[:1] == first_exact))
+            case_rows.append({"task": task, "length": length, "depth": depth, "config": name, "fraction": fraction,
+                              "score": score(answer, expected), "first_agrees": tokens[:1] == first_exact,
+                              "answer": answer})
         print(f"[{time.time() - started:7.0f}s] {task} {length} depth {depth}%: exact answer {exact_answer!r} "
               f"expected {expected}", file=sys.stderr, flush=True)
+        with open(log_path, "a") as log:  # one line per configuration, so a long run can be resumed
+            for row in case_rows:
+                log.write(json.dumps(row) + "\n")
         del doc
+
+    results: dict[tuple, list] = {}
+    for row in map(json.loads, open(log_path)):
+        if row["length"] in lengths and row["task"] in tasks and row["depth"] in depths:
+            results.setdefault((row["config"], row["fraction"], row["length"]), []).append(
+                (row["score"], row["first_agrees"]))
 
     rows = []
     for (name, fraction, length), values in sorted(results.items(), key=lambda kv: (kv[0][2], kv[0][1] or 0, kv[0][0])):
