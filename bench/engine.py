@@ -179,7 +179,9 @@ def main() -> None:
                     result = run_worker(Path(__file__), ["kvpage", model, str(length), kv_path, *common])
                     result.update(_ratios(result, base))
                     if "weight_mib" in result:
-                        per_token = result["weight_mib"] * 2**20 + length * result["kv_bytes_per_token"]
+                        # bytes a decode step must read: the weights and every block held (sliding-window
+                        # layers hold only their window), as measured after the run
+                        per_token = (result["weight_mib"] + result["store_mib"]) * 2**20
                         result["bw_limit_tok_s"] = bandwidth * 1e9 / per_token
                         result["of_bw_limit_pct"] = 100 * result["decode_tok_s"] / result["bw_limit_tok_s"]
                     if base.get("tokens") and result.get("tokens"):
@@ -198,7 +200,7 @@ def main() -> None:
     print(f"dtype {args.dtype}; {args.new_tokens} new tokens; memory read bandwidth {bandwidth:.1f} GB/s (measured)")
     print(table(rows, columns))
     print("x = kvpage / transformers, same run. % of BW limit: decode tok/s against measured bandwidth / "
-          "(weight bytes + KV bytes of the context) per token (computed).")
+          "(weight bytes + store bytes, both measured) per token (computed).")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({"bandwidth_gbs": bandwidth, "dtype": args.dtype, "rows": rows}, indent=1))
 

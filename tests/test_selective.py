@@ -139,6 +139,30 @@ def test_selection_is_deterministic(tiny_models, kv_home):
     assert runs[0] == runs[1]
 
 
+def test_a_static_policy_reuses_its_choice_only_while_the_candidates_are_the_same(tiny_models, kv_home):
+    # "scores" reuses a layer's choice while its candidate blocks are unchanged; the decode below
+    # crosses two block boundaries, where the candidates change and the choice is made again
+    model = tiny_models["llama"]
+    ids = random_prompt(30 * BLOCK_TOKENS - 20, seed=57)
+    runs = []
+    for static in (True, False):
+        engine = selective(model, kv_home, "scores", 6)
+        policy = engine.dispatch.selector.policy
+        policy.static = static
+        scored = []
+        score = policy.scores
+        policy.scores = lambda *args: scored.append(1) or score(*args)
+        selections = record_selections(engine)
+        tokens = list(engine.generate(engine.prefill(ids), max_new_tokens=100, stop=()))
+        runs.append((tokens, selections, len(scored)))
+    assert runs[0][:2] == runs[1][:2]
+    inputs = {(layer, tuple(candidates), num_blocks) for layer, _, candidates, num_blocks, _ in runs[0][1]}
+    assert runs[0][2] == len(inputs) < len(runs[0][1]) == runs[1][2]  # scored once per layer and candidate set
+    assert {num_blocks for _, _, num_blocks in inputs} == {30, 31, 32}
+    for layer, chosen, candidates, _, _ in runs[0][1]:
+        assert candidates[-1] in chosen  # the newest block, once it appears
+
+
 def test_the_mover_never_lets_attention_read_an_unfinished_copy(tiny_models, kv_home, monkeypatch):
     model = tiny_models["llama"]
     ids = random_prompt(24 * BLOCK_TOKENS, seed=56)

@@ -22,6 +22,7 @@ class Policy:
     """Scores blocks for one layer at one decode step (higher = more worth attending)."""
 
     name = "policy"
+    static = False  # True: scores depend only on the context and the candidates, not on the step
 
     def scores(self, layer: int, q: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
         """q: [Hq, D] this step's rotated query; ids, positions: [n] candidates -> [n] float scores."""
@@ -131,6 +132,7 @@ class ScoresPolicy(Policy):
     """Static per-block relevance, computed once after prefill and kept with the context."""
 
     name = "scores"
+    static = True  # the same candidates of the same context get the same scores at every step
 
     def scores(self, layer, q, ids, positions, ctx):
         table = ctx.block_scores[layer] if ctx.block_scores is not None else None
@@ -145,23 +147,19 @@ def choose(candidate_ids: torch.Tensor, candidate_pos: torch.Tensor, scores: tor
            budget: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The kept blocks plus the best-scored others, within `budget` blocks, in logical order.
 
-    Ties are broken by position (later first), so the choice is deterministic."""
+    Candidates come in logical order. Ties are broken by position (later first), so the choice
+    is deterministic."""
     n = candidate_ids.numel()
     if n <= budget:
         return candidate_ids, candidate_pos
     free = max(0, budget - int(keep.sum()))
-    rest = (~keep).nonzero().flatten()
-    if free and rest.numel():
-        # sort by score, then position: a stable descending sort of (score, position)
-        order = torch.argsort(candidate_pos[rest].to(torch.float64), descending=True, stable=True)
-        rest = rest[order]
+    chosen = keep.clone()
+    if free:
+        rest = (~keep).nonzero().flatten().flip(0)  # later blocks first, so a stable sort breaks ties by position
         order = torch.argsort(scores[rest], descending=True, stable=True)
-        picked = rest[order[:free]]
-    else:
-        picked = rest[:0]
-    chosen = torch.cat([keep.nonzero().flatten(), picked])
-    chosen = chosen[torch.argsort(candidate_pos[chosen])]
-    return candidate_ids[chosen], candidate_pos[chosen]
+        chosen[rest[order[:free]]] = True
+    index = chosen.nonzero().flatten()
+    return candidate_ids[index], candidate_pos[index]
 
 
 def always_kept(positions: torch.Tensor, num_blocks: int, recent_blocks: int) -> torch.Tensor:

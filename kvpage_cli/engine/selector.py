@@ -25,6 +25,7 @@ class Selector:
         self.selected = 0
         self.candidates = 0
         self.last: dict[int, torch.Tensor] = {}  # layer -> logical indices it attended at the last step
+        self.reused: dict[int, tuple] = {}  # static policies: layer -> (inputs, choice) of its last selection
 
     def exact_layer(self, layer: int) -> bool:
         """Layers that always read every block: sliding-window layers and the draft layers."""
@@ -37,14 +38,27 @@ class Selector:
         self.candidates += n
         if self.exact_layer(layer) or n <= self.budget:
             chosen_ids, chosen_pos = ids, positions
+        elif self.policy.static and self._same_inputs(layer, ctx, ids, positions):
+            chosen_ids, chosen_pos = self.reused[layer][1]  # same candidates, same scores: same choice
         else:
             keep = always_kept(positions, ctx.num_blocks, self.recent_blocks)
             scores = self.policy.scores(layer, q, ids, positions, ctx)
             chosen_ids, chosen_pos = choose(ids, positions, scores, keep, self.budget)
+            if self.policy.static:
+                self.reused[layer] = ((ctx.block_scores, ctx.num_blocks, ids.clone(), positions.clone()),
+                                      (chosen_ids, chosen_pos))
         self.selected += chosen_ids.numel()
         self.policy.attended(layer, chosen_ids.tolist(), step)
         self.last[layer] = chosen_pos
         return chosen_ids, chosen_pos
+
+    def _same_inputs(self, layer: int, ctx, ids: torch.Tensor, positions: torch.Tensor) -> bool:
+        entry = self.reused.get(layer)
+        if entry is None:
+            return False
+        scores, num_blocks, last_ids, last_pos = entry[0]
+        return (scores is ctx.block_scores and num_blocks == ctx.num_blocks and torch.equal(last_ids, ids)
+                and torch.equal(last_pos, positions))
 
     def predicted(self, layer: int, ctx) -> list[int] | None:
         """Logical blocks `layer` will likely read next: what it read last step, plus the newest block."""
