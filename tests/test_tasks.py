@@ -36,6 +36,13 @@ def test_sentences_do_not_end_inside_clause_numbers():
                          "see Section 11.1. Done:", "yes"]
 
 
+def test_sentences_do_not_end_at_abbreviations():
+    text = "Statement of Work No. 1 is made with Quillfeather Analytics, Inc. and others. It binds e.g. both."
+    sentences = [text[s:e] for s, e in _sentences(text, 0, len(text))]
+    assert sentences == ["Statement of Work No. 1 is made with Quillfeather Analytics, Inc. and others.",
+                         "It binds e.g. both."]
+
+
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_cli_model, kv_home):
     return Engine.load(str(tiny_cli_model), EngineConfig(home=str(kv_home)))
@@ -61,6 +68,17 @@ def test_review_gives_every_clause_a_valid_finding_with_an_exact_quote(tiny_engi
         assert doc.text[f.start:f.end] == f.quote and len(f.quote.split()) >= 3
         assert f.source.startswith("line")
         assert set(f.category_scores) == set(CATEGORIES) and set(f.risk_scores) == set(RISK_LEVELS)
+
+
+def test_quotes_come_from_the_clause_body_not_its_heading(tiny_engine):
+    doc = load(str(SAMPLES / "contract.txt"))
+    reviewer = Reviewer(tiny_engine, doc)
+    starts = {c.id: reviewer._quote(c, "other")[0] for c in reviewer.clauses}
+    assert doc.text[starts["10.1"]:].startswith("Provider shall defend Customer")  # not "10. INDEMNIFICATION 10.1 ..."
+    assert doc.text[starts["5.2"]:].startswith("Provider may terminate this Agreement")
+    for c in reviewer.clauses:
+        if c.id[0].isdigit():
+            assert starts[c.id] >= doc.text.index(c.heading, c.start) + len(c.heading)
 
 
 def test_ask_streams_text_and_refuses_an_empty_question(tiny_engine):

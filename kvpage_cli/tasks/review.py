@@ -30,6 +30,7 @@ from .schema import CATEGORIES, RISK_LEVELS, Finding
 
 MAX_CLAUSE_CHARS = 2400  # a clause longer than this is shown to the model cut at a sentence end
 QUOTE_CHARS = 400
+HEADING_REACH = 120  # characters before a clause's heading that may still be numbering or an article title
 
 # Words that mark the sentence of a clause a finding should quote for its category. They choose
 # the quote only; the category itself comes from the model's scores.
@@ -197,7 +198,15 @@ class Reviewer:
     def _quote(self, clause: Clause, category: str) -> tuple[int, int]:
         """Offsets in the document of the clause's sentence that best shows the category."""
         text = self.doc.text
-        sentences = [(s, e) for s, e in _sentences(text, clause.start, clause.end) if len(text[s:e].split()) >= 5]
+        start = clause.start
+        # the quote comes from the body, after the clause's heading (and the article's above it)
+        near_start = min(clause.end, clause.start + len(clause.heading) + HEADING_REACH)
+        heading_at = text.find(clause.heading, clause.start, near_start) if clause.heading else -1
+        if heading_at >= 0:
+            start = heading_at + len(clause.heading)
+        sentences = [(s, e) for s, e in _sentences(text, start, clause.end) if len(text[s:e].split()) >= 5]
+        if not sentences:
+            sentences = [(s, e) for s, e in _sentences(text, clause.start, clause.end) if len(text[s:e].split()) >= 5]
         if not sentences:
             sentences = [(clause.start, clause.end)]
         cues = QUOTE_CUES.get(category, ())
@@ -213,10 +222,24 @@ class Reviewer:
 _SENTENCE_END = re.compile(r"(?<=[A-Za-z)\]\"”'%])[.;:](?=\s|$)")
 
 
+_ABBREVIATIONS = {"no", "nos", "inc", "ltd", "co", "corp", "llc", "l.l.c", "e.g", "i.e", "etc", "mr", "mrs", "ms", "dr",
+                  "st", "u.s", "art", "sec", "para", "vs", "v", "approx", "jr", "sr"}
+
+
+def _word_before(text: str, index: int) -> str:
+    """The word that ends at `index` (letters and inner dots)."""
+    start = index
+    while start > 0 and (text[start - 1].isalpha() or text[start - 1] == "."):
+        start -= 1
+    return text[start:index]
+
+
 def _sentences(text: str, start: int, end: int) -> list[tuple[int, int]]:
     """(start, end) offsets of the sentences of text[start:end], white space trimmed."""
     spans, first = [], start
     for match in _SENTENCE_END.finditer(text, start, end):
+        if match.group() == "." and _word_before(text, match.start()).lower() in _ABBREVIATIONS:
+            continue  # "No. 1", "Inc.", "e.g." end no sentence
         spans.append((first, match.end()))
         first = match.end()
     spans.append((first, end))
