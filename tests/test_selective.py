@@ -163,6 +163,25 @@ def test_a_static_policy_reuses_its_choice_only_while_the_candidates_are_the_sam
         assert candidates[-1] in chosen  # the newest block, once it appears
 
 
+def test_scores_follow_a_question_appended_after_a_shared_document(tiny_models, kv_home):
+    # the CLI prefills a document once and appends each question to a fork: the blocks must then be
+    # ranked by the question's attention, as if document and question had been one prompt
+    model = tiny_models["llama"]
+    document = random_prompt(20 * BLOCK_TOKENS + 5, seed=58)
+    question = random_prompt(40, seed=59)
+    engine = selective(model, kv_home, "scores", 6)
+    doc = engine.prefill(document)
+    doc_scores = doc.block_scores
+    asked = engine.append(engine.fork(doc), question)
+    assert doc.block_scores is doc_scores  # the document keeps its own ranking
+    whole = engine.prefill(document + question)
+    assert [t.shape[0] for t in asked.block_scores] == [whole.num_blocks] * model.config.num_hidden_layers
+    for mine, reference in zip(asked.block_scores, whole.block_scores):
+        torch.testing.assert_close(mine, reference, rtol=1e-4, atol=1e-5)
+    for mine, before in zip(asked.block_scores, doc_scores):
+        assert not torch.allclose(mine[:before.shape[0]], before)  # the question changed the ranking
+
+
 def test_the_mover_never_lets_attention_read_an_unfinished_copy(tiny_models, kv_home, monkeypatch):
     model = tiny_models["llama"]
     ids = random_prompt(24 * BLOCK_TOKENS, seed=56)

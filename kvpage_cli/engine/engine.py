@@ -155,6 +155,7 @@ class Engine:
         if not token_ids:
             raise ValueError("prefill needs at least one token")
         ctx = self.new_context()
+        self.dispatch.captured = {}  # only this prompt's queries score the blocks
         cache = self._open_cache(on_event) if use_cache else None
         if cache is None:
             self._extend(ctx, token_ids, on_event)
@@ -180,7 +181,9 @@ class Engine:
 
     def _score_blocks(self, ctx: Context) -> None:
         """In selective mode, for the "scores" policy: each block's share of the attention the
-        prompt's final tokens pay, per layer, computed once and kept with the context."""
+        prompt's final tokens pay, per layer, kept with the context. Computed after a prefill and
+        again after appended tokens (a question after a shared document), so the newest prompt
+        ranks the blocks."""
         if self.dispatch.captured:
             ctx.block_scores = self.dispatch.block_relevance(ctx)
 
@@ -277,7 +280,9 @@ class Engine:
         if temperature > 0:
             generator = torch.Generator().manual_seed(self.config.seed if seed is None else seed)
         if token_ids or ctx.num_cached < len(ctx.tokens):
+            self.dispatch.captured = {}
             self._extend(ctx, token_ids, on_event)
+            self._score_blocks(ctx)
         if ctx.last_logits is None:
             raise ValueError("generate needs a context with at least one token")
         logits = ctx.last_logits
@@ -300,7 +305,9 @@ class Engine:
         """Appends tokens to the context (their K/V into blocks, logits of the last one ready)."""
         if ctx.released:
             raise ValueError("the context was released")
+        self.dispatch.captured = {}  # only this call's queries score the blocks
         self._extend(ctx, list(token_ids), on_event)
+        self._score_blocks(ctx)
         return ctx
 
     def score(self, ctx: Context, token_ids: Iterable[int]) -> list[float]:
