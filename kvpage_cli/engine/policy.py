@@ -10,7 +10,7 @@ so a selection is deterministic given the same inputs.
 | lru    | the last step at which the block was attended (or written)               |
 | quest  | upper bound of q.k from the block's element-wise key min and max, summed over the query heads |
 | draft  | attention mass the draft (the model's first layers) put on the block this step |
-| scores | relevance computed once after prefill from the document's final tokens' attention |
+| scores | relevance from the attention the prompt's final tokens pay, computed after each prompt |
 """
 
 from __future__ import annotations
@@ -129,7 +129,8 @@ class DraftPolicy(Policy):
 
 
 class ScoresPolicy(Policy):
-    """Static per-block relevance, computed once after prefill and kept with the context."""
+    """Static per-block relevance, computed after the prompt (prefill, or appended tokens) and kept
+    with the context."""
 
     name = "scores"
     static = True  # the same candidates of the same context get the same scores at every step

@@ -223,7 +223,7 @@ _SENTENCE_END = re.compile(r"(?<=[A-Za-z)\]\"”'%])[.;:](?=\s|$)")
 
 
 _ABBREVIATIONS = {"no", "nos", "inc", "ltd", "co", "corp", "llc", "l.l.c", "e.g", "i.e", "etc", "mr", "mrs", "ms", "dr",
-                  "st", "u.s", "art", "sec", "para", "vs", "v", "approx", "jr", "sr"}
+                  "st", "u.s", "art", "sec", "para", "vs", "approx", "jr", "sr"}
 
 
 def _word_before(text: str, index: int) -> str:
