@@ -10,6 +10,7 @@ import torch
 
 from kvpage_cli.engine import Engine, EngineConfig, ModelLoading
 from kvpage_cli.errors import ModelError
+from kvpage_cli.engine.weights import resolve_folder
 
 from .conftest import CORPUS
 
@@ -26,7 +27,7 @@ def test_smollm2_greedy_tokens_equal_transformers(smollm2):
 
     ids = chat_ids(smollm2.tokenizer, "Name three things a contract's termination clause should say.")
     ours = list(smollm2.generate(smollm2.prefill(ids), max_new_tokens=32, stop=()))
-    folder = next(Path(smollm2.home, "models").glob("SmolLM2-135M-Instruct*"))
+    folder = resolve_folder("smollm2", Path(smollm2.home))  # the converted folder (not its .lock beside it)
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():
         batch = torch.tensor([ids])
