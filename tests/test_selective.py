@@ -171,14 +171,15 @@ def test_scores_follow_a_question_appended_after_a_shared_document(tiny_models, 
     question = random_prompt(40, seed=59)
     engine = selective(model, kv_home, "scores", 6)
     doc = engine.prefill(document)
-    doc_scores = doc.block_scores
+    doc_scores = engine.block_scores(doc)
     asked = engine.append(engine.fork(doc), question)
-    assert doc.block_scores is doc_scores  # the document keeps its own ranking
+    assert engine.block_scores(doc) is doc_scores  # the document keeps its own ranking
     whole = engine.prefill(document + question)
-    assert [t.shape[0] for t in asked.block_scores] == [whole.num_blocks] * model.config.num_hidden_layers
-    for mine, reference in zip(asked.block_scores, whole.block_scores):
+    asked_scores = engine.block_scores(asked)
+    assert [t.shape[0] for t in asked_scores] == [whole.num_blocks] * model.config.num_hidden_layers
+    for mine, reference in zip(asked_scores, engine.block_scores(whole)):
         torch.testing.assert_close(mine, reference, rtol=1e-4, atol=1e-5)
-    for mine, before in zip(asked.block_scores, doc_scores):
+    for mine, before in zip(asked_scores, doc_scores):
         assert not torch.allclose(mine[:before.shape[0]], before)  # the question changed the ranking
 
 

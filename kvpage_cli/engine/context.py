@@ -76,7 +76,10 @@ class Context:
         self.last_logits: torch.Tensor | None = None  # [vocab] fp32, logits after the last cached token
         self.released = False
         self.cached_prefix = 0  # tokens whose KV came from the saved-KV cache
-        self.block_scores: list[torch.Tensor] | None = None  # per layer, for the "scores" policy
+        # the "scores" policy: the newest prompt's final queries (layer -> (q, first position)), and the
+        # per-layer block relevance computed from them when the policy first asks (Engine.block_scores)
+        self.score_queries: dict[int, tuple[torch.Tensor, int]] | None = None
+        self.block_scores: list[torch.Tensor] | None = None
         self.draft: Context | None = None  # the draft model's context over the same tokens
 
     def __len__(self) -> int:

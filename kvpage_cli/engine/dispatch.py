@@ -102,25 +102,29 @@ class AttentionDispatch:
                 attention_scaling=rope.params.attention_scaling,
             )
 
-    def block_relevance(self, ctx: Context) -> list[torch.Tensor]:
-        """Per layer, [num_blocks] the share of attention the captured final queries pay each block
-        (summed over those queries and the heads); 0 for blocks a layer no longer holds."""
+    def block_relevance(self, ctx: Context, queries: dict[int, tuple[torch.Tensor, int]]) -> list[torch.Tensor]:
+        """Per layer, [blocks up to the queries' end] the share of attention the captured queries
+        (layer -> (q [t, Hq, D], first position)) pay each block, summed over them and the heads;
+        0 for blocks a layer no longer holds."""
         scores = []
         for layer in range(self.spec.num_layers):
-            q, start = self.captured[layer]
+            q, start = queries[layer]
+            end = start + q.shape[0]
+            num_blocks = -(-end // BLOCK_TOKENS)
             group = self.store.group_of(layer)
             ids, positions = ctx.tables[group.index].live()
+            kept = [(b, p) for b, p in zip(ids, positions) if p < num_blocks]  # blocks decoded since: not scored
+            ids, positions = [b for b, _ in kept], [p for _, p in kept]
             pos = self.store.layer_pos[layer]
             k = torch.stack([group.k_block(pos, b) for b in ids])
             v = torch.stack([group.v_block(pos, b) for b in ids])
             qh, row_pos = self._rows(q, start)
-            _, lse = torch_attention.block_states(qh, row_pos, k, v, torch.tensor(positions), start + q.shape[0],
+            _, lse = torch_attention.block_states(qh, row_pos, k, v, torch.tensor(positions), end,
                                                   group.window, self.spec.attn_scale)  # [n, Hkv, R]
             share = torch.softmax(lse, dim=0).sum(dim=(1, 2))  # [n]
-            table = torch.zeros(ctx.num_blocks)
+            table = torch.zeros(num_blocks)
             table[torch.tensor(positions)] = share
             scores.append(table)
-        self.captured = {}
         return scores
 
     def _store_states(self, layer, q, q_start, group, ids, positions) -> tuple[torch.Tensor, torch.Tensor]:

@@ -180,12 +180,22 @@ class Engine:
         return ctx
 
     def _score_blocks(self, ctx: Context) -> None:
-        """In selective mode, for the "scores" policy: each block's share of the attention the
-        prompt's final tokens pay, per layer, kept with the context. Computed after a prefill and
-        again after appended tokens (a question after a shared document), so the newest prompt
-        ranks the blocks."""
+        """In selective mode, keeps the final queries of the prompt just run (a prefill, or tokens
+        appended: a question after a shared document) with the context, so the newest prompt ranks
+        the blocks. The ranking is computed now if the policy in use ranks by prompt, else only if
+        such a policy asks for it later."""
         if self.dispatch.captured:
-            ctx.block_scores = self.dispatch.block_relevance(ctx)
+            ctx.score_queries, ctx.block_scores = self.dispatch.captured, None
+            self.dispatch.captured = {}
+            if self.policy is not None and self.policy.ranks_by_prompt:
+                self.block_scores(ctx)
+
+    def block_scores(self, ctx: Context) -> list[torch.Tensor] | None:
+        """Per layer, each block's share of the attention the newest prompt's final tokens pay
+        (blocks written after that prompt have no entry); None outside selective mode."""
+        if ctx.block_scores is None and ctx.score_queries is not None:
+            ctx.block_scores = self.dispatch.block_relevance(ctx, ctx.score_queries)
+        return ctx.block_scores
 
     def set_selection(self, policy: str | None, budget: int | None = None, recent_blocks: int | None = None) -> None:
         """Chooses how decode steps pick blocks: None for exact (every block), or a policy name
@@ -198,7 +208,8 @@ class Engine:
         if self.key_bounds is None:
             raise UsageError("selection needs an engine loaded with mode='selective'")
         draft_layers = 0 if self.draft is not None else self.config.draft_layers  # a separate draft replaces own layers
-        self.policy = self.key_bounds if policy == "quest" else make_policy(policy, self.spec, draft_layers)
+        self.policy = self.key_bounds if policy == "quest" else make_policy(policy, self.spec, draft_layers,
+                                                                             relevance=self.block_scores)
         recent = self.config.recent_blocks if recent_blocks is None else recent_blocks
         self.dispatch.selector = Selector(self.spec, self.store, self.policy, budget or self.pool.num_slots, recent)
 
@@ -232,7 +243,7 @@ class Engine:
         child = Context([table.copy() for table in ctx.tables], list(ctx.tokens), ctx.num_cached)
         child.last_logits = ctx.last_logits
         child.cached_prefix = ctx.cached_prefix
-        child.block_scores = ctx.block_scores
+        child.score_queries, child.block_scores = ctx.score_queries, ctx.block_scores
         if ctx.draft is not None:
             child.draft = self.draft.fork(ctx.draft)
         for group, table in zip(self.store.groups, child.tables):

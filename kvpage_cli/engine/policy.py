@@ -23,6 +23,7 @@ class Policy:
 
     name = "policy"
     static = False  # True: scores depend only on the context and the candidates, not on the step
+    ranks_by_prompt = False  # True: needs Engine.block_scores of each prompt (computed as the prompt runs)
 
     def scores(self, layer: int, q: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
         """q: [Hq, D] this step's rotated query; ids, positions: [n] candidates -> [n] float scores."""
@@ -134,9 +135,14 @@ class ScoresPolicy(Policy):
 
     name = "scores"
     static = True  # the same candidates of the same context get the same scores at every step
+    ranks_by_prompt = True
+
+    def __init__(self, relevance) -> None:
+        self.relevance = relevance  # ctx -> per-layer tables or None (Engine.block_scores)
 
     def scores(self, layer, q, ids, positions, ctx):
-        table = ctx.block_scores[layer] if ctx.block_scores is not None else None
+        tables = self.relevance(ctx)
+        table = tables[layer] if tables is not None else None
         out = torch.full((len(positions),), float("inf"))  # blocks written after the scoring: keep
         if table is not None:
             known = positions.to(torch.int64) < table.shape[0]
@@ -169,7 +175,7 @@ def always_kept(positions: torch.Tensor, num_blocks: int, recent_blocks: int) ->
 
 
 
-def make_policy(name: str, spec, draft_layers: int) -> Policy:
+def make_policy(name: str, spec, draft_layers: int, relevance=None) -> Policy:
     """The policy called `name` for a model of this spec."""
     if name == "lru":
         return LruPolicy(spec.num_layers)
@@ -180,5 +186,5 @@ def make_policy(name: str, spec, draft_layers: int) -> Policy:
             raise ValueError(f"draft_layers must be between 1 and {spec.num_layers - 1}, got {draft_layers}")
         return DraftPolicy(draft_layers)
     if name == "scores":
-        return ScoresPolicy()
+        return ScoresPolicy(relevance or (lambda ctx: None))
     raise ValueError(f"unknown policy {name!r}")

@@ -45,7 +45,7 @@ class Selector:
             scores = self.policy.scores(layer, q, ids, positions, ctx)
             chosen_ids, chosen_pos = choose(ids, positions, scores, keep, self.budget)
             if self.policy.static:
-                self.reused[layer] = ((ctx.block_scores, ctx.num_blocks, ids.clone(), positions.clone()),
+                self.reused[layer] = ((ctx.score_queries, ctx.num_blocks, ids.clone(), positions.clone()),
                                       (chosen_ids, chosen_pos))
         self.selected += chosen_ids.numel()
         self.policy.attended(layer, chosen_ids.tolist(), step)
@@ -56,8 +56,8 @@ class Selector:
         entry = self.reused.get(layer)
         if entry is None:
             return False
-        scores, num_blocks, last_ids, last_pos = entry[0]
-        return (scores is ctx.block_scores and num_blocks == ctx.num_blocks and torch.equal(last_ids, ids)
+        queries, num_blocks, last_ids, last_pos = entry[0]
+        return (queries is ctx.score_queries and num_blocks == ctx.num_blocks and torch.equal(last_ids, ids)
                 and torch.equal(last_pos, positions))
 
     def predicted(self, layer: int, ctx) -> list[int] | None:
