@@ -103,7 +103,7 @@ def _pageout(engine):
     for group in engine.store.groups:
         for arena, on_disk in enumerate(group.arena_on_disk):
             if on_disk:
-                first = group.k_arenas[0][arena]  # [layers, 2, A, ...] starts with layer 0's K
+                first = group.k_arenas[0][arena]  # [layers, 2, Hkv, A, ...] starts with layer 0's K
                 size = first.numel() * first.element_size() * 2 * len(group.layers)
                 ranges.append((first.data_ptr(), size))
 

@@ -73,7 +73,7 @@ def describe(engine: Engine, source: str) -> dict:
         "store_mib": round(stats.store_bytes / MIB, 2),
         "weights_mib": round(stats.weight_bytes / MIB, 1),
         "device": str(engine.device),
-        "backend": engine.backend,
+        "backend": engine.backend.name,
         "kv_path": engine.kv_path,
         "mode": engine.config.mode,
     }

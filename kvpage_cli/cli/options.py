@@ -25,7 +25,7 @@ from typing import Annotated, Any, Callable, Literal
 import typer
 
 from ..engine import DEFAULT_MODEL, EngineConfig
-from ..engine.config import MODES
+from ..engine.config import BACKENDS, DEVICES, DTYPES, MODES, POLICIES, default
 from ..errors import UsageError
 
 # Groups of shared options.
@@ -59,27 +59,27 @@ def _opt(*decls: str, group: str, **kwargs) -> Any:
 SHARED: tuple[Shared, ...] = (
     Shared("model", str, DEFAULT_MODEL, _opt("--model", "-m", envvar="KVPAGE_MODEL", group=MODEL, show_envvar=True,
            help="Alias (smollm2, gemma3-270m), a Hugging Face model folder or a .gguf file."), MODEL),
-    Shared("mode", Literal[MODES], "exact", _opt("--mode", group=MODEL,
+    Shared("mode", Literal[MODES], default("mode"), _opt("--mode", group=MODEL,
            help="exact: every block takes part in every attention step (lossless); selective: only "
                 "the blocks the policy keeps in the pool (approximate)."), MODEL, "mode"),
-    Shared("pool_mib", float, 64.0, _opt("--pool-mib", group=MODEL, metavar="MIB",
+    Shared("pool_mib", float, default("pool_mib"), _opt("--pool-mib", group=MODEL, metavar="MIB",
            help="Size of the slot pool on the compute device, in MiB; it does not grow with the document."),
            MODEL, "pool_mib"),
-    Shared("dtype", Literal["float32", "bfloat16"], "float32", _opt("--dtype", group=MODEL,
+    Shared("dtype", Literal[DTYPES], default("dtype"), _opt("--dtype", group=MODEL,
            help="Weights, activations and KV blocks."), MODEL, "dtype"),
-    Shared("device", Literal["auto", "cpu", "cuda"], "auto", _opt("--device", group=MODEL,
+    Shared("device", Literal[DEVICES], default("device"), _opt("--device", group=MODEL,
            help="Compute device; auto picks CUDA when torch sees one."), MODEL, "device"),
-    Shared("backend", Literal["auto", "torch", "native", "triton"], "auto", _opt("--backend", group=MODEL,
+    Shared("backend", Literal[BACKENDS], default("backend"), _opt("--backend", group=MODEL,
            help="Attention kernels: auto is Triton on CUDA, the native C kernels on CPU."), MODEL, "backend"),
-    Shared("policy", Literal["lru", "quest", "draft", "scores"], "quest", _opt("--policy", group=MODEL,
+    Shared("policy", Literal[POLICIES], default("policy"), _opt("--policy", group=MODEL,
            help="Which blocks stay in the pool in selective mode."), MODEL, "policy"),
     Shared("no_cache", bool, False, _opt("--no-cache", group=MODEL,
            help="Neither load nor save the document's KV in KVPAGE_HOME/kv (see 'kvpage cache')."),
            MODEL, lambda value: {"kv_cache": not value}),
-    Shared("cache_mib", float, 2048.0, _opt("--cache-mib", group=MODEL, metavar="MIB", min=0,
+    Shared("cache_mib", float, default("cache_mib"), _opt("--cache-mib", group=MODEL, metavar="MIB", min=0,
            help="Size limit of the saved-KV cache; least recently used documents are evicted past it."),
            MODEL, "cache_mib"),
-    Shared("threads", int | None, None, _opt("--threads", group=MODEL, min=1,
+    Shared("threads", int | None, default("threads"), _opt("--threads", group=MODEL, min=1,
            help="CPU threads for torch and the native kernels (default: torch's choice)."), MODEL, "threads"),
     Shared("max_new_tokens", int | None, None, _opt("--max-new-tokens", group=GENERATION, min=1,
            help="Most tokens generated per answer (review: per clause rationale; default 40; ask: 256)."),

@@ -136,7 +136,7 @@ class Session:
         with self.reporter.stage("loading", f"loading model {opts.model}"):
             engine = Engine.load(opts.model, config, on_event=self.reporter)
         self.reporter.note(f"model {engine.name}: {engine.spec.arch}, context {engine.max_context:,} tokens, "
-                           f"{config.mode} mode, {engine.backend} backend, kv path {engine.kv_path}")
+                           f"{config.mode} mode, {engine.backend.name} backend, kv path {engine.kv_path}")
         return engine
 
     def elapsed(self) -> float:

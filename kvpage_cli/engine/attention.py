@@ -23,7 +23,13 @@ def query_rows(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     """q: [T, Hq, D] -> [Hkv, T*G, D] fp32."""
     num_tokens, num_heads, head_dim = q.shape
     group = num_heads // num_kv_heads
-    return q.float().view(num_tokens, num_kv_heads, group, head_dim).permute(1, 0, 2, 3).reshape(num_kv_heads, num_tokens * group, head_dim)
+    return q.float().reshape(num_tokens, num_kv_heads, group, head_dim).permute(1, 0, 2, 3).reshape(num_kv_heads, num_tokens * group, head_dim)
+
+
+def rows(q: torch.Tensor, positions: torch.Tensor, num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [T, Hq, D] at positions [T] -> query rows [Hkv, T*G, D] fp32 and each row's position [T*G]."""
+    group = q.shape[1] // num_kv_heads
+    return query_rows(q, num_kv_heads), positions.to(torch.int64).repeat_interleave(group)
 
 
 def rows_to_tokens(x: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -102,51 +108,66 @@ def _block_states_flash(qh, row_pos, k, v, block_pos, seq_end, window, scale):
 def range_attention(
     qh: torch.Tensor,
     row_pos: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    block_pos: torch.Tensor,
+    runs: list[tuple[torch.Tensor, torch.Tensor, int]],
     seq_end: int,
     window: int,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of query rows over n consecutive blocks in logical order, as one state.
+    """Attention of query rows over a context's blocks read where they lie, as one state.
 
-    Same arguments as block_states. The blocks every row sees whole go through one unmasked
-    flash-attention call as a single sequence (as fast as attention over a contiguous cache);
-    the edge blocks (causal and window boundaries) get per-block masked calls; the pieces are
-    merged in logical order. The split is fixed by the positions alone, so the result depends
-    only on the context, not on where its blocks are stored. Returns out: [Hkv, R, D], lse: [Hkv, R].
+    runs: (k, v [Hkv, n*64, D] views of consecutive blocks, logical index of the first), in
+    logical order, together the blocks the rows may see (consecutive logical indices). The blocks
+    every row sees whole go through one unmasked flash-attention call (over a view when they lie
+    in one run, as fast as attention over a contiguous cache; gathered when they do not); the edge
+    blocks (causal and window boundaries) get per-block masked calls; the pieces are merged in
+    logical order. The split is fixed by the positions alone, so the result depends only on the
+    context, not on where its blocks are stored. Returns out: [Hkv, R, D], lse: [Hkv, R].
     """
-    num_kv_heads, rows, head_dim = qh.shape
-    n = k.shape[0]
-    if _flash_cpu is None or k.device.type != "cpu":
-        out, lse = block_states(qh, row_pos, k, v, block_pos, seq_end, window, scale)
-        return merge_states_with_lse(out, lse)
+    num_kv_heads, _, head_dim = qh.shape
+    if not runs:
+        return torch.zeros(qh.shape), torch.full(qh.shape[:2], float("-inf"))
     first, last = _visible_range(row_pos, seq_end, window)
-    key_first = block_pos.to(torch.int64) * BLOCK_TOKENS
+    first_block = runs[0][2]
+    n = sum(k.shape[1] for k, _, _ in runs) // BLOCK_TOKENS
+    key_first = (first_block + torch.arange(n, dtype=torch.int64)) * BLOCK_TOKENS
     whole = ((key_first + BLOCK_TOKENS - 1 <= int(last.min())) & (key_first >= int(first.max()))).tolist()
+    if _flash_cpu is None or qh.device.type != "cpu":
+        whole = [False] * n
     lo = whole.index(True) if True in whole else n
     hi = lo
     while hi < n and whole[hi]:
         hi += 1
     outs, lses = [], []
-    if lo > 0:
-        o, l = _block_states_flash(qh, row_pos, k[:lo], v[:lo], block_pos[:lo], seq_end, window, scale)
+    for a, b, is_whole in ((0, lo, False), (lo, hi, True), (hi, n, False)):
+        if b <= a:
+            continue
+        k, v = _blocks(runs, a, b)  # [Hkv, (b-a)*64, D]
+        if is_whole:
+            o, l = _flash_cpu(qh.unsqueeze(0), k.float().unsqueeze(0), v.float().unsqueeze(0), scale=scale)
+        else:
+            # [Hkv, m*64, D] -> [m, Hkv, 64, D] (a view) for per-block states
+            kb = k.reshape(num_kv_heads, b - a, BLOCK_TOKENS, head_dim).transpose(0, 1)
+            vb = v.reshape(num_kv_heads, b - a, BLOCK_TOKENS, head_dim).transpose(0, 1)
+            o, l = block_states(qh, row_pos, kb, vb, first_block + torch.arange(a, b), seq_end, window, scale)
         outs.append(o)
         lses.append(l)
-    if hi > lo:
-        kf = k[lo:hi].float().permute(1, 0, 2, 3).reshape(1, num_kv_heads, (hi - lo) * BLOCK_TOKENS, head_dim)
-        vf = v[lo:hi].float().permute(1, 0, 2, 3).reshape(1, num_kv_heads, (hi - lo) * BLOCK_TOKENS, head_dim)
-        o, l = _flash_cpu(qh.unsqueeze(0), kf, vf, scale=scale)
-        outs.append(o)
-        lses.append(l)
-    if hi < n:
-        o, l = _block_states_flash(qh, row_pos, k[hi:], v[hi:], block_pos[hi:], seq_end, window, scale)
-        outs.append(o)
-        lses.append(l)
-    if not outs:
-        return torch.zeros(qh.shape), torch.full(qh.shape[:2], float("-inf"))
     return merge_states_with_lse(torch.cat(outs), torch.cat(lses))
+
+
+def _blocks(runs: list[tuple[torch.Tensor, torch.Tensor, int]], a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V [Hkv, (b-a)*64, D] of the context's blocks a .. b-1 (counted from the first run): a
+    view when they lie in one run, else gathered."""
+    ks, vs, offset = [], [], 0
+    for k, v, _ in runs:
+        count = k.shape[1] // BLOCK_TOKENS
+        lo, hi = max(a, offset), min(b, offset + count)
+        if lo < hi:
+            ks.append(k[:, (lo - offset) * BLOCK_TOKENS:(hi - offset) * BLOCK_TOKENS])
+            vs.append(v[:, (lo - offset) * BLOCK_TOKENS:(hi - offset) * BLOCK_TOKENS])
+        offset += count
+    if len(ks) == 1:
+        return ks[0], vs[0]
+    return torch.cat(ks, dim=1), torch.cat(vs, dim=1)
 
 
 def _block_states_matmul(qh, row_pos, k, v, block_pos, seq_end, window, scale):

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
-BLOCK_TOKENS = 64
-"""Tokens per block: the unit of KV storage, movement and selection."""
+from kvpage_kernels.constants import BLOCK_TOKENS  # tokens per block: the unit of KV storage, movement and selection
 
 MODES = ("exact", "selective")
 DTYPES = ("float32", "bfloat16")
 BACKENDS = ("auto", "torch", "native", "triton")
 KV_PATHS = ("auto", "pool", "store")
+DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_CACHE_MIB = 2048.0
+
+
+def default_home() -> Path:
+    """Where converted weights, the native kernels and saved KV live unless told otherwise."""
+    return Path.home() / ".cache" / "kvpage"
 POLICIES = ("lru", "quest", "draft", "scores")
 
 
@@ -25,7 +32,7 @@ class EngineConfig:
     dtype: "float32" or "bfloat16" for weights, activations and KV.
     backend: "auto" (Triton on CUDA, the native CPU kernels on CPU when a C compiler is
         available, else torch), "torch", "native" or "triton".
-    device: "cpu", "cuda" or "auto".
+    device: "auto" (CUDA when torch sees a GPU, else the CPU), "cpu" or "cuda".
     prefill_chunk: prompt tokens processed per forward pass during prefill.
     max_context: the longest context allowed, in tokens; None means the model's own limit.
     kv_path: how exact mode reaches blocks: "pool" streams every block through the pool slots;
@@ -44,13 +51,14 @@ class EngineConfig:
     kv_cache: save documents' blocks after a prefill under `home/kv/` and reuse them when a later
         prompt starts with the same tokens (see `kvcache.KVCache`).
     cache_mib: size limit of that cache; least recently used entries are evicted beyond it.
+    max_batch: the most sequences `Engine.run` advances in one forward pass (continuous batching).
     """
 
     pool_mib: float = 64.0
     mode: str = "exact"
     dtype: str = "float32"
     backend: str = "auto"
-    device: str = "cpu"
+    device: str = "auto"
     prefill_chunk: int = 256
     max_context: int | None = None
     kv_path: str = "auto"
@@ -62,7 +70,8 @@ class EngineConfig:
     draft_model: str | None = None
     host_mib: float | None = None
     kv_cache: bool = False
-    cache_mib: float = 2048.0
+    cache_mib: float = DEFAULT_CACHE_MIB
+    max_batch: int = 16
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -72,7 +81,7 @@ class EngineConfig:
         _check_choice("backend", self.backend, BACKENDS)
         _check_choice("kv_path", self.kv_path, KV_PATHS)
         _check_choice("policy", self.policy, POLICIES)
-        _check_choice("device", self.device, ("cpu", "cuda", "auto"))
+        _check_choice("device", self.device, DEVICES)
         if not self.pool_mib > 0:
             raise ValueError(f"pool_mib must be positive, got {self.pool_mib}")
         if not 16 <= self.prefill_chunk <= 4096:
@@ -83,6 +92,8 @@ class EngineConfig:
             raise ValueError(f"recent_blocks must be >= 0, got {self.recent_blocks}")
         if self.host_mib is not None and self.host_mib < 0:
             raise ValueError(f"host_mib must be >= 0, got {self.host_mib}")
+        if not 1 <= self.max_batch <= 1024:
+            raise ValueError(f"max_batch must be between 1 and 1024, got {self.max_batch}")
         if not self.cache_mib > 0:
             raise ValueError(f"cache_mib must be positive, got {self.cache_mib}")
 
@@ -90,3 +101,8 @@ class EngineConfig:
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def default(name: str):
+    """The default of an EngineConfig field (the CLI's defaults come from here)."""
+    return EngineConfig.__dataclass_fields__[name].default

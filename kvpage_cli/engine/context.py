@@ -81,6 +81,11 @@ class Context:
         self.score_queries: dict[int, tuple[torch.Tensor, int]] | None = None
         self.block_scores: list[torch.Tensor] | None = None
         self.draft: Context | None = None  # the draft model's context over the same tokens
+        # selective mode, per layer: the logical blocks attended at the last step, and a static
+        # policy's last (inputs, choice); the draft policy's (step, block -> attention mass)
+        self.attended: dict[int, torch.Tensor] = {}
+        self.selection: dict[int, tuple] = {}
+        self.draft_mass: tuple[int, dict[int, float]] = (-1, {})
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -1,10 +1,16 @@
-"""Engine: load a model, prefill contexts, fork them, generate, and report what it measured."""
+"""Engine: load a model, prefill contexts, fork them, and advance many of them at once.
+
+Every forward pass is a step over the rows of one or several sequences (`batch.Step`): prefill
+chunks of some, one decode token of others. `generate`, `append` and `score` are one-sequence
+views of `run`, the batched loop, so there is one decode loop and one forward path.
+"""
 
 from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import replace
+from collections import deque
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -12,19 +18,21 @@ import torch
 
 from ..errors import ContextTooLongError, ModelError, UsageError
 from . import native
-from .config import BLOCK_TOKENS, EngineConfig
-from .context import BlockTable, Context
-from .dispatch import AttentionDispatch
-from .events import DecodeProgress, EngineWarning, EventCallback, PrefillProgress, emit
+from .backend import NativeBackend, TorchBackend, TritonBackend
+from .block_manager import BlockManager, Write
+from .config import BLOCK_TOKENS, EngineConfig, default_home
+from .context import Context
+from .dispatch import AttentionDispatch, Segment, Step
+from .events import DecodeProgress, EngineWarning, EventCallback, PrefillProgress, StepDone, emit
 from .kvcache import CachedPrefill, KVCache, chain_seed, model_fingerprint, segment_tokens_for
 from .metrics import EngineStats, Metrics
-from .model import ModelRunner, RopeAt
+from .model import SMALL_ROWS, ModelRunner, Rows
 from .mover import Mover
 from .policy import DraftPolicy, QuestPolicy, make_policy
 from .pool import SlotPool
-from .selector import Selector
 from .rope import rope_params_from_config
 from .sampler import sample
+from .selector import Selector
 from .spec import ModelSpec
 from .store import BlockStore
 from .weights import DEFAULT_MODEL, load_weights
@@ -34,16 +42,40 @@ SCORE_QUERY_TOKENS = 16  # final prompt tokens whose attention scores the blocks
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def default_home() -> Path:
-    return Path.home() / ".cache" / "kvpage"
+@dataclass(eq=False)
+class Request:
+    """One sequence to advance with `Engine.run`: `token_ids` appended to `ctx`, then up to
+    `max_new_tokens` decoded (stopping after a token in `stop`; None: the model's end tokens).
+
+    all_logits: keep the logits after every appended token (for `score`). The context grows as it
+    runs (fork first to keep the original). `generated` and `done` say how far it got."""
+
+    ctx: Context
+    token_ids: list[int] = field(default_factory=list)
+    max_new_tokens: int = 0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: Iterable[int] | None = None
+    seed: int | None = None
+    all_logits: bool = False
+    tag: object = None  # the caller's: e.g. which question this is
+    generated: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)  # all_logits: [t, V] per chunk
+    done: bool = False
+    _todo: list[int] = field(default_factory=list)
+    _stop: set[int] = field(default_factory=set)
+    _generator: torch.Generator | None = None
 
 
 class Engine:
     """A model on a paged KV cache. Build one with `Engine.load`."""
 
     def __init__(self, name: str, spec: ModelSpec, runner: ModelRunner, tokenizer, config: EngineConfig,
-                 device: torch.device, backend: str, kv_path: str, home: Path, fingerprint: str,
-                 native_lib=None, triton_ops=None, draft: "Engine | None" = None) -> None:
+                 device: torch.device, backend, kv_path: str, home: Path, fingerprint: str,
+                 draft: "Engine | None" = None, observer=None) -> None:
+        """Built by `load`. backend: the attention backend (backend.py); draft: a separate draft
+        model decoding alongside ("draft" policy); observer: receives this engine's decode attention
+        (set when this engine is itself the draft of another)."""
         self.name = name
         self.spec = spec
         self.runner = runner
@@ -56,35 +88,32 @@ class Engine:
         self.fingerprint = fingerprint
         self.dtype = _DTYPES[config.dtype]
         self.max_context = config.max_context or spec.max_position
-        store_device = torch.device("cpu")
         host_bytes = int(config.host_mib * 2**20) if config.host_mib is not None else None
         self.store = BlockStore([layer.window for layer in spec.layers], spec.num_kv_heads, spec.head_dim, self.dtype,
-                                store_device, host_bytes, home / "tmp")
+                                torch.device("cpu"), host_bytes, home / "tmp")
         element = torch.empty(0, dtype=self.dtype).element_size()
         slot_bytes = 2 * spec.num_kv_heads * BLOCK_TOKENS * spec.head_dim * element
         slots = int(config.pool_mib * 2**20) // (spec.num_layers * slot_bytes)
         if slots < 1:
             need = spec.num_layers * slot_bytes / 2**20
             raise UsageError(f"pool_mib={config.pool_mib} is too small for {name}: one slot per layer needs {need:.3f} MiB")
-        self.pool = SlotPool(spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, self.dtype, device)
-        self.dispatch = AttentionDispatch(spec, self.store, self.pool, backend, kv_path, native_lib, triton_ops)
-        if native_lib is not None:
-            runner.matvec = native.MatVec(native_lib, max(runner.lm_head_t.shape[1], 2 * spec.intermediate_size))
+        selective = config.mode == "selective"
+        mover = Mover(device) if selective and kv_path == "pool" else None
+        self.pool = SlotPool(spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, self.dtype, device, mover)
         self.metrics = Metrics()
-        self.draft = draft  # a separate draft model decoding alongside (the "draft" policy)
-        if draft is not None:
-            draft.dispatch.observer = self._draft_observed
+        # selective mode keeps each block's key min/max (the quest policy, and retrieval's first stage)
+        self.key_bounds = QuestPolicy(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.group_size) if selective else None
+        bake = backend.ops.rope_bake_store if backend.name == "triton" else None
+        self.blocks = BlockManager(self.store, self.pool.forget, [self.key_bounds] if self.key_bounds else [], bake)
+        self.dispatch = AttentionDispatch(spec, self.store, self.pool, backend, kv_path,
+                                          SCORE_QUERY_TOKENS if selective else 0, observer, self.metrics.on_event)
+        self.draft = draft
         self.policy = None
-        self.key_bounds: QuestPolicy | None = None  # per-block key min/max, kept in selective mode
-        if config.mode == "selective":
-            self.key_bounds = QuestPolicy(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.group_size)
-            self.dispatch.capture_rows = SCORE_QUERY_TOKENS
+        if selective:
             self.set_selection(config.policy, slots)
-            if kv_path == "pool":
-                self.pool.mover = Mover(device)
         self.segment_tokens = segment_tokens_for(config.prefill_chunk)
         # Restored KV must be the bits this engine computes: the seed names how it computes them.
-        self.cache_seed = chain_seed(fingerprint, f"{backend}|{kv_path}|{device.type}|{config.mode}|{config.policy}|"
+        self.cache_seed = chain_seed(fingerprint, f"{backend.name}|{kv_path}|{device.type}|{config.mode}|{config.policy}|"
                                                   f"chunk{config.prefill_chunk}")
         self._kv_cache: KVCache | None = None
 
@@ -92,7 +121,7 @@ class Engine:
 
     @classmethod
     def load(cls, source=DEFAULT_MODEL, config: EngineConfig | None = None, *, tokenizer=None,
-             on_event: EventCallback | None = None) -> "Engine":
+             on_event: EventCallback | None = None, observer=None) -> "Engine":
         """Loads a model: an alias ("smollm2", "gemma3-270m"), a Hugging Face folder, a .gguf file,
         or an in-memory transformers PreTrainedModel (then pass its tokenizer, if any)."""
         config = config or EngineConfig()
@@ -101,46 +130,78 @@ class Engine:
             torch.set_num_threads(config.threads)
         device = _resolve_device(config.device)
         weights = load_weights(source, home, on_event, tokenizer)
+        spec = weights.spec
         dtype = _DTYPES[config.dtype]
-        rope_keys = {layer.rope_key for layer in weights.spec.layers}
-        rope = rope_params_from_config(weights.config, weights.spec.arch, rope_keys)
-        runner = ModelRunner(weights.spec, weights.tensors, rope, dtype, device)
+        rope_keys = {layer.rope_key for layer in spec.layers}
+        rope = rope_params_from_config(weights.config, spec.arch, rope_keys)
+        backend_name, native_lib, triton_ops = _resolve_backend(config.backend, device, home, on_event)
+        runner = ModelRunner(spec, weights.tensors, rope, dtype, device, native_lib)
         del weights.tensors
-        backend, native_lib, triton_ops = _resolve_backend(config.backend, device, home, on_event)
+        if backend_name == "native":
+            backend = NativeBackend(native_lib, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.attn_scale,
+                                    dtype == torch.bfloat16)
+        elif backend_name == "triton":
+            backend = TritonBackend(triton_ops, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.attn_scale)
+        else:
+            backend = TorchBackend(spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.attn_scale)
         kv_path = config.kv_path
         if kv_path == "auto":
             kv_path = "store" if device.type == "cpu" else "pool"
         if kv_path == "store" and device.type != "cpu":
             raise UsageError("kv_path='store' reads blocks in place and needs the store on the compute device (cpu)")
-        if backend == "triton" and kv_path == "store":
+        if backend_name == "triton" and kv_path == "store":
             kv_path = "pool"  # the Triton kernels read pool slots
-        if config.max_context and config.max_context > weights.spec.max_position:
-            emit(on_event, EngineWarning(f"max_context {config.max_context} is beyond the {weights.spec.max_position} "
+        if config.max_context and config.max_context > spec.max_position:
+            emit(on_event, EngineWarning(f"max_context {config.max_context} is beyond the {spec.max_position} "
                                          "positions the model was trained on; expect worse answers past that"))
         fingerprint = model_fingerprint(weights.fingerprint, config.dtype, rope)
+        engine_ref: list[Engine] = []
         draft = None
         if config.draft_model and config.mode == "selective":
             draft = cls.load(config.draft_model, replace(config, mode="exact", draft_model=None, kv_cache=False,
-                                                         host_mib=None), on_event=on_event)
-            if draft.spec.vocab_size != weights.spec.vocab_size:
+                                                         host_mib=None), on_event=on_event,
+                             observer=lambda *args: engine_ref[0]._draft_observed(*args))
+            if draft.spec.vocab_size != spec.vocab_size:
                 raise ModelError(f"the draft model {config.draft_model} must share the model's tokenizer "
-                                 f"(vocabularies of {draft.spec.vocab_size} and {weights.spec.vocab_size} tokens)")
-        return cls(weights.name, weights.spec, runner, weights.tokenizer, config, device, backend, kv_path, home,
-                   fingerprint, native_lib, triton_ops, draft)
+                                 f"(vocabularies of {draft.spec.vocab_size} and {spec.vocab_size} tokens)")
+        engine = cls(weights.name, spec, runner, weights.tokenizer, config, device, backend, kv_path, home,
+                     fingerprint, draft, observer)
+        engine_ref.append(engine)
+        return engine
 
     # -- contexts ------------------------------------------------------------------------------
 
     def new_context(self) -> Context:
-        ctx = Context([BlockTable() for _ in self.store.groups])
+        ctx = Context(self.blocks.new_tables())
         if self.draft is not None:
             ctx.draft = self.draft.new_context()
-        weakref.finalize(ctx, self._release_tables, ctx.tables)
+        weakref.finalize(ctx, self.blocks.release, ctx.tables)
         return ctx
 
-    def _draft_observed(self, layer: int, step: int, positions: torch.Tensor, lse: torch.Tensor) -> None:
+    def fork(self, ctx: Context) -> Context:
+        """A copy of `ctx` that shares its blocks (copy-on-write: nothing is copied now)."""
+        child = Context(self.blocks.fork(ctx.tables), list(ctx.tokens), ctx.num_cached)
+        child.last_logits = ctx.last_logits
+        child.cached_prefix = ctx.cached_prefix
+        child.score_queries, child.block_scores = ctx.score_queries, ctx.block_scores
+        if ctx.draft is not None:
+            child.draft = self.draft.fork(ctx.draft)
+        weakref.finalize(child, self.blocks.release, child.tables)
+        return child
+
+    def release(self, ctx: Context) -> None:
+        """Frees the context's blocks now (otherwise they are freed when it is garbage collected)."""
+        if not ctx.released:
+            if ctx.draft is not None:
+                self.draft.release(ctx.draft)
+            self.blocks.release(ctx.tables)
+            ctx.released = True
+
+    def _draft_observed(self, layer: int, draft_ctx: Context, step: int, positions: torch.Tensor,
+                        lse: torch.Tensor) -> None:
         """The draft engine attended to its blocks at `step`: its attention mass ranks ours."""
         if isinstance(self.policy, DraftPolicy):
-            self.policy.observe(step, positions, lse)
+            self.policy.observe(draft_ctx, step, positions, lse)
 
     def prefill(self, token_ids: Iterable[int], on_event: EventCallback | None = None, *, label: str | None = None,
                 use_cache: bool = True) -> Context:
@@ -155,11 +216,9 @@ class Engine:
         if not token_ids:
             raise ValueError("prefill needs at least one token")
         ctx = self.new_context()
-        self.dispatch.captured = {}  # only this prompt's queries score the blocks
         cache = self._open_cache(on_event) if use_cache else None
         if cache is None:
-            self._extend(ctx, token_ids, on_event)
-            self._score_blocks(ctx)
+            self._append_one(ctx, token_ids, on_event)
             return ctx
         self._check_length(len(token_ids))
         started = self._clock()
@@ -173,22 +232,10 @@ class Engine:
             self._bound_restored_keys(ctx)
             emit(on_event, PrefillProgress(restored, len(token_ids), elapsed, restored))
         try:
-            self._extend(ctx, token_ids[restored:], on_event, restored, cached.after_chunk)
+            self._append_one(ctx, token_ids[restored:], on_event, restored, cached.after_chunk)
         finally:
             cached.finish()
-        self._score_blocks(ctx)
         return ctx
-
-    def _score_blocks(self, ctx: Context) -> None:
-        """In selective mode, keeps the final queries of the prompt just run (a prefill, or tokens
-        appended: a question after a shared document) with the context, so the newest prompt ranks
-        the blocks. The ranking is computed now if the policy in use ranks by prompt, else only if
-        such a policy asks for it later."""
-        if self.dispatch.captured:
-            ctx.score_queries, ctx.block_scores = self.dispatch.captured, None
-            self.dispatch.captured = {}
-            if self.policy is not None and self.policy.ranks_by_prompt:
-                self.block_scores(ctx)
 
     def block_scores(self, ctx: Context) -> list[torch.Tensor] | None:
         """Per layer, each block's share of the attention the newest prompt's final tokens pay
@@ -203,15 +250,16 @@ class Engine:
         slots). Only an engine loaded in selective mode keeps what the policies need."""
         if policy is None:
             self.policy = None
-            self.dispatch.selector = None
+            self.dispatch.use_selector(None)
             return
         if self.key_bounds is None:
             raise UsageError("selection needs an engine loaded with mode='selective'")
         draft_layers = 0 if self.draft is not None else self.config.draft_layers  # a separate draft replaces own layers
         self.policy = self.key_bounds if policy == "quest" else make_policy(policy, self.spec, draft_layers,
                                                                              relevance=self.block_scores)
+        self.blocks.watchers = [w for w in {self.key_bounds, self.policy} if w is not None]
         recent = self.config.recent_blocks if recent_blocks is None else recent_blocks
-        self.dispatch.selector = Selector(self.spec, self.store, self.policy, budget or self.pool.num_slots, recent)
+        self.dispatch.use_selector(Selector(self.spec, self.store, self.policy, budget or self.pool.num_slots, recent))
 
     @property
     def kv_cache(self) -> KVCache | None:
@@ -238,41 +286,12 @@ class Engine:
             emit(on_event, EngineWarning(f"the saved-KV cache is unavailable ({exc}); prefilling without it"))
             return None
 
-    def fork(self, ctx: Context) -> Context:
-        """A copy of `ctx` that shares its blocks (copy-on-write: nothing is copied now)."""
-        child = Context([table.copy() for table in ctx.tables], list(ctx.tokens), ctx.num_cached)
-        child.last_logits = ctx.last_logits
-        child.cached_prefix = ctx.cached_prefix
-        child.score_queries, child.block_scores = ctx.score_queries, ctx.block_scores
-        if ctx.draft is not None:
-            child.draft = self.draft.fork(ctx.draft)
-        for group, table in zip(self.store.groups, child.tables):
-            group.allocator.incref(table.live()[0])
-        weakref.finalize(child, self._release_tables, child.tables)
-        return child
-
-    def release(self, ctx: Context) -> None:
-        """Frees the context's blocks now (otherwise they are freed when it is garbage collected)."""
-        if not ctx.released:
-            if ctx.draft is not None:
-                self.draft.release(ctx.draft)
-            self._release_tables(ctx.tables)
-            ctx.released = True
-
-    def _release_tables(self, tables: list[BlockTable]) -> None:
-        for group, table in zip(self.store.groups, tables):
-            ids = [b for b in table.ids if b is not None]
-            table.ids = []
-            table.changed()
-            freed = group.allocator.decref(ids)
-            self.pool.forget(group.layers, freed)
-
-    # -- running -------------------------------------------------------------------------------
+    # -- one sequence ----------------------------------------------------------------------------
 
     def logits(self, ctx: Context) -> torch.Tensor:
         """fp32 logits [vocab] after the context's last token."""
         if ctx.num_cached < len(ctx.tokens):
-            self._extend(ctx, [], None)
+            self._append_one(ctx, [], None)
         if ctx.last_logits is None:
             raise ValueError("the context is empty")
         return ctx.last_logits
@@ -283,59 +302,204 @@ class Engine:
         """Appends `token_ids` to the context, then decodes up to `max_new_tokens`, yielding each new
         token id. Stops after a token in `stop` (default: the model's end-of-sequence tokens), which
         is yielded. The context grows with every token (fork first to keep the original)."""
-        if ctx.released:
-            raise ValueError("the context was released")
-        token_ids = list(token_ids)
-        stop_ids = set(self.stop_ids if stop is None else stop)
-        generator = None
-        if temperature > 0:
-            generator = torch.Generator().manual_seed(self.config.seed if seed is None else seed)
-        if token_ids or ctx.num_cached < len(ctx.tokens):
-            self.dispatch.captured = {}
-            self._extend(ctx, token_ids, on_event)
-            self._score_blocks(ctx)
-        if ctx.last_logits is None:
-            raise ValueError("generate needs a context with at least one token")
-        logits = ctx.last_logits
-        decode_seconds = 0.0
-        for step in range(max_new_tokens):
-            token = sample(logits, temperature, top_p, generator)
-            ctx.tokens.append(token)
-            emit(on_event, DecodeProgress(step + 1, decode_seconds, token))
+        request = Request(ctx, list(token_ids), max_new_tokens, temperature, top_p, stop, seed)
+        for _, token in self.run([request], on_event=on_event):
             yield token
-            if token in stop_ids or step + 1 == max_new_tokens:
-                return
-            self._check_length(len(ctx.tokens))
-            started = self._clock()
-            logits = self._forward(ctx, ctx.tokens[ctx.num_cached:])
-            elapsed = self._clock() - started
-            decode_seconds += elapsed
-            self.metrics.add_decode(1, elapsed)
 
     def append(self, ctx: Context, token_ids: Iterable[int], on_event: EventCallback | None = None) -> Context:
         """Appends tokens to the context (their K/V into blocks, logits of the last one ready)."""
-        if ctx.released:
-            raise ValueError("the context was released")
-        self.dispatch.captured = {}  # only this call's queries score the blocks
-        self._extend(ctx, list(token_ids), on_event)
-        self._score_blocks(ctx)
+        self._append_one(ctx, list(token_ids), on_event)
         return ctx
 
     def score(self, ctx: Context, token_ids: Iterable[int]) -> list[float]:
         """Log-probabilities of `token_ids` as a continuation of the context, one per token.
 
         The tokens are appended to the context (fork first to keep the original)."""
-        token_ids = list(token_ids)
-        if not token_ids:
-            return []
-        logits = self.logits(ctx)
-        scores = [float(torch.log_softmax(logits, dim=-1)[token_ids[0]])]
-        self._check_length(len(ctx.tokens) + len(token_ids))
-        ctx.tokens.extend(token_ids)
-        every = self._forward(ctx, token_ids, all_logits=True)  # [T, V]
-        log_probs = torch.log_softmax(every[:-1], dim=-1)
-        scores += [float(log_probs[i, t]) for i, t in enumerate(token_ids[1:])]
-        return scores
+        return self.score_many([(ctx, list(token_ids))])[0]
+
+    def _append_one(self, ctx: Context, token_ids: list[int], on_event, restored: int = 0, after_chunk=None) -> None:
+        if ctx.released:
+            raise ValueError("the context was released")
+        request = Request(ctx, token_ids)
+        for _ in self.run([request], on_event=on_event, restored=restored, after_chunk=after_chunk):
+            pass
+
+    # -- many sequences ----------------------------------------------------------------------------
+
+    def append_many(self, ctxs: list[Context], token_lists: list[list[int]], on_event: EventCallback | None = None,
+                    max_batch: int | None = None) -> None:
+        """Appends each token list to its context, the contexts advancing together."""
+        requests = [Request(ctx, list(ids)) for ctx, ids in zip(ctxs, token_lists)]
+        for _ in self.run(requests, max_batch=max_batch, on_event=on_event):
+            pass
+
+    def score_many(self, pairs: list[tuple[Context, list[int]]], max_batch: int | None = None) -> list[list[float]]:
+        """`score` of many (context, continuation) pairs, run together. Each context grows by its
+        continuation (fork first to keep it)."""
+        requests, results = [], []
+        for ctx, ids in pairs:
+            ids = list(ids)
+            if not ids:
+                results.append([])
+                continue
+            first = float(torch.log_softmax(self.logits(ctx), dim=-1)[ids[0]])
+            requests.append(Request(ctx, ids, all_logits=True, tag=len(results)))
+            results.append([first])
+        for _ in self.run(requests, max_batch=max_batch):
+            pass
+        for request in requests:
+            every = torch.cat(request.logits)  # [T, V]
+            log_probs = torch.log_softmax(every[:-1], dim=-1)
+            results[request.tag] += [float(log_probs[i, t]) for i, t in enumerate(request.token_ids[1:])]
+        return results
+
+    def run(self, requests: Iterable[Request], max_batch: int | None = None, on_event: EventCallback | None = None,
+            restored: int = 0, after_chunk=None) -> Iterator[tuple[Request, int]]:
+        """Advances the requests together, yielding (request, token) for every decoded token.
+
+        Continuous batching: up to `max_batch` requests (default `EngineConfig.max_batch`) run at
+        once; each step runs the next prefill chunk of those still appending and one token of
+        those decoding; a finished request leaves and a waiting one joins at the next step.
+        restored, after_chunk: the single-request prefill's saved-KV bookkeeping (tokens already
+        restored, counted in the progress; a callback after every chunk)."""
+        limit = max_batch or self.config.max_batch
+        waiting = deque(requests)
+        active: list[Request] = []
+        progress = _Progress(restored, self._clock())
+        while waiting or active:
+            while waiting and len(active) < limit:
+                request = waiting.popleft()
+                progress.total += self._start(request)
+                if not request._todo:  # nothing to append: decode from the context's last logits
+                    token = self._sample(request)
+                    if token is not None:
+                        progress.decoded += 1
+                        emit(on_event, DecodeProgress(progress.decoded, progress.decode_seconds, token, len(active) + 1))
+                        yield request, token
+                if not request.done:
+                    active.append(request)
+            if not active:
+                break
+            work = [(request, self._next_rows(request)) for request in active]
+            prompt = [bool(request._todo) or not request.generated for request, _ in work]
+            seconds = self._step([(r.ctx, rows, "all" if r.all_logits and p else "last", r)
+                                  for (r, rows), p in zip(work, prompt)])
+            prefill_rows = sum(len(rows) for (_, rows), p in zip(work, prompt) if p)
+            decode_rows = sum(len(rows) for (_, rows), p in zip(work, prompt) if not p)
+            self.metrics.on_event(StepDone(prefill_rows, decode_rows, seconds))
+            progress.decode_seconds += seconds * decode_rows / (prefill_rows + decode_rows)
+            progress.done += prefill_rows
+            if prefill_rows:
+                emit(on_event, PrefillProgress(progress.done, progress.total, self._clock() - progress.started,
+                                               active[0].ctx.cached_prefix if len(active) == 1 else 0))
+            for (request, rows), in_prompt in zip(work, prompt):
+                if in_prompt and after_chunk is not None:
+                    after_chunk(request.ctx)
+                if request._todo:
+                    continue
+                if in_prompt:
+                    self._take_scores(request.ctx)
+                token = self._sample(request)
+                if token is not None:
+                    progress.decoded += 1
+                    emit(on_event, DecodeProgress(progress.decoded, progress.decode_seconds, token, len(active)))
+                    yield request, token
+            active = [r for r in active if not r.done]
+
+    def _start(self, request: Request) -> int:
+        """Gets a request ready to run; returns the prompt rows it will run."""
+        ctx = request.ctx
+        if ctx.released:
+            raise ValueError("the context was released")
+        request._todo = ctx.tokens[ctx.num_cached:] + list(request.token_ids)
+        ctx.tokens.extend(request.token_ids)
+        self._check_length(len(ctx.tokens))
+        self.blocks.reserve(ctx.tables, len(ctx.tokens))
+        request._stop = set(self.stop_ids if request.stop is None else request.stop)
+        if request.temperature > 0:
+            seed = self.config.seed if request.seed is None else request.seed
+            request._generator = torch.Generator().manual_seed(seed)
+        if not request._todo and request.max_new_tokens and ctx.last_logits is None:
+            raise ValueError("generate needs a context with at least one token")
+        return len(request._todo)
+
+    def _next_rows(self, request: Request) -> list[int]:
+        """The tokens a request runs in the next step: its next prompt chunk, or its last token."""
+        if request._todo:
+            chunk = request._todo[:self.config.prefill_chunk]
+            request._todo = request._todo[len(chunk):]
+            return chunk
+        ctx = request.ctx
+        return ctx.tokens[ctx.num_cached:]
+
+    def _sample(self, request: Request) -> int | None:
+        """After the prompt: the next token (appended to the context), or None when done."""
+        if request.done or len(request.generated) >= request.max_new_tokens:
+            request.done = True
+            return None
+        ctx = request.ctx
+        token = sample(ctx.last_logits, request.temperature, request.top_p, request._generator)
+        ctx.tokens.append(token)
+        request.generated.append(token)
+        if token in request._stop or len(request.generated) >= request.max_new_tokens:
+            request.done = True
+        else:
+            self._check_length(len(ctx.tokens))
+        return token
+
+    def _step(self, work: list[tuple[Context, list[int], str, object]]) -> float:
+        """One forward pass over the rows of several contexts: (context, its tokens, "last" or
+        "all" logits kept, the request collecting "all" logits). Returns the seconds it took."""
+        # short segments first, so that their rows share one linear call (model.Rows)
+        work = sorted(work, key=lambda item: len(item[1]) > SMALL_ROWS)
+        segments, writes, token_ids, positions, counts, logit_rows, logit_counts = [], [], [], [], [], [], []
+        row = 0
+        for ctx, rows, keep, _ in work:
+            start = ctx.num_cached
+            self.blocks.make_room(ctx.tables, start, len(rows))
+            segment = Segment(ctx, start, slice(row, row + len(rows)))
+            segments.append(segment)
+            writes.append(Write(ctx.tables, start, segment.rows))
+            token_ids += rows
+            positions.append(torch.arange(start, start + len(rows)))
+            counts.append(len(rows))
+            kept = len(rows) if keep == "all" else 1
+            logit_rows.append(torch.arange(row + len(rows) - kept, row + len(rows)))
+            logit_counts.append(kept)
+            row += len(rows)
+        if self.draft is not None:  # the draft reads the same tokens first; its attention ranks our blocks
+            for ctx, rows, _, _ in work:
+                ctx.draft.tokens.extend(rows)
+            self.draft._step([(ctx.draft, rows, "last", None) for ctx, rows, _, _ in work])
+        step = Step(segments)
+        plans = self.blocks.plan_writes(writes)
+        started = self._clock()
+        logits = self.runner.forward(
+            torch.tensor(token_ids, dtype=torch.int64, device=self.device), torch.cat(positions).to(self.device),
+            Rows.of(counts), lambda layer, k, v, rope: self.blocks.write(layer, k, v, rope, plans),
+            lambda layer, q: self.dispatch.attend(layer, q, step), torch.cat(logit_rows).to(self.device),
+            Rows.of(logit_counts))
+        seconds = self._clock() - started
+        first = 0
+        for (ctx, rows, keep, request), kept in zip(work, logit_counts):
+            ctx.num_cached += len(rows)
+            self.blocks.drop_outside_windows(ctx.tables, ctx.num_cached)
+            ctx.last_logits = logits[first + kept - 1]
+            if keep == "all":
+                request.logits.append(logits[first:first + kept])
+            first += kept
+        return seconds
+
+    def _take_scores(self, ctx: Context) -> None:
+        """In selective mode, keeps the final queries of the prompt just run (a prefill, or tokens
+        appended: a question after a shared document) with the context, so the newest prompt ranks
+        the blocks. The ranking is computed now if the policy in use ranks by prompt, else only if
+        such a policy asks for it later."""
+        captured = self.dispatch.take_captured(ctx)
+        if captured:
+            ctx.score_queries, ctx.block_scores = captured, None
+            if self.policy is not None and self.policy.ranks_by_prompt:
+                self.block_scores(ctx)
 
     @property
     def stop_ids(self) -> set[int]:
@@ -349,104 +513,6 @@ class Engine:
         if total > self.max_context:
             raise ContextTooLongError(total, self.max_context)
 
-    def _extend(self, ctx: Context, token_ids: list[int], on_event: EventCallback | None, restored: int = 0,
-                after_chunk=None) -> None:
-        """Runs the context's pending tokens and `token_ids` in chunks. `restored`: prompt tokens
-        already loaded from the saved-KV cache (counted in the progress events); `after_chunk(ctx)`
-        runs after every chunk."""
-        pending = ctx.tokens[ctx.num_cached:]
-        ctx.tokens.extend(token_ids)
-        todo = pending + token_ids
-        self._check_length(len(ctx.tokens))
-        for group in self.store.groups:
-            if not group.window:
-                group.reserve(-(-len(ctx.tokens) // BLOCK_TOKENS) - len(ctx.tables[group.index].ids) + 1)
-        chunk = self.config.prefill_chunk
-        started = self._clock()
-        done = 0
-        total = len(todo)
-        for first in range(0, total, chunk):
-            part = todo[first:first + chunk]
-            self._forward(ctx, part)
-            done += len(part)
-            if after_chunk is not None:
-                after_chunk(ctx)
-            emit(on_event, PrefillProgress(restored + done, restored + total, self._clock() - started, ctx.cached_prefix))
-        self.metrics.add_prefill(total, self._clock() - started)
-
-    def _forward(self, ctx: Context, token_ids: list[int], all_logits: bool = False) -> torch.Tensor:
-        if ctx.draft is not None:  # the draft reads the same tokens first; its attention ranks our blocks
-            self.draft.append(ctx.draft, token_ids)
-        start = ctx.num_cached
-        self._make_room(ctx, start, len(token_ids))
-        ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
-
-        def write_kv(layer: int, k: torch.Tensor, v: torch.Tensor, rope: RopeAt) -> None:
-            self._write_kv(ctx, layer, start, k, v, rope)
-
-        def attend(layer: int, q: torch.Tensor) -> torch.Tensor:
-            return self.dispatch.attend(layer, q, start, ctx)
-
-        logits = self.runner.forward(ids, start, write_kv, attend, all_logits=all_logits)
-        ctx.num_cached += len(token_ids)
-        self._drop_outside_windows(ctx)
-        ctx.last_logits = logits[-1] if all_logits else logits
-        return logits
-
-    def _make_room(self, ctx: Context, start: int, count: int) -> None:
-        last_block = (start + count - 1) // BLOCK_TOKENS
-        for group, table in zip(self.store.groups, ctx.tables):
-            offset = start % BLOCK_TOKENS
-            if offset and start // BLOCK_TOKENS < len(table.ids):
-                index = start // BLOCK_TOKENS
-                shared = table.ids[index]
-                if shared is not None and group.allocator.refcount[shared] > 1:
-                    fresh = group.allocate(1)[0]
-                    group.copy_block(shared, fresh, offset)
-                    for policy in {self.policy, self.key_bounds} - {None}:
-                        policy.copied(group.layers, shared, fresh)
-                    group.allocator.decref([shared])
-                    table.ids[index] = fresh
-                    table.changed()
-            missing = last_block + 1 - len(table.ids)
-            if missing > 0:
-                table.ids.extend(group.allocate(missing))
-                table.changed()
-
-    def _write_kv(self, ctx: Context, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, rope: RopeAt) -> None:
-        """k (not rotated), v: [T, Hkv, D] of positions start.. -> their blocks in the store, RoPE baked in."""
-        group = self.store.group_of(layer)
-        pos = self.store.layer_pos[layer]
-        ids = ctx.tables[group.index].ids
-        if self.backend == "triton" and group.device == k.device and self.key_bounds is None:
-            self.dispatch.bake(layer, k, v, rope, [ids[p // BLOCK_TOKENS] for p in range(start, start + k.shape[0])],
-                               [p % BLOCK_TOKENS for p in range(start, start + k.shape[0])])
-            return
-        k = rope.apply(k)
-        k = k.to(self.store.groups[0].device)
-        v = v.to(self.store.groups[0].device)
-        done, total = 0, k.shape[0]
-        while done < total:
-            position = start + done
-            block, offset = divmod(position, BLOCK_TOKENS)
-            count = min(BLOCK_TOKENS - offset, total - done)
-            block_id = ids[block]
-            group.k_block(pos, block_id)[:, offset:offset + count] = k[done:done + count].transpose(0, 1)
-            group.v_block(pos, block_id)[:, offset:offset + count] = v[done:done + count].transpose(0, 1)
-            if self.key_bounds is not None:
-                self.key_bounds.written(layer, block_id, k[done:done + count].transpose(0, 1), offset == 0)
-            done += count
-
-    def _drop_outside_windows(self, ctx: Context) -> None:
-        for group, table in zip(self.store.groups, ctx.tables):
-            if not group.window:
-                continue
-            first_visible = max(0, ctx.num_cached - group.window + 1)
-            dropped = table.drop_before(first_visible // BLOCK_TOKENS)
-            if dropped:
-                freed = group.allocator.decref(dropped)
-                self.pool.forget(group.layers, freed)
-
     def _clock(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -457,8 +523,9 @@ class Engine:
     def stats(self) -> EngineStats:
         pool = self.pool
         m = self.metrics
+        selector = self.dispatch.selector
         return EngineStats(
-            backend=self.backend,
+            backend=self.backend.name,
             kv_path=self.kv_path,
             mode=self.config.mode,
             pool_bytes=pool.bytes,
@@ -470,9 +537,9 @@ class Engine:
             bytes_moved=pool.bytes_moved,
             pool_hit_rate=pool.hits / pool.lookups if pool.lookups else None,
             copy_seconds=self.dispatch.copy_seconds,
-            copy_wait_seconds=self.pool.mover.waited_seconds if self.pool.mover else 0.0,
-            blocks_attended=self.dispatch.selector.selected if self.dispatch.selector else 0,
-            blocks_candidate=self.dispatch.selector.candidates if self.dispatch.selector else 0,
+            copy_wait_seconds=pool.mover.waited_seconds if pool.mover else 0.0,
+            blocks_attended=selector.selected if selector else 0,
+            blocks_candidate=selector.candidates if selector else 0,
             prefill_tokens=m.prefill_tokens,
             prefill_seconds=m.prefill_seconds,
             decode_tokens=m.decode_tokens,
@@ -496,7 +563,21 @@ class Engine:
         return self.spec.kv_bytes_per_token(element)
 
     def __repr__(self) -> str:
-        return f"Engine({self.name!r}, {self.spec.arch}, {self.config.dtype}, backend={self.backend}, kv_path={self.kv_path})"
+        return f"Engine({self.name!r}, {self.spec.arch}, {self.config.dtype}, backend={self.backend.name}, kv_path={self.kv_path})"
+
+
+@dataclass
+class _Progress:
+    """What one `run` has done so far, for its progress events."""
+
+    done: int
+    started: float
+    total: int = 0
+    decoded: int = 0
+    decode_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.total = self.done
 
 
 def _resolve_device(name: str) -> torch.device:

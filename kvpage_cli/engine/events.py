@@ -28,11 +28,13 @@ class PrefillProgress:
 
 @dataclass(frozen=True)
 class DecodeProgress:
-    """`generated` new tokens after `elapsed_s` seconds of decoding."""
+    """`generated` new tokens (over every sequence of the run) after `elapsed_s` seconds of
+    decoding; `token_id` is the newest; `sequences` were decoding together."""
 
     generated: int
     elapsed_s: float
     token_id: int
+    sequences: int = 1
 
 
 @dataclass(frozen=True)
@@ -45,13 +47,23 @@ class BlocksMoved:
 
 
 @dataclass(frozen=True)
+class StepDone:
+    """One forward pass: `prefill_tokens` prompt rows and `decode_tokens` generated ones in
+    `seconds` (a step that runs both is one measurement; metrics split it by rows)."""
+
+    prefill_tokens: int
+    decode_tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class EngineWarning:
     """Something the user should know that does not stop the run."""
 
     message: str
 
 
-Event = Union[ModelLoading, PrefillProgress, DecodeProgress, BlocksMoved, EngineWarning]
+Event = Union[ModelLoading, PrefillProgress, DecodeProgress, BlocksMoved, StepDone, EngineWarning]
 EventCallback = Callable[[Event], None]
 
 

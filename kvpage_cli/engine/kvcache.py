@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from filelock import FileLock
 
-from .config import BLOCK_TOKENS
+from .config import BLOCK_TOKENS, DEFAULT_CACHE_MIB, default_home
 from .context import Context
 from .events import EngineWarning, EventCallback, emit
 from .store import BlockStore
@@ -54,8 +54,6 @@ from .store import BlockStore
 KV_FORMAT_VERSION = 1
 """Version of kvpage's KV layout (what a block holds, RoPE baked into K, the segment file format).
 Part of every model fingerprint: saved KV of another version is never found."""
-
-DEFAULT_CACHE_MIB = 2048.0
 
 _MAGIC = b"KVPAGE\x00S"
 _FIXED = struct.Struct("<8sIIQ")  # magic, format version, header bytes, payload bytes
@@ -188,7 +186,7 @@ class KVCache:
     @classmethod
     def open(cls, home: str | Path | None = None, cache_mib: float = DEFAULT_CACHE_MIB) -> "KVCache":
         """The cache of a kvpage home folder (None: ~/.cache/kvpage), limited to `cache_mib` MiB."""
-        home = Path(home).expanduser() if home is not None else Path.home() / ".cache" / "kvpage"
+        home = Path(home).expanduser() if home is not None else default_home()
         return cls(home / "kv", int(cache_mib * 2**20))
 
     # -- what the CLI uses -----------------------------------------------------------------------

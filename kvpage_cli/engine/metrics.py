@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .events import StepDone
+
 
 @dataclass(frozen=True)
 class EngineStats:
@@ -46,7 +48,9 @@ class EngineStats:
 
 
 class Metrics:
-    """Counters the engine adds to at step boundaries."""
+    """Counters folded from the events the engine emits at step boundaries (StepDone), plus the
+    saved-KV loads. A step that runs prompt rows and decode rows together is one measurement: its
+    seconds are split between prefill and decode by their rows."""
 
     def __init__(self) -> None:
         self.reset()
@@ -59,14 +63,15 @@ class Metrics:
         self.cached_tokens = 0
         self.cache_load_seconds = 0.0
 
-    def add_prefill(self, tokens: int, seconds: float) -> None:
-        self.prefill_tokens += tokens
-        self.prefill_seconds += seconds
+    def on_event(self, event) -> None:
+        if isinstance(event, StepDone):
+            rows = event.prefill_tokens + event.decode_tokens
+            self.prefill_tokens += event.prefill_tokens
+            self.decode_tokens += event.decode_tokens
+            self.prefill_seconds += event.seconds * event.prefill_tokens / rows if rows else 0.0
+            self.decode_seconds += event.seconds * event.decode_tokens / rows if rows else 0.0
 
     def add_cached(self, tokens: int, seconds: float) -> None:
         self.cached_tokens += tokens
         self.cache_load_seconds += seconds
 
-    def add_decode(self, tokens: int, seconds: float) -> None:
-        self.decode_tokens += tokens
-        self.decode_seconds += seconds

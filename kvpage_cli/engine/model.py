@@ -5,18 +5,25 @@ Weights are kept as `W^T` ([in, out], contiguous), with Q/K/V and gate/up fused,
 does not; one transposed matrix serves both the embedding lookup and the LM head when tied.
 Attention is not done here: the runner computes Q/K/V, hands K (not yet rotated) and V to
 `write_kv`, which bakes RoPE into K as it stores the block rows, and the rotated Q to `attend`;
-both are supplied by the engine, which knows the context's blocks.
+both are supplied by the engine, which knows the contexts' blocks.
+
+A forward pass runs the rows of one step: tokens of several sequences at their own positions.
+Rows are grouped for the linear layers (`Rows`): the rows of short segments (decode tokens,
+short prompts) go through one call of a kernel whose every row is computed alone (the native
+`gemm_rows`), so a sequence gets the same bits batched or not, and the weights are read once for
+all of them; each long segment (a prefill chunk) gets its own matrix multiplication.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import ModelError
+from . import native
 from .rope import RopeParams, apply_rope, rope_cos_sin
 from .spec import ModelSpec
 
@@ -32,6 +39,32 @@ class RopeAt:
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         return apply_rope(x, self.cos, self.sin)
+
+
+SMALL_ROWS = 64
+"""Segments of at most this many rows share one row-independent linear call (weight-bandwidth
+bound); longer ones are compute bound and get a matrix multiplication each."""
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A step's rows as consecutive parts: (rows, small). Small parts that follow each other are
+    run in one call; a long part alone."""
+
+    parts: tuple[tuple[slice, bool], ...]
+
+    @classmethod
+    def of(cls, counts: Iterable[int]) -> "Rows":
+        """Rows of segments of `counts` rows each, in order."""
+        parts, start = [], 0
+        for count in counts:
+            small = count <= SMALL_ROWS
+            if small and parts and parts[-1][1]:
+                parts[-1] = (slice(parts[-1][0].start, start + count), True)
+            else:
+                parts.append((slice(start, start + count), small))
+            start += count
+        return cls(tuple(parts))
 
 
 @dataclass
@@ -54,7 +87,7 @@ class LayerWeights:
 
 class ModelRunner:
     def __init__(self, spec: ModelSpec, tensors: dict[str, torch.Tensor], rope: dict[str, RopeParams],
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, native_lib=None) -> None:
         self.spec = spec
         self.dtype = dtype
         self.device = device
@@ -116,12 +149,17 @@ class ModelRunner:
         q_size = spec.num_heads * spec.head_dim
         kv_size = spec.num_kv_heads * spec.head_dim
         self._split = (q_size, kv_size, kv_size)
-        self.matvec = None  # optional fast y = x @ w_t for one row (set by the engine on CPU)
+        self.native = native_lib if device.type == "cpu" else None
 
-    def linear(self, x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
-        """x: [T, in] @ w_t: [in, out]."""
-        if self.matvec is not None and x.shape[0] == 1:
-            return self.matvec(x, w_t)
+    def linear(self, x: torch.Tensor, w_t: torch.Tensor, rows: Rows) -> torch.Tensor:
+        """x: [N, in] @ w_t: [in, out], part by part (see Rows)."""
+        if len(rows.parts) == 1:
+            return self._part(x, w_t, rows.parts[0][1])
+        return torch.cat([self._part(x[part], w_t, small) for part, small in rows.parts])
+
+    def _part(self, x: torch.Tensor, w_t: torch.Tensor, small: bool) -> torch.Tensor:
+        if small and self.native is not None:
+            return native.gemm_rows(self.native, x.float().contiguous(), w_t).to(x.dtype)
         return x @ w_t
 
     @property
@@ -152,25 +190,27 @@ class ModelRunner:
     def forward(
         self,
         token_ids: torch.Tensor,
-        start: int,
+        positions: torch.Tensor,
+        rows: Rows,
         write_kv: Callable[[int, torch.Tensor, torch.Tensor, "RopeAt"], None],
         attend: Callable[[int, torch.Tensor], torch.Tensor],
-        all_logits: bool = False,
+        logit_rows: torch.Tensor,
+        logit_groups: Rows,
     ) -> torch.Tensor:
-        """Runs T new tokens at positions start .. start+T-1 through every layer.
+        """Runs N rows (tokens of one or several sequences, each at its position) through every layer.
 
-        write_kv(layer, k [T, Hkv, D] not rotated, v [T, Hkv, D], rope) rotates and stores them;
-        attend(layer, q [T, Hq, D] rotated) -> [T, Hq, D] attends over the context, new tokens
-        included. Returns fp32 logits of the last token [V] (or of every token [T, V]).
+        write_kv(layer, k [N, Hkv, D] not rotated, v [N, Hkv, D], rope) rotates and stores them;
+        attend(layer, q [N, Hq, D] rotated) -> [N, Hq, D] attends each row over its own context,
+        the step's rows included. Returns fp32 logits [len(logit_rows), V] of the rows asked for
+        (grouped for the LM head as `logit_groups`).
         """
         spec = self.spec
         num_tokens = token_ids.shape[0]
-        positions = torch.arange(start, start + num_tokens, device=self.device)
         cos_sin = {key: rope_cos_sin(params, positions, self.dtype) for key, params in self.rope.items()}
         h = self.embed_tokens(token_ids)
         for i, (layer_spec, w) in enumerate(zip(spec.layers, self.layers)):
             x = self.norm(h, w.norm_attn)
-            qkv = self.linear(x, w.qkv_t)
+            qkv = self.linear(x, w.qkv_t, rows)
             if w.qkv_bias is not None:
                 qkv = qkv + w.qkv_bias
             q, k, v = qkv.split(self._split, dim=-1)
@@ -184,25 +224,25 @@ class ModelRunner:
             q = apply_rope(q, cos, sin)
             write_kv(i, k, v, RopeAt(cos, sin, self.rope[layer_spec.rope_key], positions))
             a = attend(i, q).to(self.dtype).reshape(num_tokens, spec.num_heads * spec.head_dim)
-            a = self.linear(a, w.o_t)
+            a = self.linear(a, w.o_t, rows)
             if w.o_bias is not None:
                 a = a + w.o_bias
             if spec.gemma_norms:
                 h = h + self.norm(a, w.norm_post_attn)
-                m = self.mlp(self.norm(h, w.norm_mlp), w)
+                m = self.mlp(self.norm(h, w.norm_mlp), w, rows)
                 h = h + self.norm(m, w.norm_post_mlp)
             else:
                 h = h + a
-                h = h + self.mlp(self.norm(h, w.norm_mlp), w)
-        last = h if all_logits else h[-1:]
-        logits = self.linear(self.norm(last, self.final_norm), self.lm_head_t).float()
+                h = h + self.mlp(self.norm(h, w.norm_mlp), w, rows)
+        last = h[logit_rows]
+        logits = self.linear(self.norm(last, self.final_norm), self.lm_head_t, logit_groups).float()
         if spec.final_logit_softcap:
             cap = spec.final_logit_softcap
             logits = torch.tanh(logits / cap) * cap
-        return logits if all_logits else logits[0]
+        return logits
 
-    def mlp(self, x: torch.Tensor, w: LayerWeights) -> torch.Tensor:
-        gate_up = self.linear(x, w.gate_up_t)
+    def mlp(self, x: torch.Tensor, w: LayerWeights, rows: Rows) -> torch.Tensor:
+        gate_up = self.linear(x, w.gate_up_t, rows)
         if w.gate_up_bias is not None:
             gate_up = gate_up + w.gate_up_bias
         gate, up = gate_up.chunk(2, dim=-1)
@@ -210,7 +250,7 @@ class ModelRunner:
             act = F.gelu(gate, approximate="tanh")
         else:
             act = F.silu(gate)
-        out = self.linear(act * up, w.down_t)
+        out = self.linear(act * up, w.down_t, rows)
         if w.down_bias is not None:
             out = out + w.down_bias
         return out

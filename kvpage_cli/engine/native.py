@@ -1,4 +1,4 @@
-"""The native CPU kernels: compiled once per machine from native/attention.c, loaded with ctypes.
+"""The native CPU kernels: compiled once per machine from native/*.c, loaded with ctypes.
 
 Compilation needs a C compiler (`cc`, `gcc` or `clang`); without one the engine falls back to
 the torch backend. The shared library is cached under `<home>/native/`, keyed by the source,
@@ -19,7 +19,11 @@ from pathlib import Path
 
 import torch
 
-_FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c11"]
+from .config import BLOCK_TOKENS
+
+_FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
+          f"-DBLOCK_TOKENS={BLOCK_TOKENS}"]
+_SOURCES = ("attention.c", "linear.c")
 _LIB: ctypes.CDLL | None = None
 
 
@@ -39,32 +43,38 @@ def load(home: Path) -> ctypes.CDLL:
     global _LIB
     if _LIB is not None:
         return _LIB
-    source = resources.files("kvpage_cli.engine").joinpath("native/attention.c").read_bytes()
+    folder = resources.files("kvpage_cli.engine").joinpath("native")
+    sources = {name: folder.joinpath(name).read_bytes() for name in _SOURCES}
     compiler = _compiler()
     if compiler is None:
         raise NativeUnavailable("no C compiler found (cc, gcc or clang)")
-    key = hashlib.sha256(source + " ".join(_FLAGS).encode() + platform.machine().encode() + _cpu_flags()).hexdigest()[:16]
+    key = hashlib.sha256(b"".join(sources.values()) + " ".join(_FLAGS).encode() + platform.machine().encode()
+                         + _cpu_flags()).hexdigest()[:16]
     target = home / "native" / f"kvpage_attention-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            src = Path(tmp) / "attention.c"
-            src.write_bytes(source)
+            paths = []
+            for name, text in sources.items():
+                paths.append(Path(tmp) / name)
+                paths[-1].write_bytes(text)
             out = Path(tmp) / target.name
-            result = subprocess.run([compiler, *_FLAGS, str(src), "-o", str(out), "-lm"], capture_output=True, text=True)
+            result = subprocess.run([compiler, *_FLAGS, *map(str, paths), "-o", str(out), "-lm"], capture_output=True,
+                                    text=True)
             if result.returncode != 0:
                 raise NativeUnavailable(f"compiling the native kernels failed: {result.stderr.strip()[:300]}")
             os.replace(out, target)
     lib = ctypes.CDLL(str(target))
     i32, i64, f32, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-    lib.kvp_decode_block_states.argtypes = [i32, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i64, i64, i64, f32, ptr, ptr]
-    lib.kvp_decode_block_states.restype = i32
-    lib.kvp_merge_states.argtypes = [ptr, ptr, i32, i32, i32, ptr]
-    lib.kvp_merge_states.restype = None
+    lib.kvp_decode_states.argtypes = [i32, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i64, f32,
+                                      ptr, ptr]
+    lib.kvp_decode_states.restype = i32
+    lib.kvp_merge_pairs.argtypes = [ptr, ptr, i32, ptr, ptr, i32, i32, ptr]
+    lib.kvp_merge_pairs.restype = None
     lib.kvp_fold_states.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, ptr]
     lib.kvp_fold_states.restype = None
-    lib.kvp_gemv.argtypes = [i32, ptr, ptr, i32, i32, ptr, ptr]
-    lib.kvp_gemv.restype = None
+    lib.kvp_gemm_rows.argtypes = [i32, ptr, i64, ptr, i64, i32, i32, i32, ptr, i64]
+    lib.kvp_gemm_rows.restype = None
     _LIB = lib
     return lib
 
@@ -79,38 +89,27 @@ def _cpu_flags() -> bytes:
     return platform.processor().encode()
 
 
-def decode_block_states(
-    lib: ctypes.CDLL,
-    q: torch.Tensor,
-    k_addr: torch.Tensor,
-    v_addr: torch.Tensor,
-    ids: torch.Tensor,
-    block_pos: torch.Tensor,
-    num_kv_heads: int,
-    q_pos: int,
-    seq_end: int,
-    window: int,
-    scale: float,
-    states: torch.Tensor,
-    lse: torch.Tensor,
-    bf16: bool,
-) -> None:
-    """Per-block states of one query token. q: [Hq, D] fp32 contiguous; ids, block_pos: [n] int32;
-    k_addr, v_addr: int64 address tables; states: [n, Hq, D] fp32 and lse: [n, Hq] fp32 (written)."""
-    num_heads, head_dim = q.shape
-    rc = lib.kvp_decode_block_states(
-        int(bf16), q.data_ptr(), k_addr.data_ptr(), v_addr.data_ptr(), ids.data_ptr(), block_pos.data_ptr(),
-        ids.numel(), num_heads, num_kv_heads, head_dim, q_pos, seq_end, window, scale,
-        states.data_ptr(), lse.data_ptr(),
+def decode_states(lib: ctypes.CDLL, q: torch.Tensor, k_addr: torch.Tensor, v_addr: torch.Tensor, plan, window: int,
+                  scale: float, states: torch.Tensor, lse: torch.Tensor, bf16: bool) -> None:
+    """Per-pair states of decode queries (see `DecodePlan`). q: [Nq, Hq, D] fp32 contiguous;
+    k_addr, v_addr: [capacity, Hkv] int64 address tables; states: [P, Hq, D] and lse: [P, Hq]
+    fp32 (written)."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_addr.shape[1]
+    rc = lib.kvp_decode_states(
+        int(bf16), q.data_ptr(), k_addr.data_ptr(), v_addr.data_ptr(), plan.item_ids.numel(), plan.item_ids.data_ptr(),
+        plan.item_pos.data_ptr(), plan.item_off.data_ptr(), plan.pair_query.data_ptr(), plan.q_pos.data_ptr(),
+        plan.q_end.data_ptr(), num_heads, num_kv_heads, head_dim, window, scale, states.data_ptr(), lse.data_ptr(),
     )
     if rc != 0:
         raise ValueError(f"native decode attention does not support {num_heads} heads over {num_kv_heads} KV heads of dim {head_dim}")
 
 
-def merge_states(lib: ctypes.CDLL, states: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
-    """states: [n, H, D], lse: [n, H] -> out: [H, D], merged in block order."""
-    n, num_heads, head_dim = states.shape
-    lib.kvp_merge_states(states.data_ptr(), lse.data_ptr(), n, num_heads, head_dim, out.data_ptr())
+def merge_pairs(lib: ctypes.CDLL, states: torch.Tensor, lse: torch.Tensor, plan, out: torch.Tensor) -> None:
+    """states: [P, H, D], lse: [P, H] -> out: [Nq, H, D], each query's pairs merged in logical order."""
+    num_heads, head_dim = states.shape[1], states.shape[2]
+    lib.kvp_merge_pairs(states.data_ptr(), lse.data_ptr(), plan.q_off.numel() - 1, plan.q_off.data_ptr(),
+                        plan.q_pairs.data_ptr(), num_heads, head_dim, out.data_ptr())
 
 
 class Fold:
@@ -138,19 +137,13 @@ class Fold:
         return out.view(self.shape)
 
 
-class MatVec:
-    """y = x @ w_t for a single row x, at memory bandwidth: the decode step's weight reads.
+def gemm_rows(lib: ctypes.CDLL, x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
+    """y = x @ w_t for a few rows, each row's result independent of the others (see linear.c).
 
-    w_t: [in, out] contiguous (fp32 or bf16). Rows of w_t are split between threads."""
-
-    def __init__(self, lib: ctypes.CDLL, max_out: int) -> None:
-        self.lib = lib
-        self.partial = torch.empty(8 * max_out)
-
-    def __call__(self, x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
-        rows, cols = w_t.shape
-        xf = x.reshape(rows).float().contiguous()
-        y = torch.empty(cols)
-        self.lib.kvp_gemv(int(w_t.dtype == torch.bfloat16), xf.data_ptr(), w_t.data_ptr(), rows, cols, y.data_ptr(),
-                          self.partial.data_ptr())
-        return y.view(1, cols).to(x.dtype)
+    x: [M, in] fp32 (rows contiguous); w_t: [in, out] fp32 or bf16, rows contiguous -> y: [M, out] fp32."""
+    rows, cols = x.shape[0], w_t.shape[1]
+    assert x.dtype == torch.float32 and x.stride(1) == 1 and w_t.stride(1) == 1
+    y = torch.empty(rows, cols)
+    lib.kvp_gemm_rows(int(w_t.dtype == torch.bfloat16), x.data_ptr(), x.stride(0), w_t.data_ptr(), w_t.stride(0), rows,
+                      w_t.shape[0], cols, y.data_ptr(), y.stride(0))
+    return y

@@ -107,26 +107,28 @@ class QuestPolicy(Policy):
 
 
 class DraftPolicy(Policy):
-    """The model's first `draft_layers` layers attend to every block; the attention mass they put
-    on each block this step ranks the blocks for the layers after them."""
+    """The model's first `draft_layers` layers (or a separate draft model) attend to every block;
+    the attention mass they put on each block this step ranks the blocks for the layers after them."""
 
     name = "draft"
 
     def __init__(self, draft_layers: int) -> None:
         self.draft_layers = draft_layers
-        self.mass: dict[int, float] = {}  # logical block index -> attention mass this step
-        self.step = -1
 
-    def observe(self, step: int, positions: torch.Tensor, lse: torch.Tensor) -> None:
-        """Per-block log-sum-exp [n, Hq] from a draft layer's exact attention at `step`."""
-        if step != self.step:
-            self.mass, self.step = {}, step
+    def observe(self, ctx, step: int, positions: torch.Tensor, lse: torch.Tensor) -> None:
+        """Per-block log-sum-exp [n, Hq] of a draft layer's exact attention at `step` of a context
+        (the draft's own context for a separate draft model); kept with that context."""
+        seen, mass = ctx.draft_mass
+        if step != seen:
+            mass = {}
+            ctx.draft_mass = (step, mass)
         weights = torch.softmax(lse.float(), dim=0).sum(dim=1)  # attention mass per block, summed over heads
         for position, weight in zip(positions.tolist(), weights.tolist()):
-            self.mass[position] = self.mass.get(position, 0.0) + weight
+            mass[position] = mass.get(position, 0.0) + weight
 
     def scores(self, layer, q, ids, positions, ctx):
-        return torch.tensor([self.mass.get(int(p), 0.0) for p in positions], dtype=torch.float32)
+        mass = (ctx.draft if ctx.draft is not None else ctx).draft_mass[1]
+        return torch.tensor([mass.get(int(p), 0.0) for p in positions], dtype=torch.float32)
 
 
 class ScoresPolicy(Policy):

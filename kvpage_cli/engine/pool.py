@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import BLOCK_TOKENS
+from .store import head_addresses
 
 
 @dataclass
@@ -27,7 +28,8 @@ class SlotHolder:
 
 class SlotPool:
     def __init__(self, num_layers: int, slots_per_layer: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, mover=None) -> None:
+        """mover: copies blocks ahead of the layer that reads them (selective mode on the pool path)."""
         self.num_layers = num_layers
         self.num_slots = slots_per_layer
         self.block_shape = (num_kv_heads, BLOCK_TOKENS, head_dim)
@@ -36,7 +38,7 @@ class SlotPool:
         self.k: list[torch.Tensor] = []  # per layer: [S, Hkv, 64, D], made on first use
         self.v: list[torch.Tensor] = []
         self.valid: list[torch.Tensor] = []  # per layer: [S] int8
-        self.k_addr: list[torch.Tensor] = []
+        self.k_addr: list[torch.Tensor] = []  # per layer: [S, Hkv] addresses of each slot's head rows
         self.v_addr: list[torch.Tensor] = []
         self.holders: list[list[SlotHolder | None]] = [[None] * slots_per_layer for _ in range(num_layers)]
         self.slot_of: list[dict[int, int]] = [{} for _ in range(num_layers)]
@@ -47,7 +49,7 @@ class SlotPool:
         self.bytes_moved = 0
         self.hits = 0
         self.lookups = 0
-        self.mover = None  # set for asynchronous prefetch (selective mode on the pool path)
+        self.mover = mover
 
     @property
     def allocated(self) -> bool:
@@ -66,10 +68,8 @@ class SlotPool:
             self.k.append(k)
             self.v.append(v)
             self.valid.append(torch.zeros(self.num_slots, dtype=torch.int8, device=self.device))
-            step = k[0].numel() * k.element_size()
-            rows = torch.arange(self.num_slots, dtype=torch.int64) * step
-            self.k_addr.append(rows + k.data_ptr())
-            self.v_addr.append(rows + v.data_ptr())
+            self.k_addr.append(head_addresses(k, 0))
+            self.v_addr.append(head_addresses(v, 0))
 
     def load(self, layer: int, blocks: list[tuple[int, int, int]], copy_in) -> list[int]:
         """Puts blocks into slots of `layer` and returns their slots, in the same order.
@@ -107,6 +107,11 @@ class SlotPool:
             assert int(self.valid[layer][slot]) == 1, "attention would read a slot whose copy is not done"
             self.recency[layer].move_to_end(slot)
         return slots  # type: ignore[return-value]
+
+    def slots(self, layer: int, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V held in `slots` of `layer`: [n, Hkv, 64, D] copies."""
+        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        return self.k[layer].index_select(0, index), self.v[layer].index_select(0, index)
 
     def prefetch(self, layer: int, blocks: list[tuple[int, int, int]], copy_in) -> int:
         """Starts copying blocks the layer is expected to read into its slots, without waiting.
@@ -169,3 +174,4 @@ class SlotPool:
                     if holders[slot] is not None and holders[slot].pending is not None:
                         self.mover.wait(holders[slot].pending)  # let the copy land before the slot is reused
                     holders[slot] = None
+

@@ -24,8 +24,7 @@ class Selector:
         self.draft_layers = policy.draft_layers if isinstance(policy, DraftPolicy) else 0
         self.selected = 0
         self.candidates = 0
-        self.last: dict[int, torch.Tensor] = {}  # layer -> logical indices it attended at the last step
-        self.reused: dict[int, tuple] = {}  # static policies: layer -> (inputs, choice) of its last selection
+
 
     def exact_layer(self, layer: int) -> bool:
         """Layers that always read every block: sliding-window layers and the draft layers."""
@@ -39,21 +38,21 @@ class Selector:
         if self.exact_layer(layer) or n <= self.budget:
             chosen_ids, chosen_pos = ids, positions
         elif self.policy.static and self._same_inputs(layer, ctx, ids, positions):
-            chosen_ids, chosen_pos = self.reused[layer][1]  # same candidates, same scores: same choice
+            chosen_ids, chosen_pos = ctx.selection[layer][1]  # same candidates, same scores: same choice
         else:
             keep = always_kept(positions, ctx.num_blocks, self.recent_blocks)
             scores = self.policy.scores(layer, q, ids, positions, ctx)
             chosen_ids, chosen_pos = choose(ids, positions, scores, keep, self.budget)
             if self.policy.static:
-                self.reused[layer] = ((ctx.score_queries, ctx.num_blocks, ids.clone(), positions.clone()),
-                                      (chosen_ids, chosen_pos))
+                ctx.selection[layer] = ((ctx.score_queries, ctx.num_blocks, ids.clone(), positions.clone()),
+                                        (chosen_ids, chosen_pos))
         self.selected += chosen_ids.numel()
         self.policy.attended(layer, chosen_ids.tolist(), step)
-        self.last[layer] = chosen_pos
+        ctx.attended[layer] = chosen_pos
         return chosen_ids, chosen_pos
 
     def _same_inputs(self, layer: int, ctx, ids: torch.Tensor, positions: torch.Tensor) -> bool:
-        entry = self.reused.get(layer)
+        entry = ctx.selection.get(layer)
         if entry is None:
             return False
         queries, num_blocks, last_ids, last_pos = entry[0]
@@ -62,14 +61,14 @@ class Selector:
 
     def predicted(self, layer: int, ctx) -> list[int] | None:
         """Logical blocks `layer` will likely read next: what it read last step, plus the newest block."""
-        last = self.last.get(layer)
+        last = ctx.attended.get(layer)
         if last is None:
             return None
         newest = ctx.num_blocks - 1
         positions = last.tolist()
         return positions if newest in positions else positions + [newest]
 
-    def observe(self, layer: int, step: int, positions: torch.Tensor, lse: torch.Tensor) -> None:
-        """Per-block lse [n, Hq] of an exact draft layer (feeds the draft policy)."""
+    def observe(self, layer: int, ctx, step: int, positions: torch.Tensor, lse: torch.Tensor) -> None:
+        """Per-block lse [n, Hq] of a decode query of `ctx` in an exact draft layer (feeds the draft policy)."""
         if layer < self.draft_layers:
-            self.policy.observe(step, positions, lse)
+            self.policy.observe(ctx, step, positions, lse)

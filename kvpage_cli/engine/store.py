@@ -100,6 +100,17 @@ class ArenaSource:
         return self._folder
 
 
+def head_addresses(blocks: torch.Tensor, block_dim: int) -> torch.Tensor:
+    """[n, Hkv] int64 addresses of every block's rows of every KV head ([64, D] each), for a
+    tensor of blocks [Hkv, n, 64, D] (block_dim 1: a store arena) or [n, Hkv, 64, D] (block_dim 0:
+    the pool's slots). The native kernels read blocks through such tables."""
+    head_dim = 1 - block_dim
+    element = blocks.element_size()
+    rows = torch.arange(blocks.shape[block_dim], dtype=torch.int64)[:, None] * (blocks.stride(block_dim) * element)
+    heads = torch.arange(blocks.shape[head_dim], dtype=torch.int64)[None, :] * (blocks.stride(head_dim) * element)
+    return rows + heads + blocks.data_ptr()
+
+
 def _remove_stale_folders(spill_dir: Path) -> None:
     """Removes the spill folders of processes that are gone (their files were unlinked already)."""
     for folder in spill_dir.glob("store-*-*"):
@@ -123,13 +134,14 @@ class StoreGroup:
         self.device = device
         self.allocator = BlockAllocator()
         self.source = source if source is not None else ArenaSource(device)
-        self.k_arenas: list[list[torch.Tensor]] = [[] for _ in layers]  # [layer_pos][arena]: [A, Hkv, 64, D]
+        self.k_arenas: list[list[torch.Tensor]] = [[] for _ in layers]  # [layer_pos][arena]: [Hkv, A, 64, D]
         self.v_arenas: list[list[torch.Tensor]] = [[] for _ in layers]
         self.arena_of: list[int] = []
         self.row_of: list[int] = []
         self.arena_on_disk: list[bool] = []
-        self.k_addr = [torch.empty(0, dtype=torch.int64) for _ in layers]  # per layer: [capacity] addresses
-        self.v_addr = [torch.empty(0, dtype=torch.int64) for _ in layers]
+        # per layer: [capacity, Hkv] addresses of each block's rows of each KV head ([64, D] each)
+        self.k_addr = [torch.empty(0, num_kv_heads, dtype=torch.int64) for _ in layers]
+        self.v_addr = [torch.empty(0, num_kv_heads, dtype=torch.int64) for _ in layers]
         element = torch.empty(0, dtype=dtype).element_size()
         self.block_bytes_per_layer = 2 * num_kv_heads * BLOCK_TOKENS * head_dim * element
 
@@ -152,21 +164,20 @@ class StoreGroup:
 
     def _add_arena(self, size: int, on_disk: bool) -> None:
         arena = len(self.k_arenas[0])
-        shape = (len(self.layers), 2, size, *self.block_shape)
-        # On disk, one file per arena holds K and V of every layer: [layers, 2, A, Hkv, 64, D].
-        both = self.source.disk(shape, self.dtype) if on_disk else None
+        num_kv_heads, _, head_dim = self.block_shape
+        arena_shape = (num_kv_heads, size, BLOCK_TOKENS, head_dim)
+        # On disk, one file per arena holds K and V of every layer: [layers, 2, Hkv, A, 64, D].
+        both = self.source.disk((len(self.layers), 2, *arena_shape), self.dtype) if on_disk else None
         for pos in range(len(self.layers)):
             if both is not None:
                 k, v = both[pos, 0], both[pos, 1]
             else:
-                k = self.source.ram((size, *self.block_shape), self.dtype)
-                v = self.source.ram((size, *self.block_shape), self.dtype)
+                k = self.source.ram(arena_shape, self.dtype)
+                v = self.source.ram(arena_shape, self.dtype)
             self.k_arenas[pos].append(k)
             self.v_arenas[pos].append(v)
-            step = k[0].numel() * k.element_size()
-            rows = torch.arange(size, dtype=torch.int64) * step
-            self.k_addr[pos] = torch.cat([self.k_addr[pos], rows + k.data_ptr()])
-            self.v_addr[pos] = torch.cat([self.v_addr[pos], rows + v.data_ptr()])
+            self.k_addr[pos] = torch.cat([self.k_addr[pos], head_addresses(k, 1)])
+            self.v_addr[pos] = torch.cat([self.v_addr[pos], head_addresses(v, 1)])
         self.arena_of.extend([arena] * size)
         self.row_of.extend(range(size))
         self.arena_on_disk.append(on_disk)
@@ -177,11 +188,18 @@ class StoreGroup:
         return self.allocator.allocate(count)
 
     def k_block(self, pos: int, block_id: int) -> torch.Tensor:
-        """K of block `block_id` in the group's layer number `pos`: [Hkv, 64, D]."""
-        return self.k_arenas[pos][self.arena_of[block_id]][self.row_of[block_id]]
+        """K of block `block_id` in the group's layer number `pos`: [Hkv, 64, D] (a view)."""
+        return self.k_arenas[pos][self.arena_of[block_id]][:, self.row_of[block_id]]
 
     def v_block(self, pos: int, block_id: int) -> torch.Tensor:
-        return self.v_arenas[pos][self.arena_of[block_id]][self.row_of[block_id]]
+        return self.v_arenas[pos][self.arena_of[block_id]][:, self.row_of[block_id]]
+
+    def gather(self, pos: int, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of blocks `ids` in layer `pos`: [n, Hkv, 64, D] copies."""
+        if not ids:
+            empty = torch.empty(0, *self.block_shape, dtype=self.dtype, device=self.device)
+            return empty, empty
+        return (torch.stack([self.k_block(pos, b) for b in ids]), torch.stack([self.v_block(pos, b) for b in ids]))
 
     def copy_block(self, src: int, dst: int, tokens: int) -> None:
         """Copies the first `tokens` rows of block `src` into `dst`, in every layer (copy-on-write)."""
@@ -202,9 +220,15 @@ class StoreGroup:
         return runs
 
     def run_view(self, pos: int, run: Run) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of a run in layer `pos`: [count, Hkv, 64, D] views (no copy)."""
+        """K, V of a run in layer `pos`: [Hkv, count * 64, D] views (no copy)."""
         sl = slice(run.row, run.row + run.count)
-        return self.k_arenas[pos][run.arena][sl], self.v_arenas[pos][run.arena][sl]
+        num_kv_heads, _, head_dim = self.block_shape
+        shape = (num_kv_heads, run.count * BLOCK_TOKENS, head_dim)
+        return self.k_arenas[pos][run.arena][:, sl].reshape(shape), self.v_arenas[pos][run.arena][:, sl].reshape(shape)
+
+    def arena_rows(self, ids: list[int]) -> tuple[list[int], list[int]]:
+        """(arena, row) of each block id."""
+        return [self.arena_of[b] for b in ids], [self.row_of[b] for b in ids]
 
     @property
     def bytes_used(self) -> int:

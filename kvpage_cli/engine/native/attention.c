@@ -5,8 +5,8 @@
  * with ctypes (no torch headers, no Python API). OpenMP resolves to the runtime torch already
  * loaded (libgomp.so.1), so torch.set_num_threads governs these kernels too.
  *
- * Every block is addressed through a table of int64 addresses indexed by id, so the same kernel
- * reads store arenas in place or pool slots. Each block's partial state (output normalised by its
+ * Every block is addressed through a table of int64 addresses indexed by (id, KV head), so the
+ * same kernel reads store arenas in place or pool slots. Each block's partial state (output normalised by its
  * own softmax sum, and its log-sum-exp) is computed independently and states are merged in
  * logical block order, so results do not depend on how blocks were grouped into passes or which
  * slots held them.
@@ -21,7 +21,9 @@
 #include <immintrin.h>
 #endif
 
-#define BLOCK_TOKENS 64
+#ifndef BLOCK_TOKENS
+#error "BLOCK_TOKENS is defined by the build (kvpage_cli/engine/native.py)"
+#endif
 #define MAX_GROUP 16
 #define MAX_DIM 512
 
@@ -163,44 +165,56 @@ static inline void visible_rows(int64_t block_index, int64_t q_pos, int64_t seq_
     if (end < *hi) *hi = end;
 }
 
-/* All blocks of one query token, in parallel over blocks. SPECIAL selects the AVX-512 path
- * with compile-time G, D and element type. */
-static inline __attribute__((always_inline)) void decode_blocks(
+/* One (block, query) pair: the query's G rows per KV head over the block's visible tokens.
+ * SPECIAL selects the AVX-512 path with compile-time G, D and element type. */
+static inline __attribute__((always_inline)) void pair_state(
     const int SPECIAL, const int BF16, const int G, const int D, const float *q, const int64_t *k_addr,
-    const int64_t *v_addr, const int32_t *ids, const int32_t *block_pos, int n, int Hkv, int64_t q_pos,
-    int64_t seq_end, int64_t window, float scale, float *states, float *lse) {
+    const int64_t *v_addr, int Hkv, int64_t lo, int64_t hi, float scale, float *sb, float *lb) {
     const int Hq = Hkv * G;
-    const int64_t head_bytes = (int64_t)BLOCK_TOKENS * D * (BF16 ? 2 : 4);
-#pragma omp parallel for schedule(static)
-    for (int b = 0; b < n; b++) {
-        int64_t lo, hi;
-        visible_rows(block_pos[b], q_pos, seq_end, window, &lo, &hi);
-        float *sb = states + (int64_t)b * Hq * D;
-        float *lb = lse + (int64_t)b * Hq;
-        if (hi <= lo) {
-            memset(sb, 0, sizeof(float) * (size_t)Hq * D);
-            for (int h = 0; h < Hq; h++) lb[h] = -INFINITY;
+    if (hi <= lo) {
+        memset(sb, 0, sizeof(float) * (size_t)Hq * D);
+        for (int h = 0; h < Hq; h++) lb[h] = -INFINITY;
+        return;
+    }
+    for (int h = 0; h < Hkv; h++) {
+        const void *kb = (const void *)(intptr_t)k_addr[h];
+        const void *vb = (const void *)(intptr_t)v_addr[h];
+        const float *qh = q + (int64_t)h * G * D;
+#if defined(__AVX512F__)
+        if (SPECIAL) {
+            block_head_512(qh, kb, vb, BF16, G, D, (int)lo, (int)hi, scale, sb + (int64_t)h * G * D, lb + h * G);
             continue;
         }
-        const char *kb = (const char *)(intptr_t)k_addr[ids[b]];
-        const char *vb = (const char *)(intptr_t)v_addr[ids[b]];
-        for (int h = 0; h < Hkv; h++) {
-            const float *qh = q + (int64_t)h * G * D;
-#if defined(__AVX512F__)
-            if (SPECIAL) {
-                block_head_512(qh, kb + h * head_bytes, vb + h * head_bytes, BF16, G, D, (int)lo, (int)hi, scale,
-                               sb + (int64_t)h * G * D, lb + h * G);
-                continue;
-            }
 #endif
-            block_head_generic(qh, kb + h * head_bytes, vb + h * head_bytes, BF16, G, D, (int)lo, (int)hi, scale,
-                               sb + (int64_t)h * G * D, lb + h * G);
+        block_head_generic(qh, kb, vb, BF16, G, D, (int)lo, (int)hi, scale, sb + (int64_t)h * G * D, lb + h * G);
+    }
+}
+
+/* Every pair of every item, in parallel over items: an item is one block and the queries that
+ * read it (several sequences sharing a forked prefix read it once, from cache, for all of them). */
+static inline __attribute__((always_inline)) void decode_items(
+    const int SPECIAL, const int BF16, const int G, const int D, const float *q, const int64_t *k_addr,
+    const int64_t *v_addr, int n_items, const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
+    const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hkv, int64_t window, float scale,
+    float *states, float *lse) {
+    const int Hq = Hkv * G;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < n_items; i++) {
+        const int64_t *ka = k_addr + (int64_t)item_ids[i] * Hkv;
+        const int64_t *va = v_addr + (int64_t)item_ids[i] * Hkv;
+        for (int p = item_off[i]; p < item_off[i + 1]; p++) {
+            const int qi = pair_query[p];
+            int64_t lo, hi;
+            visible_rows(item_pos[i], q_pos[qi], q_end[qi], window, &lo, &hi);
+            pair_state(SPECIAL, BF16, G, D, q + (int64_t)qi * Hq * D, ka, va, Hkv, lo, hi, scale,
+                       states + (int64_t)p * Hq * D, lse + (int64_t)p * Hq);
         }
     }
 }
 
-#define DECODE(SPECIAL, BF16, G, D) \
-    decode_blocks(SPECIAL, BF16, G, D, q, k_addr, v_addr, ids, block_pos, n, Hkv, q_pos, seq_end, window, scale, states, lse)
+#define DECODE(SPECIAL, BF16, G, D)                                                                           \
+    decode_items(SPECIAL, BF16, G, D, q, k_addr, v_addr, n_items, item_ids, item_pos, item_off, pair_query, q_pos, \
+                 q_end, Hkv, window, scale, states, lse)
 #define CASE_G(BF16, D, G) \
     case G: DECODE(1, BF16, G, D); return 0;
 #define CASES_G(BF16, D)                                                                                      \
@@ -209,12 +223,17 @@ static inline __attribute__((always_inline)) void decode_blocks(
         CASE_G(BF16, D, 6) CASE_G(BF16, D, 7) CASE_G(BF16, D, 8) default: break;                           \
     }
 
-/* Per-block states for one query token: states[n, Hq, D] and lse[n, Hq], blocks in the order
- * given. A block with no visible token gets lse = -inf and a zero output. Returns -1 for shapes
- * it does not handle. */
-int kvp_decode_block_states(int bf16, const float *q, const int64_t *k_addr, const int64_t *v_addr,
-                            const int32_t *ids, const int32_t *block_pos, int n, int Hq, int Hkv, int D,
-                            int64_t q_pos, int64_t seq_end, int64_t window, float scale, float *states, float *lse) {
+/* Per-pair states of decode queries: states[P, Hq, D] and lse[P, Hq] for the P (block, query)
+ * pairs of the items. q: [Nq, Hq, D] fp32; k_addr, v_addr: [capacity, Hkv] addresses of each
+ * block's head rows ([64, D] each); item i is block item_ids[i] at logical index item_pos[i],
+ * read by the queries pair_query[item_off[i] .. item_off[i+1]); query j sits at position
+ * q_pos[j] and sees keys before q_end[j]. A pair with no visible token gets lse = -inf and a zero
+ * output. Each pair's state is computed alone, with the same arithmetic however the queries
+ * are batched. Returns -1 for shapes it does not handle. */
+int kvp_decode_states(int bf16, const float *q, const int64_t *k_addr, const int64_t *v_addr, int n_items,
+                      const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
+                      const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hq, int Hkv, int D,
+                      int64_t window, float scale, float *states, float *lse) {
     if (Hkv <= 0 || Hq % Hkv != 0 || Hq / Hkv > MAX_GROUP || D > MAX_DIM) return -1;
     const int G = Hq / Hkv;
 #if defined(__AVX512F__)
@@ -235,28 +254,35 @@ int kvp_decode_block_states(int bf16, const float *q, const int64_t *k_addr, con
     return 0;
 }
 
-/* Merges per-block states [n, H, D] / [n, H] in block order into out[H, D] (fp32). */
-void kvp_merge_states(const float *states, const float *lse, int n, int H, int D, float *out) {
-#pragma omp parallel for schedule(static)
-    for (int h = 0; h < H; h++) {
-        float m = -INFINITY;
-        for (int b = 0; b < n; b++) m = lse[(int64_t)b * H + h] > m ? lse[(int64_t)b * H + h] : m;
-        float *oh = out + (int64_t)h * D;
-        memset(oh, 0, sizeof(float) * (size_t)D);
-        if (m == -INFINITY) continue;
-        float total = 0.0f;
-        for (int b = 0; b < n; b++) {
-            const float l = lse[(int64_t)b * H + h];
-            if (l == -INFINITY) continue;
-            const float w = expf(l - m);
-            total += w;
-            const float *sb = states + ((int64_t)b * H + h) * D;
+/* Merges, for each query j, the states of its pairs q_pairs[q_off[j] .. q_off[j+1]) (in logical
+ * block order) into out[j, H, D]: states [P, H, D], lse [P, H]. */
+void kvp_merge_pairs(const float *states, const float *lse, int Nq, const int32_t *q_off, const int32_t *q_pairs,
+                     int H, int D, float *out) {
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int j = 0; j < Nq; j++) {
+        for (int h = 0; h < H; h++) {
+            float m = -INFINITY;
+            for (int i = q_off[j]; i < q_off[j + 1]; i++) {
+                const float l = lse[(int64_t)q_pairs[i] * H + h];
+                m = l > m ? l : m;
+            }
+            float *oh = out + ((int64_t)j * H + h) * D;
+            memset(oh, 0, sizeof(float) * (size_t)D);
+            if (m == -INFINITY) continue;
+            float total = 0.0f;
+            for (int i = q_off[j]; i < q_off[j + 1]; i++) {
+                const float l = lse[(int64_t)q_pairs[i] * H + h];
+                if (l == -INFINITY) continue;
+                const float w = expf(l - m);
+                total += w;
+                const float *sb = states + ((int64_t)q_pairs[i] * H + h) * D;
 #pragma omp simd
-            for (int d = 0; d < D; d++) oh[d] += w * sb[d];
+                for (int d = 0; d < D; d++) oh[d] += w * sb[d];
+            }
+            const float inv = 1.0f / total;
+#pragma omp simd
+            for (int d = 0; d < D; d++) oh[d] *= inv;
         }
-        const float inv = 1.0f / total;
-#pragma omp simd
-        for (int d = 0; d < D; d++) oh[d] *= inv;
     }
 }
 
@@ -287,61 +313,5 @@ void kvp_fold_states(const float *states, const float *lse, int n, int H, int D,
         }
         m[h] = mh;
         l[h] = lh;
-    }
-}
-
-/* y[out] = x[in] @ w[in, out] (w row-major, i.e. the transposed weight). Rows are split between
- * threads, each streaming its rows in order into a partial sum; partials are added at the end. */
-void kvp_gemv(int bf16, const float *x, const void *w, int in, int out, float *y, float *partial) {
-    int threads = 1;
-#if defined(_OPENMP)
-    threads = omp_get_max_threads();
-    if (threads > 8) threads = 8;
-#endif
-#pragma omp parallel num_threads(threads)
-    {
-        int t = 0, nt = 1;
-#if defined(_OPENMP)
-        t = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
-        const int r0 = (int)((int64_t)in * t / nt), r1 = (int)((int64_t)in * (t + 1) / nt);
-        float *acc = partial + (int64_t)t * out;
-        memset(acc, 0, sizeof(float) * (size_t)out);
-        int i = r0;
-        for (; i + 4 <= r1; i += 4) {
-            const float x0 = x[i], x1 = x[i + 1], x2 = x[i + 2], x3 = x[i + 3];
-            if (bf16) {
-                const uint16_t *w0 = (const uint16_t *)w + (int64_t)i * out;
-#pragma omp simd
-                for (int j = 0; j < out; j++)
-                    acc[j] += x0 * bf16_to_f32(w0[j]) + x1 * bf16_to_f32(w0[out + j]) + x2 * bf16_to_f32(w0[2 * out + j]) +
-                              x3 * bf16_to_f32(w0[3 * out + j]);
-            } else {
-                const float *w0 = (const float *)w + (int64_t)i * out;
-#pragma omp simd
-                for (int j = 0; j < out; j++)
-                    acc[j] += x0 * w0[j] + x1 * w0[out + j] + x2 * w0[2 * out + j] + x3 * w0[3 * out + j];
-            }
-        }
-        for (; i < r1; i++) {
-            const float xi = x[i];
-            if (bf16) {
-                const uint16_t *wi = (const uint16_t *)w + (int64_t)i * out;
-#pragma omp simd
-                for (int j = 0; j < out; j++) acc[j] += xi * bf16_to_f32(wi[j]);
-            } else {
-                const float *wi = (const float *)w + (int64_t)i * out;
-#pragma omp simd
-                for (int j = 0; j < out; j++) acc[j] += xi * wi[j];
-            }
-        }
-#pragma omp barrier
-        const int c0 = (int)((int64_t)out * t / nt), c1 = (int)((int64_t)out * (t + 1) / nt);
-        for (int j = c0; j < c1; j++) {
-            float s = 0.0f;
-            for (int p = 0; p < nt; p++) s += partial[(int64_t)p * out + j];
-            y[j] = s;
-        }
     }
 }

@@ -1,0 +1,261 @@
+"""Attention backends: per-block attention states for one or many queries, and their merge.
+
+One interface, chosen once when the engine loads:
+
+| backend | decode states (one token per sequence) | merge | prefill (a chunk of one sequence) |
+|---|---|---|---|
+| torch  | the reference: `attention.block_states` | `attention.merge_states` | per-block states merged, or `range_attention` over store views |
+| native | C kernels over an address table (store or pool) | C, in logical order | as torch, the pool path folded in C |
+| triton | `paged_decode_attention` over pool slots | `merge_attention_states` | `paged_prefill_attention` over pool slots |
+
+What is bit-identical (DESIGN.md section 2): every backend computes each (block, query) state on
+its own and merges a query's states in logical block order, so results do not depend on which
+slots or passes held the blocks. With the native backend a decode query's state also does not
+depend on the other queries of its step: batched decoding gives each sequence the bits it gets
+alone. The store path's prefill (one flash-attention call over the blocks every row sees whole)
+is exact to rounding, within 1e-5 of the per-block path, not bit-identical to it (tested).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import attention as reference
+from . import native
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """The decode queries of one step over one store group and the blocks they read.
+
+    Items are the distinct blocks (id, logical index), in logical order; each is read once for
+    all the queries that own it (forks sharing a document). Pairs are (item, query), numbered
+    item by item; `q_pairs[q_off[j]:q_off[j+1]]` are query j's pairs in logical block order."""
+
+    item_ids: torch.Tensor  # [I] int32: block ids (store path) or slots (pool path, per pass)
+    item_pos: torch.Tensor  # [I] int32 logical block index
+    item_off: torch.Tensor  # [I+1] int32 CSR offsets into the pairs
+    pair_query: torch.Tensor  # [P] int32
+    q_pos: torch.Tensor  # [Nq] int64 position of each query
+    q_end: torch.Tensor  # [Nq] int64 keys at positions >= q_end are not seen
+    q_off: torch.Tensor  # [Nq+1] int32
+    q_pairs: torch.Tensor  # [P] int32
+
+    @property
+    def num_pairs(self) -> int:
+        return self.pair_query.numel()
+
+    @property
+    def num_queries(self) -> int:
+        return self.q_pos.numel()
+
+    @classmethod
+    def build(cls, blocks: list[tuple[torch.Tensor, torch.Tensor]], q_pos: list[int]) -> "DecodePlan":
+        """blocks[j]: (ids [n_j], logical indices [n_j]) int32 of query j's blocks, in logical order."""
+        counts = torch.tensor([ids.numel() for ids, _ in blocks], dtype=torch.int64)
+        ids = torch.cat([b[0] for b in blocks]).to(torch.int64) if blocks else torch.empty(0, dtype=torch.int64)
+        pos = torch.cat([b[1] for b in blocks]).to(torch.int64) if blocks else torch.empty(0, dtype=torch.int64)
+        owner = torch.repeat_interleave(torch.arange(len(blocks)), counts)
+        span = int(ids.max()) + 1 if ids.numel() else 1
+        keys, entry_item = torch.unique(pos * span + ids, return_inverse=True)  # items sorted by (position, id)
+        order = torch.argsort(entry_item * max(1, len(blocks)) + owner, stable=True)  # entries in pair order
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.numel())
+        item_off = torch.zeros(keys.numel() + 1, dtype=torch.int64)
+        item_off[1:] = torch.cumsum(torch.bincount(entry_item, minlength=keys.numel()), 0)
+        q_off = torch.zeros(len(blocks) + 1, dtype=torch.int64)
+        q_off[1:] = torch.cumsum(counts, 0)
+        positions = torch.tensor(q_pos, dtype=torch.int64)
+        return cls(
+            item_ids=(keys % span).to(torch.int32), item_pos=(keys // span).to(torch.int32),
+            item_off=item_off.to(torch.int32), pair_query=owner[order].to(torch.int32),
+            q_pos=positions, q_end=positions + 1, q_off=q_off.to(torch.int32), q_pairs=rank.to(torch.int32),
+        )
+
+    def items(self, first: int, last: int, item_ids: torch.Tensor | None = None) -> "DecodePlan":
+        """The plan restricted to items first .. last-1 (a pass through the pool), their pairs
+        keeping their numbers; `item_ids` replaces the block ids (by the slots that hold them)."""
+        return DecodePlan(
+            item_ids=self.item_ids[first:last] if item_ids is None else item_ids, item_pos=self.item_pos[first:last],
+            item_off=self.item_off[first:last + 1], pair_query=self.pair_query, q_pos=self.q_pos, q_end=self.q_end,
+            q_off=self.q_off, q_pairs=self.q_pairs,
+        )
+
+
+@dataclass(frozen=True)
+class LayerBlocks:
+    """Where one layer's blocks are read: an address table [capacity, Hkv] (by block id in the
+    store, by slot in the pool) and a way to gather them as tensors."""
+
+    k_addr: torch.Tensor
+    v_addr: torch.Tensor
+    gather: object  # (ids: list[int]) -> (k, v) [n, Hkv, 64, D]
+    k_slots: torch.Tensor | None = None  # the pool's slots [S, Hkv, 64, D] (Triton reads these)
+    v_slots: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+
+
+class TorchBackend:
+    """The reference: plain torch (CPU flash attention per block where available)."""
+
+    name = "torch"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.group = num_heads // num_kv_heads
+        self.scale = scale
+
+    def states(self, num_pairs: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.empty(num_pairs, self.num_heads, self.head_dim, device=device),
+                torch.empty(num_pairs, self.num_heads, device=device))
+
+    def decode_states(self, q: torch.Tensor, plan: DecodePlan, blocks: LayerBlocks, window: int,
+                      states: torch.Tensor, lse: torch.Tensor) -> None:
+        """Fills states [P, Hq, D] and lse [P, Hq] for the plan's items. q: [Nq, Hq, D] fp32."""
+        for i in range(plan.item_ids.numel()):
+            first, last = int(plan.item_off[i]), int(plan.item_off[i + 1])
+            queries = plan.pair_query[first:last].to(torch.int64)
+            k, v = blocks.gather([int(plan.item_ids[i])])
+            qh, row_pos = reference.rows(q[queries], plan.q_pos[queries], self.num_kv_heads)
+            out, l = reference.block_states(qh, row_pos, k, v, plan.item_pos[i:i + 1].to(torch.int64),
+                                            int(plan.q_end[queries].max()), window, self.scale)
+            # [1, Hkv, n*G, D] -> [n, Hq, D]
+            states[first:last] = reference.rows_to_tokens(out[0], last - first)
+            lse[first:last] = reference.rows_to_tokens(l[0][..., None], last - first)[..., 0]
+
+    def merge(self, states: torch.Tensor, lse: torch.Tensor, plan: DecodePlan) -> torch.Tensor:
+        """Each query's pairs merged in logical order -> [Nq, Hq, D] fp32."""
+        out = torch.empty(plan.num_queries, self.num_heads, self.head_dim, device=states.device)
+        for j in range(plan.num_queries):
+            pairs = plan.q_pairs[int(plan.q_off[j]):int(plan.q_off[j + 1])].to(torch.int64)
+            out[j] = reference.merge_states(states[pairs], lse[pairs]) if pairs.numel() else 0.0
+        return out
+
+    def block_states(self, qh, row_pos, k, v, block_pos, seq_end: int, window: int):
+        """Prefill rows over gathered blocks: per-block (out [n, Hkv, R, D], lse [n, Hkv, R])."""
+        return reference.block_states(qh, row_pos, k, v, block_pos, seq_end, window, self.scale)
+
+    def accumulator(self, qh: torch.Tensor) -> "Accumulator":
+        """Folds per-block states, pass after pass, in logical order."""
+        return Accumulator(qh)
+
+    def range_attention(self, qh, row_pos, runs, seq_end: int, window: int) -> torch.Tensor:
+        """Store path: rows over runs of consecutive blocks read in place -> merged [Hkv, R, D]."""
+        return reference.range_attention(qh, row_pos, runs, seq_end, window, self.scale)[0]
+
+
+class Accumulator:
+    """Per-block states kept and merged at the end (torch)."""
+
+    def __init__(self, qh: torch.Tensor) -> None:
+        self.qh = qh
+        self.outs: list[torch.Tensor] = []
+        self.lses: list[torch.Tensor] = []
+
+    def add(self, out: torch.Tensor, lse: torch.Tensor) -> None:
+        self.outs.append(out)
+        self.lses.append(lse)
+
+    def result(self) -> torch.Tensor:
+        if not self.outs:
+            return torch.zeros(self.qh.shape, dtype=torch.float32, device=self.qh.device)
+        return reference.merge_states(torch.cat(self.outs), torch.cat(self.lses))
+
+
+class NativeBackend(TorchBackend):
+    """The C kernels of native/: decode states over an address table and merges, in fp32."""
+
+    name = "native"
+
+    def __init__(self, lib, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, bf16: bool) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim, scale)
+        self.lib = lib
+        self.bf16 = bf16
+        self._states: torch.Tensor | None = None
+        self._lse: torch.Tensor | None = None
+
+    def states(self, num_pairs: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reused buffers (allocating them each step costs page faults)."""
+        if self._states is None or self._states.shape[0] < num_pairs:
+            size = max(num_pairs, 2 * (self._states.shape[0] if self._states is not None else 0), 64)
+            self._states = torch.empty(size, self.num_heads, self.head_dim)
+            self._lse = torch.empty(size, self.num_heads)
+        return self._states[:num_pairs], self._lse[:num_pairs]
+
+    def decode_states(self, q, plan, blocks, window, states, lse) -> None:
+        native.decode_states(self.lib, q.contiguous(), blocks.k_addr, blocks.v_addr, plan, window, self.scale,
+                             states, lse, self.bf16)
+
+    def merge(self, states, lse, plan) -> torch.Tensor:
+        out = torch.empty(plan.num_queries, self.num_heads, self.head_dim)
+        native.merge_pairs(self.lib, states, lse, plan, out)
+        return out
+
+    def accumulator(self, qh: torch.Tensor) -> native.Fold:
+        return native.Fold(self.lib, self.num_kv_heads, qh.shape[1], self.head_dim)
+
+
+class TritonBackend(TorchBackend):
+    """The Triton kernels of kvpage_kernels, over the pool's slots."""
+
+    name = "triton"
+
+    def __init__(self, ops, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim, scale)
+        self.ops = ops
+
+    def decode_states(self, q, plan, blocks, window, states, lse) -> None:
+        # one split per entry: each sequence's list names its pairs' slots, so every split is one
+        # (block, query) state
+        device = q.device
+        counts = (plan.item_off[1:] - plan.item_off[:-1]).to(torch.int64)
+        first_pair = int(plan.item_off[0])
+        pairs = torch.arange(first_pair, first_pair + int(counts.sum()))
+        queries = plan.pair_query[pairs].to(torch.int64)
+        slots = torch.repeat_interleave(plan.item_ids, counts)
+        positions = torch.repeat_interleave(plan.item_pos, counts)
+        width = int(torch.bincount(queries, minlength=plan.num_queries).max()) if pairs.numel() else 0
+        if width == 0:
+            return
+        table = torch.full((plan.num_queries, width), -1, dtype=torch.int32)
+        block_pos = torch.zeros((plan.num_queries, width), dtype=torch.int32)
+        column = torch.zeros(plan.num_queries, dtype=torch.int64)
+        where = torch.empty(pairs.numel(), dtype=torch.int64)
+        for n, query in enumerate(queries.tolist()):  # pairs come item by item: columns in logical order
+            where[n] = column[query]
+            column[query] += 1
+        table[queries, where] = slots
+        block_pos[queries, where] = positions
+        out, l = self.ops.paged_decode_attention(
+            q.to(blocks.k_slots.dtype).contiguous(), blocks.k_slots, blocks.v_slots, blocks.valid, table.to(device),
+            block_pos.to(device), (plan.q_pos + 1).to(torch.int32).to(device), scale=self.scale, window=window,
+            num_splits=width)
+        states[pairs] = out[queries, where].to(states.device)
+        lse[pairs] = l[queries, where].to(lse.device)
+
+    def merge(self, states, lse, plan) -> torch.Tensor:
+        out = torch.empty(plan.num_queries, self.num_heads, self.head_dim, device=states.device)
+        for j in range(plan.num_queries):
+            pairs = plan.q_pairs[int(plan.q_off[j]):int(plan.q_off[j + 1])].to(torch.int64)
+            if pairs.numel() == 0:
+                out[j] = 0.0
+                continue
+            out[j] = self.ops.merge_attention_states(states[pairs.to(states.device)], lse[pairs.to(states.device)],
+                                                     dim=0)[0]
+        return out
+
+    def pass_prefill(self, q, q_pos, blocks: LayerBlocks, slots, positions, window: int):
+        """Chunk queries [T, Hq, D] over one pass of slots -> (out [T, Hq, D], lse [T, Hq])."""
+        return self.ops.paged_prefill_attention(
+            q.contiguous(), q_pos, blocks.k_slots, blocks.v_slots, blocks.valid,
+            torch.tensor(slots, dtype=torch.int32, device=q.device),
+            torch.tensor(positions, dtype=torch.int32, device=q.device), scale=self.scale, window=window)
+
+    def merge_passes(self, outs, lses) -> torch.Tensor:
+        if len(outs) == 1:
+            return outs[0]
+        return self.ops.merge_attention_states(torch.stack(outs), torch.stack(lses), dim=0)[0]

@@ -1,0 +1,191 @@
+"""The block manager: the one owner of "which block is where".
+
+It keeps every context's block tables (one per store group), allocates blocks as contexts grow,
+forks them (copy-on-write: shared blocks are never copied, except the partly filled last block
+when a fork writes into it), releases them, drops blocks that fell out of every sliding window,
+and writes every K/V row, rotating K by RoPE on the way in ("baking"), so that a block is
+self-contained. Whoever keeps per-block metadata (the pool's residency, selective mode's key
+bounds) is told through the callbacks given at construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Protocol
+
+import torch
+
+from .config import BLOCK_TOKENS
+from .context import BlockTable
+from .store import BlockStore
+
+
+class BlockWatcher(Protocol):
+    """Per-block metadata that follows the blocks (selective mode's key bounds, a policy's memory)."""
+
+    def written(self, layer: int, block_id: int, k: torch.Tensor, first_rows: bool) -> None: ...
+
+    def copied(self, group_layers: list[int], src: int, dst: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Write:
+    """Rows `rows` of a step's K/V go to positions start .. start+len(rows)-1 of a context."""
+
+    tables: list[BlockTable]
+    start: int
+    rows: slice
+
+
+class BlockManager:
+    def __init__(self, store: BlockStore, on_free: Callable[[list[int], list[int]], None],
+                 watchers: Iterable[BlockWatcher] = (), bake=None) -> None:
+        """on_free(group layers, freed block ids): blocks became free (the pool forgets them).
+        watchers: told of every K write and every copy-on-write copy. bake: an optional fused
+        rotate-and-store kernel (Triton's rope_bake_store) used when no watcher needs the rows."""
+        self.store = store
+        self.on_free = on_free
+        self.watchers = list(watchers)
+        self.bake = bake
+
+    # -- tables ----------------------------------------------------------------------------------
+
+    def new_tables(self) -> list[BlockTable]:
+        return [BlockTable() for _ in self.store.groups]
+
+    def fork(self, tables: list[BlockTable]) -> list[BlockTable]:
+        """Copies of the tables that share their blocks (one more reference each)."""
+        copies = [table.copy() for table in tables]
+        for group, table in zip(self.store.groups, copies):
+            group.allocator.incref(table.live()[0])
+        return copies
+
+    def release(self, tables: list[BlockTable]) -> None:
+        for group, table in zip(self.store.groups, tables):
+            ids = [b for b in table.ids if b is not None]
+            table.ids = []
+            table.changed()
+            self._free(group, group.allocator.decref(ids))
+
+    def reserve(self, tables: list[BlockTable], total_tokens: int) -> None:
+        """Makes room in the arenas for a context growing to `total_tokens`, so that its blocks
+        come from one arena (one run: one view for attention) where possible."""
+        for group, table in zip(self.store.groups, tables):
+            if not group.window:
+                group.reserve(-(-total_tokens // BLOCK_TOKENS) - len(table.ids) + 1)
+
+    def make_room(self, tables: list[BlockTable], start: int, count: int) -> None:
+        """Blocks for positions start .. start+count-1: a shared, partly filled block at `start` is
+        copied first (copy-on-write), missing blocks are allocated."""
+        last_block = (start + count - 1) // BLOCK_TOKENS
+        offset = start % BLOCK_TOKENS
+        for group, table in zip(self.store.groups, tables):
+            if offset and start // BLOCK_TOKENS < len(table.ids):
+                index = start // BLOCK_TOKENS
+                shared = table.ids[index]
+                if shared is not None and group.allocator.refcount[shared] > 1:
+                    fresh = group.allocate(1)[0]
+                    group.copy_block(shared, fresh, offset)
+                    for watcher in self.watchers:
+                        watcher.copied(group.layers, shared, fresh)
+                    group.allocator.decref([shared])
+                    table.ids[index] = fresh
+                    table.changed()
+            missing = last_block + 1 - len(table.ids)
+            if missing > 0:
+                table.ids.extend(group.allocate(missing))
+                table.changed()
+
+    def drop_outside_windows(self, tables: list[BlockTable], num_cached: int) -> None:
+        """Frees the blocks no query after position num_cached-1 can see in a sliding-window group."""
+        for group, table in zip(self.store.groups, tables):
+            if not group.window:
+                continue
+            first_visible = max(0, num_cached - group.window + 1)
+            dropped = table.drop_before(first_visible // BLOCK_TOKENS)
+            if dropped:
+                self._free(group, group.allocator.decref(dropped))
+
+    def _free(self, group, freed: list[int]) -> None:
+        if freed:
+            self.on_free(group.layers, freed)
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    def plan_writes(self, writes: list[Write]) -> list["WritePlan"]:
+        """Where each of a step's rows goes, per store group (the same for every layer of a group)."""
+        return [WritePlan.of(group, writes) for group in self.store.groups]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, rope, plans: list["WritePlan"]) -> None:
+        """k (not rotated), v: [N, Hkv, D] of one step's rows -> their blocks, RoPE baked into K.
+
+        rope: the step's RopeAt (cos/sin of every row's position); plans: from `plan_writes`."""
+        group = self.store.group_of(layer)
+        pos = self.store.layer_pos[layer]
+        plan = plans[group.index]
+        if self.bake is not None and not self.watchers and group.device == k.device:
+            for arena, rows, offsets, select in plan.parts:
+                slot_ids = plan.arena_rows(arena, k.device)
+                self.bake(k.contiguous(), v.contiguous(), rope.positions.to(torch.int32),
+                          rope.params.inv_freq.to(k.device), group.k_arenas[pos][arena].transpose(0, 1),
+                          group.v_arenas[pos][arena].transpose(0, 1), slot_ids, plan.offsets_int32(k.device),
+                          attention_scaling=rope.params.attention_scaling)
+            return
+        k = rope.apply(k).to(group.device)
+        v = v.to(group.device)
+        for arena, rows, offsets, select in plan.parts:
+            ks, vs = (k, v) if select is None else (k[select], v[select])
+            # arena [Hkv, A, 64, D][:, rows, offsets] <- [Hkv, n, D]
+            group.k_arenas[pos][arena][:, rows, offsets] = ks.transpose(0, 1)
+            group.v_arenas[pos][arena][:, rows, offsets] = vs.transpose(0, 1)
+        for write in plan.writes if self.watchers else ():
+            self._tell_watchers(layer, group, write, k[write.rows])
+
+    def _tell_watchers(self, layer: int, group, write: Write, k: torch.Tensor) -> None:
+        """k: [t, Hkv, D] rotated rows of one write, told block by block."""
+        ids = write.tables[group.index].ids
+        done, total = 0, k.shape[0]
+        while done < total:
+            block, offset = divmod(write.start + done, BLOCK_TOKENS)
+            count = min(BLOCK_TOKENS - offset, total - done)
+            rows = k[done:done + count].transpose(0, 1)
+            for watcher in self.watchers:
+                watcher.written(layer, ids[block], rows, offset == 0)
+            done += count
+
+
+@dataclass
+class WritePlan:
+    """One store group's destinations for a step's rows: per arena, (arena, rows [n], offsets [n],
+    the step rows that go there [n] or None for all), and the writes themselves."""
+
+    writes: list[Write]
+    parts: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    arenas: list[int]
+    rows: list[int]
+    offsets: list[int]
+
+    @classmethod
+    def of(cls, group, writes: list[Write]) -> "WritePlan":
+        arenas, rows, offsets = [], [], []
+        for write in writes:
+            ids = write.tables[group.index].ids
+            for position in range(write.start, write.start + write.rows.stop - write.rows.start):
+                block_id = ids[position // BLOCK_TOKENS]
+                arenas.append(group.arena_of[block_id])
+                rows.append(group.row_of[block_id])
+                offsets.append(position % BLOCK_TOKENS)
+        parts = []
+        for arena in sorted(set(arenas)):
+            mine = [i for i, a in enumerate(arenas) if a == arena]
+            select = torch.tensor(mine) if len(mine) != len(arenas) else None
+            parts.append((arena, torch.tensor([rows[i] for i in mine]), torch.tensor([offsets[i] for i in mine]), select))
+        return cls(writes, parts, arenas, rows, offsets)
+
+    def arena_rows(self, arena: int, device) -> torch.Tensor:
+        """int32 [N]: each row's block row in `arena`, -1 for rows that go to another arena."""
+        return torch.tensor([r if a == arena else -1 for a, r in zip(self.arenas, self.rows)], dtype=torch.int32,
+                            device=device)
+
+    def offsets_int32(self, device) -> torch.Tensor:
+        return torch.tensor(self.offsets, dtype=torch.int32, device=device)
