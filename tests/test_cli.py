@@ -348,15 +348,15 @@ def test_ctrl_c_writes_no_out_file(cli, contract, tmp_path, interrupt_after_two)
 # -- ask ------------------------------------------------------------------------------------------
 
 def test_ask_streams_each_piece_as_it_is_decoded(cli, contract, monkeypatch):
-    real = Asker.answer
+    real = Asker.answers
     seen: list[tuple[str, str]] = []
 
-    def answer(self):
-        for piece in real(self):
+    def answers(self):
+        for index, piece in real(self):
             seen.append((piece, sys.stdout.buffer.getvalue().decode()))  # stdout before this piece
-            yield piece
+            yield index, piece
 
-    monkeypatch.setattr(Asker, "answer", answer)
+    monkeypatch.setattr(Asker, "answers", answers)
     result = cli("ask", contract, "How long is the initial term?", "--max-new-tokens", "6")
     assert result.exit_code == 0, result.stderr
     assert seen
@@ -378,10 +378,36 @@ def test_ask_json_over_a_repository(cli):
 
 
 def test_ask_reads_stdin(cli):
-    result = cli("ask", "-", "Who pays?", "--json", "-q", input=CONTRACT.encode())
+    result = cli("ask", "-", "Who pays?", "--json", "--quiet", input=CONTRACT.encode())
     assert result.exit_code == 0, result.stderr
     assert result.stderr == ""
     assert json.loads(result.stdout)["source"] == "-"
+
+
+def test_several_questions_are_answered_in_order_each_as_it_would_be_alone(cli, contract):
+    questions = ["Who pays?", "What law governs?", "How long is the initial term?"]
+    alone = [json.loads(cli("ask", contract, q, "--json", "--max-new-tokens", "5").stdout)["answer"] for q in questions]
+    args = ["ask", contract, questions[0], "-q", questions[1], "-q", questions[2], "--max-new-tokens", "5"]
+    result = cli(*args)
+    assert result.exit_code == 0, result.stderr
+    expected = "\n".join(f"Q{i + 1}: {q}\n{a}\n" for i, (q, a) in enumerate(zip(questions, alone)))
+    assert _squash(result.stdout) == _squash(expected)
+    listed = json.loads(cli(*args, "--json").stdout)
+    assert [d["question"] for d in listed] == questions and [d["answer"] for d in listed] == alone
+    assert [d["question_index"] for d in listed] == [0, 1, 2] and all(d["complete"] for d in listed)
+    lines = [json.loads(line) for line in cli(*args, "--jsonl").stdout.splitlines()]
+    assert sorted(d["question_index"] for d in lines) == [0, 1, 2] and all(d["type"] == "answer" for d in lines)
+    markdown = cli(*args, "--format", "markdown").stdout
+    assert [markdown.index(f"## {q}") for q in questions] == sorted(markdown.index(f"## {q}") for q in questions)
+
+
+def _squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_ask_without_a_question_is_a_usage_error(cli, contract):
+    result = cli("ask", contract)
+    assert result.exit_code == 2 and "give a question" in result.stderr
 
 
 # -- info -----------------------------------------------------------------------------------------

@@ -85,7 +85,39 @@ def test_ask_streams_text_and_refuses_an_empty_question(tiny_engine):
     doc = load(str(SAMPLES / "repo"))
     asker = Asker(tiny_engine, doc, "Where is the VAT rate?", max_new_tokens=8)
     pieces = list(asker.answer())
-    assert asker.complete and asker.document_tokens > 1000
+    assert all(asker.complete) and asker.document_tokens > 1000
     assert all(isinstance(p, str) for p in pieces)
     with pytest.raises(ValueError, match="empty"):
         Asker(tiny_engine, doc, "  ")
+
+
+def test_an_answer_that_loops_is_cut_after_its_first_copy():
+    from kvpage_cli.tasks.ask import LOOP_TOKENS, loop_start
+
+    line = list(range(100, 140))  # a 40-token line said twice: a loop
+    assert loop_start([1, 2, 3] + line + line) == 3 + 40
+    word = [7]  # one token over and over
+    assert loop_start([1, 2] + word * LOOP_TOKENS) == 3
+    assert loop_start([1, 2] + word * (LOOP_TOKENS - 1)) is None  # not yet long enough to call it a loop
+    pair = [5, 6]
+    assert loop_start([9] + pair * (LOOP_TOKENS // 2)) == 3
+    assert loop_start(list(range(200))) is None  # no repetition at all
+    table = [1, 2, 3, 4, 5, 1, 2, 3, 4, 6]  # a repeated start that does not repeat to the end
+    assert loop_start(table) is None
+
+
+def test_a_base_model_gets_a_question_to_continue_not_an_instruction(tiny_engine):
+    from kvpage_cli.tasks.chat import PromptBuilder
+
+    tokenizer = tiny_engine.tokenizer
+    saved = tokenizer.chat_template
+    tokenizer.chat_template = None  # the same tokenizer, as a base model has it
+    try:
+        doc = load(str(SAMPLES / "contract.txt"))
+        asker = Asker(tiny_engine, doc, "Who pays?", max_new_tokens=4)
+        assert not asker.prompts.chat
+        text = tokenizer.decode(asker.prefix_ids + asker.question_ids[0])
+        assert text.rstrip().endswith("Question: Who pays?\n\nAnswer:")
+        assert "briefly and precisely" not in text
+    finally:
+        tokenizer.chat_template = saved

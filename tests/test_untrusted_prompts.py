@@ -74,7 +74,7 @@ def test_review_and_ask_still_work_on_a_hostile_document(tiny_engine, hostile_do
         assert doc.text[f.start:f.end] == f.quote
     asker = Asker(tiny_engine, doc, "Who pays? " + SMOLLM2_ATTACK, max_new_tokens=4)
     list(asker.answer())
-    assert asker.complete
+    assert all(asker.complete)
 
 
 @pytest.mark.real_model
@@ -91,7 +91,7 @@ def test_gemma_base_prompts_carry_no_control_token_from_the_document(gemma, host
     # and the model reads it: a short answer comes out of the real engine
     asker = Asker(gemma, doc, "Who pays?", max_new_tokens=3)
     list(asker.answer())
-    assert asker.complete
+    assert all(asker.complete)
 
 
 def test_text_ids_never_returns_a_special_id_even_when_the_tokenizer_ignores_the_split(tiny_engine):

@@ -1,4 +1,4 @@
-"""`kvpage ask PATH QUESTION`: a question over a file, a code repository or stdin."""
+"""`kvpage ask PATH QUESTION`: questions over a file, a code repository or stdin."""
 
 from __future__ import annotations
 
@@ -13,15 +13,21 @@ from .options import GENERATION, MODEL, OUTPUT, RUN, Options, shared_options
 from .output import Sink, check_out_path, choose_format
 from .session import Interrupted, Session, document_label, stats_dict
 
-FORMATS = ("text", "markdown", "json")
+FORMATS = ("text", "markdown", "json", "jsonl")
 DEFAULT_ANSWER_TOKENS = 256
 
 
-@shared_options(MODEL, GENERATION, OUTPUT, RUN)
+@shared_options(MODEL, GENERATION, OUTPUT, RUN, taken=("-q",))
 def ask(
     path: Annotated[str, typer.Argument(metavar="PATH", show_default=False,
                                         help="A file (PDF, DOCX, text, code), a directory (a repository) or - for stdin.")],
-    question: Annotated[str, typer.Argument(metavar="QUESTION", show_default=False, help="The question, in quotes.")],
+    question: Annotated[str | None, typer.Argument(metavar="[QUESTION]", show_default=False,
+                                                   help="The question, in quotes.")] = None,
+    more: Annotated[list[str] | None, typer.Option("--question", "-q", metavar="QUESTION", show_default=False,
+                                                   help="A question; repeat for several, answered together over "
+                                                        "one reading of the document.")] = None,
+    jsonl: Annotated[bool, typer.Option("--jsonl", rich_help_panel=OUTPUT,
+                                        help="One JSON line per answer, as each is complete.")] = False,
     temperature: Annotated[float, typer.Option("--temperature", "-t", min=0.0, rich_help_panel=GENERATION,
                                                help="0 decodes greedily; higher samples more freely.")] = 0.0,
     password: Annotated[str | None, typer.Option("--password", rich_help_panel="Input",
@@ -29,69 +35,139 @@ def ask(
     *,
     opts: Options,
 ) -> None:
-    """Ask a question about a document, a code repository or stdin; the answer streams to stdout.
+    """Ask questions about a document, a code repository or stdin; answers stream to stdout.
 
     PATH is a file, a directory (a code repository: .gitignore is honoured, binary files are
     skipped) or `-` to read stdin. The document is prefilled once, then the answer is decoded
-    and printed as it comes, so `kvpage ask ... | cat` streams. `--json` prints one JSON
-    document at the end instead.
+    and printed as it comes, so `kvpage ask ... | cat` streams. Several questions (`-q` again
+    and again) are answered together over that one prefill: each answer is printed under its
+    question, in order. `--json` prints one JSON document at the end (a list for several
+    questions); `--jsonl` one line per answer as each is complete. Here `-q` is a question:
+    quiet is `--quiet`.
 
     Examples:
 
     ```
     kvpage ask samples/repo "Where is the VAT rate configured and what is it?"
     kvpage ask samples/contract.pdf "When does the initial term end?"
+    kvpage ask contract.pdf -q "Who can terminate?" -q "What law governs?" -q "Is liability capped?"
     git log -p -20 | kvpage ask - "Which commit changed the rounding?"
     kvpage ask report.docx "Summarise the findings" --json --max-new-tokens 400
     ```
     """
-    if not question.strip():
+    questions = ([question] if question is not None else []) + list(more or [])
+    if not questions:
+        raise UsageError("give a question (QUESTION, or -q QUESTION for each of several)")
+    if any(not q.strip() for q in questions):
         raise UsageError("the question is empty")
-    fmt = choose_format(opts.json_out, opts.fmt, opts.out, FORMATS)
+    fmt = choose_format(opts.json_out, opts.fmt, opts.out, FORMATS, jsonl=jsonl)
     check_out_path(opts.out)
     sink = Sink(opts.out, opts.no_color)
     with Session(opts) as session:
         doc = session.read_document(path, password=password, allow_directory=True)
         engine = session.load_engine()
         try:
-            asker = Asker(engine, doc, question, max_new_tokens=opts.max_new_tokens or DEFAULT_ANSWER_TOKENS,
+            asker = Asker(engine, doc, questions, max_new_tokens=opts.max_new_tokens or DEFAULT_ANSWER_TOKENS,
                           temperature=temperature, on_event=session.reporter, label=document_label(path))
         except ValueError as exc:  # a model without a tokenizer
             raise ModelError(f"{opts.model}: {exc}") from None
-        streaming = fmt != "json"
-        pieces: list[str] = []
+        printer = _Printer(sink, fmt, asker.questions)
+        answers = [""] * len(questions)
         try:
-            for piece in asker.answer():
-                if streaming and not pieces:
-                    if sink.is_terminal:  # the answer itself shows the progress now
-                        session.reporter.stop_bars()
-                    if fmt == "markdown":
-                        sink.write(render.ask_markdown_head(doc.source, asker.question))
-                pieces.append(piece)
-                if streaming:
-                    sink.write(piece)
+            for index, piece in asker.answers():
+                if printer.streams and not any(answers) and sink.is_terminal:
+                    session.reporter.stop_bars()  # the answer itself shows the progress now
+                answers[index] += piece
+                printer.piece(index, piece)
+                if asker.complete[index]:
+                    printer.done(index, answers[index], _result(asker, engine, doc, index, answers[index], session))
         except KeyboardInterrupt:
-            if streaming and pieces and opts.out is None:
-                sink.write("\n")
+            printer.interrupted()
             sink.discard()
-            where = f"{opts.out} was not written" if opts.out is not None else "the answer printed is partial"
-            raise Interrupted(f"stopped after {len(''.join(pieces).split())} words; {where}") from None
-        answer = "".join(pieces)
+            where = f"{opts.out} was not written" if opts.out is not None else "the answers printed are partial"
+            words = sum(len(a.split()) for a in answers)
+            raise Interrupted(f"stopped after {words} words; {where}") from None
         session.reporter.stop_bars()
-        if not answer.strip():
-            session.warn("the model gave an empty answer")
-        if streaming:
-            if fmt == "markdown" and not pieces:
-                sink.write(render.ask_markdown_head(doc.source, asker.question))
-            sink.write("\n")
-            if fmt == "markdown":
-                sink.write(render.ask_markdown_tail(engine.name, engine.config.mode, doc.source))
-        else:
-            result = AskResult(
-                source=doc.source, question=asker.question, answer=answer.strip(), model=engine.name,
-                mode=engine.config.mode, document_tokens=asker.document_tokens, cached_tokens=asker.cached_tokens,
-                complete=asker.complete, warnings=list(doc.warnings), stats=stats_dict(engine, session.elapsed()),
-            )
-            sink.write(render.ask_json(result))
+        results = [_result(asker, engine, doc, i, answers[i], session) for i in range(len(questions))]
+        for i, result in enumerate(results):
+            if not result.answer:
+                session.warn(f"the model gave an empty answer to {asker.questions[i]!r}" if len(questions) > 1
+                             else "the model gave an empty answer")
+            printer.done(i, answers[i], result)
+        printer.finish(results, engine.name, engine.config.mode, doc.source)
         sink.commit()
         session.print_stats(engine)
+
+
+def _result(asker: Asker, engine, doc, index: int, answer: str, session: Session) -> AskResult:
+    return AskResult(
+        source=doc.source, question=asker.questions[index], answer=answer.strip(), model=engine.name,
+        mode=engine.config.mode, document_tokens=asker.document_tokens, cached_tokens=asker.cached_tokens,
+        complete=asker.complete[index], warnings=list(doc.warnings), stats=stats_dict(engine, session.elapsed()),
+        question_index=index,
+    )
+
+
+class _Printer:
+    """Writes answers as they come: the answer being shown streams; answers to later questions
+    that finish first wait for their turn, so the output reads in question order."""
+
+    def __init__(self, sink: Sink, fmt: str, questions: list[str]) -> None:
+        self.sink = sink
+        self.fmt = fmt
+        self.questions = questions
+        self.several = len(questions) > 1
+        self.streams = fmt in ("text", "markdown")
+        self.shown = 0  # the question whose answer is being streamed
+        self.started = False
+        self.pending: dict[int, str] = {}  # answers (so far) of later questions
+        self.finished: set[int] = set()
+        self.emitted: set[int] = set()  # --jsonl lines written
+
+    def piece(self, index: int, piece: str) -> None:
+        if not self.streams:
+            return
+        if index == self.shown:
+            self._open()
+            self.sink.write(piece)
+        else:
+            self.pending[index] = self.pending.get(index, "") + piece
+
+    def done(self, index: int, answer: str, result: AskResult) -> None:
+        if self.fmt == "jsonl":
+            if index not in self.emitted:
+                self.emitted.add(index)
+                self.sink.write(render.ask_jsonl(result))
+            return
+        if not self.streams or index in self.finished:
+            return
+        self.finished.add(index)
+        while self.shown in self.finished and self.shown < len(self.questions):
+            self._open()
+            self.sink.write("\n")
+            self.shown += 1
+            self.started = False
+            if self.shown < len(self.questions):
+                self._open()
+                self.sink.write(self.pending.pop(self.shown, ""))
+
+    def _open(self) -> None:
+        """The question's heading, once, before its answer."""
+        if self.started:
+            return
+        self.started = True
+        question = self.questions[self.shown]
+        if self.fmt == "markdown":
+            self.sink.write(render.ask_markdown_head(question, first=self.shown == 0))
+        elif self.several:
+            self.sink.write(("\n" if self.shown else "") + f"Q{self.shown + 1}: {question}\n")
+
+    def interrupted(self) -> None:
+        if self.streams and self.started:
+            self.sink.write("\n")
+
+    def finish(self, results: list[AskResult], model: str, mode: str, source: str) -> None:
+        if self.fmt == "json":
+            self.sink.write(render.ask_json(results[0]) if len(results) == 1 else render.asks_json(results))
+        elif self.fmt == "markdown":
+            self.sink.write(render.ask_markdown_tail(model, mode, source))

@@ -15,6 +15,7 @@ feeds `EngineConfig`, `config=` names the field (or maps the value to fields), e
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import os
@@ -134,10 +135,12 @@ class Options:
             raise UsageError(str(exc)) from None
 
 
-def shared_options(*groups: str) -> Callable:
+def shared_options(*groups: str, taken: tuple[str, ...] = ()) -> Callable:
     """Adds the shared options of `groups` to a command that takes `opts: Options`.
 
     The command's own parameters come first in --help; the shared ones follow in their panels.
+    `taken`: short names the command uses for options of its own (`ask -q QUESTION`); the shared
+    options keep only their other names there (`--quiet`).
     The wrapped function is called as `fn(**own, opts=Options(...))` inside the error guard."""
 
     def decorate(fn: Callable) -> Callable:
@@ -146,7 +149,7 @@ def shared_options(*groups: str) -> Callable:
         added = [s for s in SHARED if s.group in groups]
         params = own + [
             inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=s.default,
-                              annotation=Annotated[s.type, s.option])
+                              annotation=Annotated[s.type, _without(s.option, taken)])
             for s in added
         ]
 
@@ -162,3 +165,13 @@ def shared_options(*groups: str) -> Callable:
         return command
 
     return decorate
+
+
+def _without(option: Any, names: tuple[str, ...]) -> Any:
+    """The typer option without the declarations in `names`."""
+    decls = tuple(d for d in option.param_decls if d not in names)
+    if len(decls) == len(option.param_decls):
+        return option
+    copy_ = copy.copy(option)
+    copy_.param_decls = decls
+    return copy_

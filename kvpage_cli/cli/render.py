@@ -139,8 +139,21 @@ def ask_json(result: AskResult) -> str:
     return json.dumps(ordered, ensure_ascii=False, indent=2) + "\n"
 
 
-def ask_markdown_head(source: str, question: str) -> str:
-    return f"## {question}\n\n"
+def asks_json(results: list[AskResult]) -> str:
+    """Several questions: a list of answers."""
+    data = [{"schema_version": r.schema_version, **{k: v for k, v in r.to_dict().items() if k != "schema_version"}}
+            for r in results]
+    return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
+
+
+def ask_jsonl(result: AskResult) -> str:
+    data = result.to_dict()
+    ordered = {"type": "answer", "schema_version": data.pop("schema_version"), **data}
+    return json.dumps(ordered, ensure_ascii=False) + "\n"
+
+
+def ask_markdown_head(question: str, first: bool = True) -> str:
+    return ("" if first else "\n") + f"## {question}\n\n"
 
 
 def ask_markdown_tail(model: str, mode: str, source: str) -> str:

@@ -1,10 +1,16 @@
-"""Ask: a question over a document (a file, a repository, stdin); the answer streams as decoded."""
+"""Ask: questions over a document (a file, a repository, stdin); answers stream as they are decoded.
+
+The document is prefilled once; every question forks it and the answers are decoded together in
+one batch. An instruction model gets the question in its chat template; a base model gets text
+to continue ("Question: ... Answer:"), never an instruction it would echo.
+"""
 
 from __future__ import annotations
 
 from typing import Iterator
 
 from ..engine import Engine
+from ..engine.engine import Request
 from ..engine.events import EventCallback
 from ..errors import ContextTooLongError
 from ..ingest import Document
@@ -15,24 +21,31 @@ _KINDS = {"pdf": "a PDF document", "docx": "a Word document", "text": "a text fi
 
 
 class Asker:
-    """One question over one document. `answer()` yields the answer's text as it is decoded."""
+    """Questions over one document. `answers()` yields (question index, text) pieces as they are decoded."""
 
-    def __init__(self, engine: Engine, doc: Document, question: str, max_new_tokens: int = 256,
-                 temperature: float = 0.0, on_event: EventCallback | None = None, label: str | None = None) -> None:
-        if not question.strip():
+    def __init__(self, engine: Engine, doc: Document, questions: str | list[str], max_new_tokens: int = 256,
+                 temperature: float = 0.0, on_event: EventCallback | None = None, label: str | None = None,
+                 max_batch: int | None = None) -> None:
+        questions = [questions] if isinstance(questions, str) else list(questions)
+        if not questions or any(not q.strip() for q in questions):
             raise ValueError("the question is empty")
         self.engine = engine
         self.doc = doc
-        self.question = question.strip()
+        self.questions = [q.strip() for q in questions]
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.on_event = on_event
         self.label = label
+        self.max_batch = max_batch
         self.prompts = PromptBuilder(engine.tokenizer)
         document = render("document", kind=_KINDS.get(doc.kind, doc.kind), source=doc.source, text=doc.text.strip())
         self.prefix_ids = self.prompts.prefix(document)
-        self.question_ids = self.prompts.question(render("ask", question=self.question))
-        needed = len(self.prefix_ids) + len(self.question_ids) + max_new_tokens
+        if self.prompts.chat:
+            self.question_ids = [self.prompts.question(render("ask", question=q)) for q in self.questions]
+        else:  # text to continue: "Question: ...", a blank line, "Answer:"
+            self.question_ids = [self.prompts.question(render("ask_base", question=q), answer_prefix="Answer:")
+                                 for q in self.questions]
+        needed = len(self.prefix_ids) + max(len(ids) for ids in self.question_ids) + max_new_tokens
         if needed > engine.max_context:
             raise ContextTooLongError(
                 needed, engine.max_context,
@@ -40,45 +53,77 @@ class Asker:
                 "--max-new-tokens, or use a model with a longer context (e.g. --model gemma3-270m, 32K tokens)",
             )
         self.cached_tokens = 0
-        self.complete = False
+        self.complete = [False] * len(self.questions)
+
+    @property
+    def question(self) -> str:
+        return self.questions[0]
 
     @property
     def document_tokens(self) -> int:
         return len(self.prefix_ids)
 
     def answer(self) -> Iterator[str]:
-        """Prefills the document, then decodes, yielding each new piece of text."""
-        engine = self.engine
-        ctx = engine.prefill(self.prefix_ids, on_event=self.on_event, label=self.label)
-        self.cached_tokens = ctx.cached_prefix
-        stop = engine.stop_ids
-        tokens: list[int] = []
-        shown = ""
-        for token in engine.generate(ctx, self.question_ids, max_new_tokens=self.max_new_tokens,
-                                     temperature=self.temperature, stop=stop, on_event=self.on_event):
-            if token in stop:
-                break
-            tokens.append(token)
-            if _repeating(tokens):
-                break
-            text = self.prompts.decode(tokens)
-            if text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
-                continue
-            piece, shown = text[len(shown):], text
-            if piece:
+        """The first question's answer, piece by piece (one question: `kvpage ask PATH QUESTION`)."""
+        for index, piece in self.answers():
+            if index == 0:
                 yield piece
-        text = self.prompts.decode(tokens)
-        if len(text) > len(shown):
-            yield text[len(shown):]
-        self.complete = True
+
+    def answers(self) -> Iterator[tuple[int, str]]:
+        """Prefills the document, then decodes every answer together, yielding (question index,
+        new text) as it comes; an answer ends at the model's end token, at max_new_tokens, or when
+        it starts to loop."""
+        engine = self.engine
+        doc_ctx = engine.prefill(self.prefix_ids, on_event=self.on_event, label=self.label)
+        self.cached_tokens = doc_ctx.cached_prefix
+        stop = engine.stop_ids
+        requests = [Request(engine.fork(doc_ctx), ids, self.max_new_tokens, self.temperature, stop=stop, tag=i)
+                    for i, ids in enumerate(self.question_ids)]
+        engine.release(doc_ctx)  # the forks hold the document's blocks now
+        tokens: list[list[int]] = [[] for _ in requests]
+        shown = [""] * len(requests)
+        for request, token in engine.run(requests, max_batch=self.max_batch, on_event=self.on_event):
+            i = request.tag
+            if token in stop:
+                continue
+            tokens[i].append(token)
+            loop = loop_start(tokens[i])
+            if loop is not None:
+                del tokens[i][loop:]
+                request.done = True  # leaves the batch at the end of this step
+            text = self.prompts.decode(tokens[i])
+            if text.endswith("\ufffd") and not request.done:  # a character split across tokens: wait for the rest
+                continue
+            piece, shown[i] = text[len(shown[i]):], text
+            if piece:
+                yield i, piece
+            if request.done:
+                self.complete[i] = True
+        for i, request in enumerate(requests):
+            text = self.prompts.decode(tokens[i])
+            if len(text) > len(shown[i]):
+                yield i, text[len(shown[i]):]
+            self.complete[i] = True
+            engine.release(request.ctx)
 
 
-REPEAT_WINDOW = 24
+LOOP_TOKENS = 32  # a block repeated back to back over at least this many tokens is a loop
 
 
-def _repeating(tokens: list[int]) -> bool:
-    """True when the last REPEAT_WINDOW tokens already occurred earlier: the model is looping."""
-    if len(tokens) < 2 * REPEAT_WINDOW:
-        return False
-    tail = tokens[-REPEAT_WINDOW:]
-    return any(tokens[i:i + REPEAT_WINDOW] == tail for i in range(len(tokens) - REPEAT_WINDOW))
+def loop_start(tokens: list[int]) -> int | None:
+    """Where the answer starts looping (the index after the loop's first copy), or None.
+
+    A loop is any block of p tokens that ends the answer and repeats back to back, at least twice
+    and over at least LOOP_TOKENS tokens in all ("the the the ...", or a whole line said again and
+    again), whatever p is."""
+    n = len(tokens)
+    last = tokens[-1] if tokens else None
+    for period in range(1, n // 2 + 1):
+        if tokens[n - 1 - period] != last:
+            continue
+        repeats = 1
+        while (repeats + 1) * period <= n and tokens[n - (repeats + 1) * period:n - repeats * period] == tokens[n - period:]:
+            repeats += 1
+        if repeats >= 2 and repeats * period >= LOOP_TOKENS:
+            return n - (repeats - 1) * period
+    return None

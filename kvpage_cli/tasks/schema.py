@@ -84,6 +84,7 @@ class AskResult:
     complete: bool = True
     warnings: list[str] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
+    question_index: int = 0  # its place among the questions asked together
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
