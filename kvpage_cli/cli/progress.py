@@ -35,6 +35,7 @@ class Reporter:
         self._progress: Progress | None = None
         self._tasks: dict[str, TaskID] = {}
         self._finished: set[str] = set()
+        self._rate = ""  # the latest decode throughput
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -78,9 +79,14 @@ class Reporter:
                 self._finished.add("prefill")
         elif isinstance(event, DecodeProgress):
             rate = event.generated / event.elapsed_s if event.elapsed_s > 0 else 0.0
-            self._update("decode", event.generated, None, f"{event.generated:,} tok", f"{rate:,.1f} tok/s")
+            together = f", {event.sequences} at once" if event.sequences > 1 else ""
+            self._rate = f"{rate:,.1f} tok/s{together}"
+            if "clauses" in self._tasks:  # a review: its clause bar shows how fast it decodes
+                self._progress.update(self._tasks["clauses"], rate=self._rate)
+            else:
+                self._update("decode", event.generated, None, f"{event.generated:,} tok", self._rate)
         elif isinstance(event, ReviewProgress):
-            self._update("clauses", event.done, event.total, f"{event.done}/{event.total}", "")
+            self._update("clauses", event.done, event.total, f"{event.done}/{event.total}", self._rate)
         elif isinstance(event, BlocksMoved):
             self.blocks_moved += event.blocks
             self.bytes_moved += event.bytes

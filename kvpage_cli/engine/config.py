@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kvpage_kernels.constants import BLOCK_TOKENS  # tokens per block: the unit of KV storage, movement and selection
 
-MODES = ("exact", "selective")
+MODES = ("auto", "exact", "selective", "retrieval")
 DTYPES = ("float32", "bfloat16")
 BACKENDS = ("auto", "torch", "native", "triton")
 KV_PATHS = ("auto", "pool", "store")
@@ -27,8 +27,11 @@ class EngineConfig:
 
     pool_mib: size of the slot pool on the compute device, in MiB, for all layers together.
         It does not depend on the context length.
-    mode: "exact" (every block takes part in every step) or "selective" (the policy's blocks
-        plus the always-kept ones).
+    mode: "exact" (every block takes part in every step), "selective" (the policy's blocks plus
+        the always-kept ones), "retrieval" (a document longer than the context is indexed window
+        by window and each question reads the blocks chosen for it; see library.py) or "auto"
+        (exact when the prompt fits the model's context, retrieval when it does not). The engine
+        attends exactly in all but selective mode; the tasks build retrieval on it.
     dtype: "float32" or "bfloat16" for weights, activations and KV.
     backend: "auto" (Triton on CUDA, the native CPU kernels on CPU when a C compiler is
         available, else torch), "torch", "native" or "triton".
@@ -52,10 +55,12 @@ class EngineConfig:
         prompt starts with the same tokens (see `kvcache.KVCache`).
     cache_mib: size limit of that cache; least recently used entries are evicted beyond it.
     max_batch: the most sequences `Engine.run` advances in one forward pass (continuous batching).
+    retrieval_tokens: retrieval mode's budget: the most document tokens a question attends (also
+        bounded by the model's context).
     """
 
     pool_mib: float = 64.0
-    mode: str = "exact"
+    mode: str = "auto"
     dtype: str = "float32"
     backend: str = "auto"
     device: str = "auto"
@@ -72,6 +77,7 @@ class EngineConfig:
     kv_cache: bool = False
     cache_mib: float = DEFAULT_CACHE_MIB
     max_batch: int = 16
+    retrieval_tokens: int = 4096
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -92,6 +98,8 @@ class EngineConfig:
             raise ValueError(f"recent_blocks must be >= 0, got {self.recent_blocks}")
         if self.host_mib is not None and self.host_mib < 0:
             raise ValueError(f"host_mib must be >= 0, got {self.host_mib}")
+        if self.retrieval_tokens < BLOCK_TOKENS:
+            raise ValueError(f"retrieval_tokens must be at least {BLOCK_TOKENS}, got {self.retrieval_tokens}")
         if not 1 <= self.max_batch <= 1024:
             raise ValueError(f"max_batch must be between 1 and 1024, got {self.max_batch}")
         if not self.cache_mib > 0:

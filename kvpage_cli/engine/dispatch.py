@@ -28,6 +28,8 @@ from .pool import SlotPool
 from .spec import ModelSpec
 from .store import BlockStore
 
+SCORE_QUERY_TOKENS = 16  # a prompt's final tokens whose queries rank blocks ("scores" policy, retrieval)
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -75,6 +77,7 @@ class AttentionDispatch:
         self.selector = None
         self.copy_seconds = 0.0
         self.captured: dict[int, dict[int, tuple[torch.Tensor, int]]] = {}  # ctx id -> layer -> (q rows, first position)
+        self.capture_ids: set[int] = set()  # contexts whose prompt queries are kept whatever the mode
 
     def use_selector(self, selector) -> None:
         """Selective decoding with this selector (None: exact, every block)."""
@@ -89,8 +92,8 @@ class AttentionDispatch:
             out[step.decode_rows] = self._decode(layer, q[step.decode_rows].float(), step)
         for segment in step.prefill:
             qs = q[segment.rows]
-            if self.capture_rows:
-                keep = min(self.capture_rows, segment.count)
+            if self.capture_rows or segment.ctx.id in self.capture_ids:
+                keep = min(self.capture_rows or SCORE_QUERY_TOKENS, segment.count)
                 self.captured.setdefault(segment.ctx.id, {})[layer] = (qs[-keep:].clone(), segment.start + segment.count - keep)
             out[segment.rows] = self._prefill(layer, qs, segment.start, segment.ctx)
         return out

@@ -22,7 +22,7 @@ from .backend import NativeBackend, TorchBackend, TritonBackend
 from .block_manager import BlockManager, Write
 from .config import BLOCK_TOKENS, EngineConfig, default_home
 from .context import Context
-from .dispatch import AttentionDispatch, Segment, Step
+from .dispatch import SCORE_QUERY_TOKENS, AttentionDispatch, Segment, Step
 from .events import DecodeProgress, EngineWarning, EventCallback, PrefillProgress, StepDone, emit
 from .kvcache import CachedPrefill, KVCache, chain_seed, model_fingerprint, segment_tokens_for
 from .metrics import EngineStats, Metrics
@@ -36,8 +36,6 @@ from .selector import Selector
 from .spec import ModelSpec
 from .store import BlockStore
 from .weights import DEFAULT_MODEL, load_weights
-
-SCORE_QUERY_TOKENS = 16  # final prompt tokens whose attention scores the blocks ("scores" policy)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -236,6 +234,18 @@ class Engine:
         finally:
             cached.finish()
         return ctx
+
+    def queries_after(self, ctx: Context, token_ids: list[int]) -> dict[int, tuple[torch.Tensor, int]]:
+        """The queries of the last tokens of `token_ids` read after `ctx` (on a fork, released):
+        layer -> (q [t, Hq, D] rotated, position of its first row)."""
+        fork = self.fork(ctx)
+        self.dispatch.capture_ids.add(fork.id)
+        try:
+            self._append_one(fork, list(token_ids), None)
+            return fork.score_queries
+        finally:
+            self.dispatch.capture_ids.discard(fork.id)
+            self.release(fork)
 
     def block_scores(self, ctx: Context) -> list[torch.Tensor] | None:
         """Per layer, each block's share of the attention the newest prompt's final tokens pay

@@ -27,6 +27,15 @@ class PrefillProgress:
 
 
 @dataclass(frozen=True)
+class IndexProgress:
+    """Retrieval: `done` of `total` document tokens indexed (window by window) after `elapsed_s`."""
+
+    done: int
+    total: int
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
 class DecodeProgress:
     """`generated` new tokens (over every sequence of the run) after `elapsed_s` seconds of
     decoding; `token_id` is the newest; `sequences` were decoding together."""
@@ -63,7 +72,7 @@ class EngineWarning:
     message: str
 
 
-Event = Union[ModelLoading, PrefillProgress, DecodeProgress, BlocksMoved, StepDone, EngineWarning]
+Event = Union[ModelLoading, PrefillProgress, IndexProgress, DecodeProgress, BlocksMoved, StepDone, EngineWarning]
 EventCallback = Callable[[Event], None]
 
 

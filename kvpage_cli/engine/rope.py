@@ -4,7 +4,10 @@ The inverse frequencies and the attention scaling come from the architecture's o
 transformers RotaryEmbedding module (so every scaling variant transformers knows, and Gemma 3's
 per-layer-type theta, is reproduced exactly); cos/sin and the rotation follow transformers'
 arithmetic: fp32 angles, cos/sin cast to the activation dtype, then x*cos + rotate_half(x)*sin.
-RoPE is applied to K once, before a block is written ("baked"), so blocks are self-contained.
+RoPE is applied to K once, before a block is written ("baked"), so blocks are self-contained, and
+a block moves from position p to q by one more rotation of its K rows by q - p (`rotate`): the
+rotation of every frequency pair composes additively, and the attention scaling, applied once at
+the bake, is not applied again.
 """
 
 from __future__ import annotations
@@ -57,3 +60,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def rotate(x: torch.Tensor, delta: torch.Tensor, params: RopeParams) -> torch.Tensor:
+    """Baked K rows moved by `delta` positions: x [..., T, D] (rotated at positions p), delta [T]
+    (int) -> x rotated as if baked at p + delta, in x's dtype (computed in fp32)."""
+    freqs = delta.to(torch.float32)[:, None] * params.inv_freq.to(delta.device)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+    return (xf * emb.cos() + rotated * emb.sin()).to(x.dtype)

@@ -10,12 +10,15 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..engine import Engine
+from ..engine.config import BLOCK_TOKENS
 from ..engine.engine import Request
 from ..engine.events import EventCallback
+from ..engine.library import Library
 from ..errors import ContextTooLongError
 from ..ingest import Document
 from .chat import PromptBuilder
 from .prompts import render
+from .retrieval import Retriever, Selection, block_char_spans, default_window
 
 _KINDS = {"pdf": "a PDF document", "docx": "a Word document", "text": "a text file", "repo": "a code repository"}
 
@@ -38,22 +41,39 @@ class Asker:
         self.label = label
         self.max_batch = max_batch
         self.prompts = PromptBuilder(engine.tokenizer)
-        document = render("document", kind=_KINDS.get(doc.kind, doc.kind), source=doc.source, text=doc.text.strip())
-        self.prefix_ids = self.prompts.prefix(document)
+        text = doc.text.strip()
+        document = render("document", kind=_KINDS.get(doc.kind, doc.kind), source=doc.source, text=text)
+        self.prefix_ids, chars = self.prompts.prefix_spans(document)
+        # per prompt token, the characters of doc.text it holds (None: the template's own words)
+        start, shift = document.find(text), doc.text.find(text) - document.find(text)
+        self._chars = [(c[0] + shift, c[1] + shift) if c is not None and c[1] > start and c[0] < start + len(text)
+                       else None for c in chars]
         if self.prompts.chat:
             self.question_ids = [self.prompts.question(render("ask", question=q)) for q in self.questions]
         else:  # text to continue: "Question: ...", a blank line, "Answer:"
             self.question_ids = [self.prompts.question(render("ask_base", question=q), answer_prefix="Answer:")
                                  for q in self.questions]
-        needed = len(self.prefix_ids) + max(len(ids) for ids in self.question_ids) + max_new_tokens
-        if needed > engine.max_context:
+        longest = max(len(ids) for ids in self.question_ids)
+        needed = len(self.prefix_ids) + longest + max_new_tokens
+        self.mode = engine.config.mode
+        if self.mode == "auto":  # the whole document when it fits, else the blocks each question needs
+            self.mode = "retrieval" if needed > engine.max_context else "exact"
+        if self.mode != "retrieval" and needed > engine.max_context:
             raise ContextTooLongError(
                 needed, engine.max_context,
-                f"the document is {len(self.prefix_ids)} tokens; ask about a smaller part of it, lower "
-                "--max-new-tokens, or use a model with a longer context (e.g. --model gemma3-270m, 32K tokens)",
+                f"the document is {len(self.prefix_ids)} tokens; use --mode auto or retrieval (reads the blocks each "
+                "question needs), ask about a smaller part of it, or lower --max-new-tokens",
             )
+        if self.mode == "retrieval":
+            room = (engine.max_context - longest - max_new_tokens - BLOCK_TOKENS) // BLOCK_TOKENS * BLOCK_TOKENS
+            if room < 2 * BLOCK_TOKENS:
+                raise ContextTooLongError(needed, engine.max_context,
+                                          "the question and --max-new-tokens leave no room for the document")
         self.cached_tokens = 0
         self.complete = [False] * len(self.questions)
+        self.selections: list[Selection | None] = [None] * len(self.questions)
+        self.sources: list[list[dict]] = [[] for _ in self.questions]
+        self.retriever: Retriever | None = None
 
     @property
     def question(self) -> str:
@@ -74,12 +94,15 @@ class Asker:
         new text) as it comes; an answer ends at the model's end token, at max_new_tokens, or when
         it starts to loop."""
         engine = self.engine
-        doc_ctx = engine.prefill(self.prefix_ids, on_event=self.on_event, label=self.label)
-        self.cached_tokens = doc_ctx.cached_prefix
         stop = engine.stop_ids
-        requests = [Request(engine.fork(doc_ctx), ids, self.max_new_tokens, self.temperature, stop=stop, tag=i)
-                    for i, ids in enumerate(self.question_ids)]
-        engine.release(doc_ctx)  # the forks hold the document's blocks now
+        if self.mode == "retrieval":
+            requests = self._retrieval_requests(stop)
+        else:
+            doc_ctx = engine.prefill(self.prefix_ids, on_event=self.on_event, label=self.label)
+            self.cached_tokens = doc_ctx.cached_prefix
+            requests = [Request(engine.fork(doc_ctx), ids, self.max_new_tokens, self.temperature, stop=stop, tag=i)
+                        for i, ids in enumerate(self.question_ids)]
+            engine.release(doc_ctx)  # the forks hold the document's blocks now
         tokens: list[list[int]] = [[] for _ in requests]
         shown = [""] * len(requests)
         for request, token in engine.run(requests, max_batch=self.max_batch, on_event=self.on_event):
@@ -105,6 +128,44 @@ class Asker:
                 yield i, text[len(shown[i]):]
             self.complete[i] = True
             engine.release(request.ctx)
+
+    # -- retrieval ---------------------------------------------------------------------------------
+
+    def index(self) -> Retriever:
+        """Indexes the document (once): its head prefilled, the rest window by window."""
+        if self.retriever is None:
+            engine = self.engine
+            first = next(i for i, c in enumerate(self._chars) if c is not None)
+            last = max(i for i, c in enumerate(self._chars) if c is not None) + 1
+            window, overlap = default_window(engine.max_context)
+            library = Library.build(engine, self.prefix_ids[:first], self.prefix_ids[first:last], window, overlap,
+                                    self.on_event, self.label)
+            self.cached_tokens = library.head.cached_prefix
+            head = len(library.head.tokens)
+            # the document's last tokens (less than a block) and the template's end ("</document>")
+            self._tail = library.rest + self.prefix_ids[last:]
+            self.retriever = Retriever(engine, library, self.doc, block_char_spans(library, self._chars, head))
+        return self.retriever
+
+    def budget(self) -> int:
+        """Blocks a question may read: the configured budget, within the model's context."""
+        longest = max(len(ids) for ids in self.question_ids) + len(self._tail)
+        head = len(self.retriever.library.head.tokens)
+        room = self.engine.max_context - head - longest - self.max_new_tokens
+        return max(1, min(room, self.engine.config.retrieval_tokens) // BLOCK_TOKENS)
+
+    def _retrieval_requests(self, stop) -> list[Request]:
+        retriever = self.index()
+        budget = self.budget()
+        requests = []
+        for i, (question, ids) in enumerate(zip(self.questions, self.question_ids)):
+            asked = self._tail + ids
+            selection = retriever.select(question, asked, budget)
+            self.selections[i] = selection
+            self.sources[i] = retriever.sources(selection)
+            ctx = retriever.library.assemble(selection.blocks)
+            requests.append(Request(ctx, asked, self.max_new_tokens, self.temperature, stop=stop, tag=i))
+        return requests
 
 
 LOOP_TOKENS = 32  # a block repeated back to back over at least this many tokens is a loop

@@ -55,6 +55,14 @@ class PromptBuilder:
         """Token ids of the shared part: the system prompt and `text` (the document, instructions)."""
         return self._head_ids + self.text_ids(text)
 
+    def prefix_spans(self, text: str) -> tuple[list[int], list[tuple[int, int] | None]]:
+        """`prefix(text)` and, per token, the characters of `text` it came from (None for the
+        template's own tokens)."""
+        ids, offsets = self._split_encode_offsets(text)
+        if not self.special_ids.isdisjoint(ids):  # see text_ids: no offsets for the last resort
+            ids, offsets = self.text_ids(text), [None] * len(self.text_ids(text))
+        return self._head_ids + ids, [None] * len(self._head_ids) + offsets
+
     def question(self, text: str, answer_prefix: str = "") -> list[int]:
         """Token ids that complete a prefix with a question and open the answer."""
         return self.text_ids(text) + self._tail_ids + (self.text_ids(answer_prefix) if answer_prefix else [])
@@ -82,6 +90,10 @@ class PromptBuilder:
 
     def _split_encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids)
+
+    def _split_encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        encoded = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
+        return list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]]
 
     def _template_ids(self, text: str) -> list[int]:
         """The chat template's own text: its special tokens are meant."""

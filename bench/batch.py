@@ -1,0 +1,151 @@
+"""Batch benchmark: decode throughput of many sequences over one shared document.
+
+B questions over one document: kvpage prefills the document once, forks it B times and decodes
+all B answers in one batch (`Engine.run`, shared blocks read once per step for every sequence);
+transformers runs its batched greedy decoding over the same B prompts (document + question,
+left-padded, one DynamicCache, SDPA), with the same weights and dtype. Reported per (prefix,
+batch): decode tokens/s over all sequences, kvpage's ratio to its own batch 1 and to
+transformers at the same batch, whether every sequence's tokens are equal, peak RSS and store
+MiB. Each system runs in its own process.
+
+    python bench/batch.py                                   # SmolLM2, 1K and 8K prefixes, batch 1/4/16/64
+    python bench/batch.py --prefixes 1024 --batches 1,16 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import corpus_text, peak_rss_mib, prompt_ids, run_worker, table  # noqa: E402
+
+QUESTION_TOKENS = 16
+
+
+def questions(tokenizer, count: int) -> list[list[int]]:
+    """`count` distinct 16-token questions cut from the corpus (the same for every system)."""
+    ids = tokenizer(corpus_text()[-200_000:], add_special_tokens=False).input_ids
+    return [ids[i * QUESTION_TOKENS:(i + 1) * QUESTION_TOKENS] for i in range(count)]
+
+
+def worker_kvpage(model: str, prefix: int, batch: int, new_tokens: int, dtype: str, home: str | None) -> dict:
+    from kvpage_cli.engine import Engine, EngineConfig
+    from kvpage_cli.engine.engine import Request
+
+    engine = Engine.load(model, EngineConfig(dtype=dtype, home=home, max_batch=batch))
+    doc_ids = prompt_ids(engine.tokenizer, prefix, question="")
+    asks = questions(engine.tokenizer, batch)
+    warm = engine.prefill(doc_ids[:80])
+    list(engine.run([Request(engine.fork(warm), q[:4], 2, stop=()) for q in asks[:2]]))  # warm-up: kernels, first calls
+    engine.release(warm)
+    doc = engine.prefill(doc_ids)
+    requests = [Request(engine.fork(doc), q, new_tokens, stop=()) for q in asks]
+    engine.reset_stats()
+    started = time.perf_counter()
+    list(engine.run(requests, max_batch=batch))
+    wall = time.perf_counter() - started
+    stats = engine.stats()
+    return {
+        "system": "kvpage", "decode_tok_s": stats.decode_tokens / stats.decode_seconds,
+        "question_prefill_s": stats.prefill_seconds, "wall_s": wall,
+        "store_mib": stats.store_bytes / 2**20, "peak_rss_mib": peak_rss_mib(),
+        "tokens": [r.generated for r in requests],
+    }
+
+
+def worker_transformers(model: str, prefix: int, batch: int, new_tokens: int, dtype: str, home: str | None) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+    from kvpage_cli.engine.config import default_home
+    from kvpage_cli.engine.weights import resolve_folder
+
+    folder = resolve_folder(model, Path(home) if home else default_home())
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation="sdpa").eval()
+    doc_ids = prompt_ids(tokenizer, prefix, question="")
+    prompts = [doc_ids + q for q in questions(tokenizer, batch)]  # same length: no padding needed
+    ids = torch.tensor(prompts)
+    with torch.no_grad():
+        cache = DynamicCache(config=reference.config)
+        reference(ids[:, :80], past_key_values=cache, use_cache=True, logits_to_keep=1)  # warm-up
+        cache = DynamicCache(config=reference.config)
+        started = time.perf_counter()
+        out = reference(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        prefill_s = time.perf_counter() - started
+        token = out.logits[:, -1].argmax(-1)
+        tokens = [token]
+        started = time.perf_counter()
+        for _ in range(new_tokens - 1):
+            out = reference(token[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            token = out.logits[:, -1].argmax(-1)
+            tokens.append(token)
+        decode_s = time.perf_counter() - started
+    generated = torch.stack(tokens, dim=1).tolist()
+    return {"system": "transformers", "decode_tok_s": batch * (new_tokens - 1) / decode_s, "prefill_s": prefill_s,
+            "peak_rss_mib": peak_rss_mib(), "tokens": generated}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--prefixes", default="1024,8192")
+    parser.add_argument("--batches", default="1,4,16,64")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--systems", default="kvpage,transformers")
+    parser.add_argument("--transformers-max-tokens", type=int, default=140_000,
+                        help="skip transformers where batch x prefix exceeds this (its KV per sequence)")
+    parser.add_argument("--home", default=None)
+    parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        system, prefix, batch = args.worker[0], int(args.worker[1]), int(args.worker[2])
+        work = worker_kvpage if system == "kvpage" else worker_transformers
+        print(json.dumps(work(args.model, prefix, batch, args.new_tokens, args.dtype, args.home)))
+        return
+
+    common = ["--model", args.model, "--new-tokens", str(args.new_tokens), "--dtype", args.dtype]
+    if args.home:
+        common += ["--home", args.home]
+    rows = []
+    for prefix in [int(p) for p in args.prefixes.split(",")]:
+        single = None
+        for batch in [int(b) for b in args.batches.split(",")]:
+            results = {}
+            for system in args.systems.split(","):
+                if system == "transformers" and batch * prefix > args.transformers_max_tokens:
+                    results[system] = {"system": system, "error": f"skipped: {batch} x {prefix} tokens of KV"}
+                else:
+                    results[system] = run_worker(Path(__file__), [system, str(prefix), str(batch), *common])
+            kv, tf = results.get("kvpage", {}), results.get("transformers", {})
+            if batch == 1 and kv.get("decode_tok_s"):
+                single = kv["decode_tok_s"]
+            for system, result in results.items():
+                row = {"prefix": prefix, "batch": batch, **{k: v for k, v in result.items() if k != "tokens"}}
+                if system == "kvpage" and result.get("decode_tok_s"):
+                    row["x_batch1"] = result["decode_tok_s"] / single if single else None
+                    row["x_transformers"] = result["decode_tok_s"] / tf["decode_tok_s"] if tf.get("decode_tok_s") else None
+                    if tf.get("tokens"):
+                        row["same_tokens"] = sum(a == b for a, b in zip(result["tokens"], tf["tokens"]))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    columns = [("prefix", "prefix"), ("batch", "batch"), ("system", "system"), ("decode_tok_s", "decode tok/s"),
+               ("x_batch1", "x batch 1"), ("x_transformers", "x transformers"), ("same_tokens", "same seqs"),
+               ("store_mib", "store MiB"), ("peak_rss_mib", "peak RSS MiB"), ("error", "error")]
+    print()
+    print(f"{args.model}, {args.dtype}, {args.new_tokens} new tokens per sequence; decode tok/s over all sequences "
+          "(measured); same seqs: sequences whose tokens equal transformers'")
+    print(table(rows, columns))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

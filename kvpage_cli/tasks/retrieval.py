@@ -1,0 +1,133 @@
+"""Retrieval mode: a document longer than the model's context, indexed once, asked many times.
+
+The document is indexed into a library of blocks (engine/library.py). For each question the
+blocks that matter are chosen (`Retriever.select`), always with the head (the instructions and
+the document's first tokens) kept, then assembled in document order right after the head, and
+the question is asked of that context. Signals, combined by rank:
+- lexical: BM25 (bm25s) over each block's text, identifiers split into words;
+- keys: the question's own attention: its last tokens' queries, in every layer, against the
+  keys of candidate blocks, each block seen as if it sat just before the question.
+Every answer says which blocks it read: their files, pages and lines.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from ..engine import Engine
+from ..engine.config import BLOCK_TOKENS
+from ..engine.library import Library
+from ..ingest import Document
+
+_WORD = re.compile(r"[A-Za-z0-9]+")
+_CAMEL = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def lexical_terms(text: str, stopwords: frozenset[str] = frozenset()) -> list[str]:
+    """Lower-cased words; identifiers split too (max_redirects -> max, redirects;
+    TooManyRedirects -> too, many, redirects), each compound kept beside its parts."""
+    terms = []
+    for match in re.finditer(r"\w+", text):
+        word = match.group()
+        parts = [p.lower() for piece in _WORD.findall(word) for p in _CAMEL.findall(piece)]
+        whole = word.lower()
+        if len(parts) > 1 and whole not in stopwords:
+            terms.append(whole)
+        terms += [p for p in parts if p not in stopwords and len(p) > 1]
+    return terms
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The blocks a question reads: indices into the library's blocks, in document order."""
+
+    blocks: list[int]
+    total: int  # blocks in the library
+
+    @property
+    def share(self) -> float:
+        return len(self.blocks) / self.total if self.total else 1.0
+
+
+class Retriever:
+    """The library of one document and what selects its blocks."""
+
+    def __init__(self, engine: Engine, library: Library, doc: Document, char_spans: list[tuple[int, int]]) -> None:
+        """char_spans: per library block, the characters of doc.text it holds."""
+        import bm25s
+        from bm25s.stopwords import STOPWORDS_EN
+
+        self.engine = engine
+        self.library = library
+        self.doc = doc
+        self.char_spans = char_spans
+        self.stopwords = frozenset(STOPWORDS_EN)
+        self.bm25 = bm25s.BM25()
+        texts = [lexical_terms(doc.text[s:e], self.stopwords) for s, e in char_spans]
+        self.bm25.index([t or ["\u0000"] for t in texts], show_progress=False)
+
+    def select(self, question: str, question_ids: list[int], budget: int, signals: tuple[str, ...] = ("lexical", "keys"),
+               candidates: int | None = None) -> Selection:
+        """The `budget` blocks that matter most to the question, in document order."""
+        total = self.library.num_blocks
+        if total <= budget:
+            return Selection(list(range(total)), total)
+        ranks = []
+        if "lexical" in signals:
+            terms = lexical_terms(question, self.stopwords)
+            scores = torch.as_tensor(self.bm25.get_scores(terms), dtype=torch.float32) if terms else torch.zeros(total)
+            ranks.append(_rank(scores))
+        if "keys" in signals:
+            pool = list(range(total))
+            if ranks and candidates is not None and candidates < total:  # exact scores on the lexical candidates
+                pool = sorted(torch.argsort(ranks[0])[:candidates].tolist())
+            scores = torch.full((total,), float("-inf"))
+            scores[pool] = self.library.attention_scores(self._question_queries(question_ids), pool)
+            ranks.append(_rank(scores))
+        fused = sum(1.0 / (60.0 + r) for r in ranks)  # reciprocal rank fusion
+        chosen = torch.argsort(fused, descending=True, stable=True)[:budget]
+        return Selection(sorted(chosen.tolist()), total)
+
+    def _question_queries(self, question_ids: list[int]) -> dict[int, tuple[torch.Tensor, int]]:
+        """The question's last tokens' queries per layer, asked right after the head."""
+        return self.engine.queries_after(self.library.head, question_ids)
+
+    def sources(self, selection: Selection) -> list[dict]:
+        """Where the selected blocks' text is: consecutive blocks joined, each with its span."""
+        merged: list[list[int]] = []
+        for index in selection.blocks:
+            start, end = self.char_spans[index]
+            if merged and start <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        return [{"where": self.doc.where(s, e), "start": s, "end": e} for s, e in merged if e > s]
+
+
+def _rank(scores: torch.Tensor) -> torch.Tensor:
+    """Rank of each score (0 = best), ties in document order."""
+    order = torch.argsort(scores, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel())
+    return rank.float()
+
+
+def block_char_spans(library: Library, token_chars: list[tuple[int, int] | None], head_tokens: int) -> list[tuple[int, int]]:
+    """Per library block, the characters of the document its tokens came from.
+
+    token_chars: per prompt token, its characters in the document (None outside it); the library's
+    tokens are the prompt's tokens after the first `head_tokens`."""
+    spans = []
+    for block in library.blocks:
+        chars = [c for c in token_chars[head_tokens + block.first:head_tokens + block.first + BLOCK_TOKENS] if c]
+        spans.append((chars[0][0], chars[-1][1]) if chars else (0, 0))
+    return spans
+
+
+def default_window(max_context: int) -> tuple[int, int]:
+    """(window, overlap) in tokens for a model trained on `max_context` positions."""
+    window = max(BLOCK_TOKENS, min(2048, max_context // 4) // BLOCK_TOKENS * BLOCK_TOKENS)
+    return window, max(0, window // 4 // BLOCK_TOKENS * BLOCK_TOKENS)

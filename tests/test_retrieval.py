@@ -1,0 +1,95 @@
+"""Retrieval mode: a document longer than the context is indexed window by window; each question
+reads the blocks chosen for it, moved right after the head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvpage_cli.engine import BLOCK_TOKENS, Engine, EngineConfig
+from kvpage_cli.engine.library import Library
+from kvpage_cli.ingest import load
+from kvpage_cli.tasks import Asker
+from kvpage_cli.tasks.retrieval import lexical_terms
+
+from .conftest import SAMPLES, random_prompt, tiny_model
+
+
+@pytest.fixture(scope="module")
+def short_engine(tiny_cli_model, kv_home):
+    """The tiny llama with SmolLM2's tokenizer, told its context is 1,024 tokens."""
+    return Engine.load(str(tiny_cli_model), EngineConfig(home=str(kv_home), max_context=1024, backend="native"))
+
+
+def test_a_document_past_the_context_is_answered_from_its_blocks(short_engine):
+    doc = load(str(SAMPLES / "contract.txt"))  # about 6K tokens
+    asker = Asker(short_engine, doc, ["Which law governs the agreement?", "Who may terminate?"], max_new_tokens=4)
+    assert asker.mode == "retrieval"
+    list(asker.answers())
+    assert all(asker.complete)
+    library = asker.retriever.library
+    covered = sorted(t for b in library.blocks for t in range(b.first, b.first + BLOCK_TOKENS))
+    assert covered == list(range(len(library.tokens)))  # every document token in exactly one kept block
+    assert len(library.rest) < BLOCK_TOKENS and library.tokens + library.rest == asker.prefix_ids[
+        len(library.head.tokens):len(library.head.tokens) + len(library.tokens) + len(library.rest)]
+    budget = asker.budget()
+    for selection, sources in zip(asker.selections, asker.sources):
+        assert 0 < len(selection.blocks) <= budget < selection.total
+        assert sources and all(s["where"].startswith("line") for s in sources)
+        for s in sources:
+            assert doc.text[s["start"]:s["end"]].strip()
+    # the lexical signal alone puts the governing-law clause among the blocks of that question
+    law = doc.text.index("laws of the State of Delaware")
+    chosen = asker.retriever.select("Which State's laws govern?", asker.question_ids[0], budget, signals=("lexical",))
+    assert any(s <= law < e for s, e in (asker.retriever.char_spans[i] for i in chosen.blocks))
+
+
+def test_a_document_that_fits_asks_the_whole_document_in_auto_mode(short_engine):
+    doc = load(str(SAMPLES / "repo" / "README.md"))
+    asker = Asker(short_engine, doc, "What does it do?", max_new_tokens=4)
+    assert asker.mode == "exact"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_every_block_assembled_in_place_gives_the_exact_prefill(arch, kv_home):
+    model = tiny_model(arch)
+    engine = Engine.load(model, EngineConfig(home=str(kv_home), backend="native"))
+    head, doc, question = random_prompt(100, seed=1), random_prompt(700, seed=2), random_prompt(20, seed=3)
+    library = Library.build(engine, head, doc, window=1024, overlap=0)  # one window: every block where it was
+    ctx = engine.append(library.assemble(list(range(library.num_blocks))), library.rest)
+    assert ctx.tokens == head + doc
+    align = len(library.head.tokens) - len(head)
+    exact = engine.append(engine.prefill(head + doc[:align]), doc[align:len(doc) - len(library.rest)])  # same chunks
+    exact = engine.append(exact, library.rest)
+    a = engine.logits(engine.append(ctx, question)).clone()
+    b = engine.logits(engine.append(exact, question)).clone()
+    if arch == "llama":
+        assert torch.equal(a, b)  # moved by 0: the same bits
+    else:  # gemma's sliding layers see only the question's window after an assembly
+        assert not torch.equal(a, b)
+
+
+def test_windows_overlap_and_blocks_move_to_consecutive_places(kv_home):
+    engine = Engine.load(tiny_model("llama"), EngineConfig(home=str(kv_home), backend="native"))
+    head, doc = random_prompt(70, seed=4), random_prompt(1000, seed=5)
+    library = Library.build(engine, head, doc, window=256, overlap=128)
+    align = -len(head) % BLOCK_TOKENS
+    assert len(library.head.tokens) == len(head) + align
+    assert library.tokens + library.rest == doc[align:] and len(library.tokens) % BLOCK_TOKENS == 0
+    base = len(library.head.tokens) // BLOCK_TOKENS
+    # the first window's blocks follow the head; later windows' own tokens start after their overlap
+    assert [b.position for b in library.blocks[:4]] == [base, base + 1, base + 2, base + 3]
+    assert [b.position for b in library.blocks[4:8]] == [base + 2, base + 3, base + 4, base + 5]
+    ctx = library.assemble([9, 2, 5])
+    assert ctx.num_cached == len(library.head.tokens) + 3 * BLOCK_TOKENS
+    assert ctx.tokens[-BLOCK_TOKENS:] == library.tokens[9 * BLOCK_TOKENS:10 * BLOCK_TOKENS]
+    list(engine.generate(ctx, [7, 8, 9], max_new_tokens=3, stop=()))
+    before = engine.store.bytes_used
+    library.release()
+    engine.release(ctx)
+    assert engine.store.bytes_used < before
+
+
+def test_identifiers_split_into_words_for_the_lexical_signal():
+    assert lexical_terms("TooManyRedirects max_redirects") == ["toomanyredirects", "too", "many", "redirects",
+                                                                "max_redirects", "max", "redirects"]
