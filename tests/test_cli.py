@@ -266,13 +266,24 @@ def test_a_directory_with_nothing_readable(cli, tmp_path):
     assert "has no readable text files" in line
 
 
-def test_a_document_longer_than_the_context_says_both_numbers(cli, tmp_path):
+def test_a_document_longer_than_the_context_says_both_numbers_in_exact_mode(cli, tmp_path):
     path = tmp_path / "long.txt"
     path.write_text("\n\n".join(f"{i}. The Supplier shall deliver the goods on time and in full." for i in range(1, 900)))
-    line = one_error_line(cli("review", path))
+    line = one_error_line(cli("ask", path, "When are goods delivered?", "--mode", "exact"))
     numbers = [int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*(?= tokens)", line)]
     assert 8192 in numbers and max(numbers) > 8192, line
-    assert "gemma3-270m" in line  # what to do
+    assert "--mode auto" in line  # what to do
+
+
+def test_a_document_longer_than_the_context_is_answered_from_its_blocks(cli, tmp_path):
+    path = tmp_path / "long.txt"
+    path.write_text("\n\n".join(f"{i}. The Supplier shall deliver the goods on time and in full." for i in range(1, 900)))
+    result = cli("ask", path, "When are goods delivered?", "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["mode"] == "retrieval" and 0 < data["attended_blocks"] < data["total_blocks"]
+    assert data["sources"] and all(s["where"].startswith("line") for s in data["sources"])
+    assert re.search(r"retrieval mode: attended \d+ of [\d,]+ blocks, \d+% of the document", result.stderr.splitlines()[-1])
 
 
 def test_unknown_model(cli, contract):

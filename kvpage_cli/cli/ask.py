@@ -94,17 +94,22 @@ def ask(
                 session.warn(f"the model gave an empty answer to {asker.questions[i]!r}" if len(questions) > 1
                              else "the model gave an empty answer")
             printer.done(i, answers[i], result)
-        printer.finish(results, engine.name, engine.config.mode, doc.source)
+            if result.sources:
+                label = f"Q{i + 1} " if len(questions) > 1 else ""
+                session.reporter.note(f"{label}read: " + "; ".join(s["where"] for s in result.sources))
+        printer.finish(results, engine.name, doc.source)
         sink.commit()
-        session.print_stats(engine)
+        session.print_stats(engine, _mode_line(results))
 
 
 def _result(asker: Asker, engine, doc, index: int, answer: str, session: Session) -> AskResult:
+    selection = asker.selections[index]
     return AskResult(
         source=doc.source, question=asker.questions[index], answer=answer.strip(), model=engine.name,
-        mode=engine.config.mode, document_tokens=asker.document_tokens, cached_tokens=asker.cached_tokens,
+        mode=asker.mode, document_tokens=asker.document_tokens, cached_tokens=asker.cached_tokens,
         complete=asker.complete[index], warnings=list(doc.warnings), stats=stats_dict(engine, session.elapsed()),
-        question_index=index,
+        question_index=index, attended_blocks=len(selection.blocks) if selection else None,
+        total_blocks=selection.total if selection else None, sources=asker.sources[index],
     )
 
 
@@ -166,8 +171,19 @@ class _Printer:
         if self.streams and self.started:
             self.sink.write("\n")
 
-    def finish(self, results: list[AskResult], model: str, mode: str, source: str) -> None:
+    def finish(self, results: list[AskResult], model: str, source: str) -> None:
         if self.fmt == "json":
             self.sink.write(render.ask_json(results[0]) if len(results) == 1 else render.asks_json(results))
         elif self.fmt == "markdown":
-            self.sink.write(render.ask_markdown_tail(model, mode, source))
+            first = results[0]
+            self.sink.write(render.ask_markdown_tail(model, first.mode, source, first.attended_blocks, first.total_blocks))
+
+
+def _mode_line(results: list[AskResult]) -> str:
+    """How the answers were made, for the statistics line."""
+    first = results[0]
+    if first.mode != "retrieval":
+        return render.mode_note(first.mode)
+    attended = sum(r.attended_blocks or 0 for r in results) // len(results)
+    each = " each (on average)" if len(results) > 1 else ""
+    return render.mode_note("retrieval", attended, first.total_blocks) + each

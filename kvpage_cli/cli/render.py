@@ -15,11 +15,15 @@ RISK_STYLES = {"high": "bold red", "medium": "yellow", "low": "cyan", "none": "d
 MODE_NOTES = {
     "exact": "exact mode (every block attended: lossless)",
     "selective": "selective mode (policy-chosen blocks: approximate)",
+    "retrieval": "retrieval mode (the blocks chosen for each question, the document being longer than the context)",
 }
 TABLE_QUOTE_CHARS = 160
 
 
-def mode_note(mode: str) -> str:
+def mode_note(mode: str, attended: int | None = None, total: int | None = None) -> str:
+    """How an output was made: "exact mode (...)", or for retrieval how much of the document was read."""
+    if mode == "retrieval" and total:
+        return f"retrieval mode: attended {attended:,} of {total:,} blocks, {100 * attended / total:.0f}% of the document"
     return MODE_NOTES.get(mode, f"{mode} mode")
 
 
@@ -156,5 +160,5 @@ def ask_markdown_head(question: str, first: bool = True) -> str:
     return ("" if first else "\n") + f"## {question}\n\n"
 
 
-def ask_markdown_tail(model: str, mode: str, source: str) -> str:
-    return f"\n\n_{source}, model {model}, {mode_note(mode)}_\n"
+def ask_markdown_tail(model: str, mode: str, source: str, attended: int | None = None, total: int | None = None) -> str:
+    return f"\n\n_{source}, model {model}, {mode_note(mode, attended, total)}_\n"

@@ -80,7 +80,8 @@ def review(
             sink.discard()
             raise Interrupted(_interrupted_note(len(findings), total, fmt, opts)) from None
         result = ReviewResult(
-            document=doc.source, document_kind=doc.kind, model=engine.name, mode=engine.config.mode,
+            document=doc.source, document_kind=doc.kind, model=engine.name,
+            mode="exact" if engine.config.mode == "auto" else engine.config.mode,
             findings=findings, complete=True, document_tokens=reviewer.document_tokens, clauses_total=total,
             warnings=list(doc.warnings), stats=stats_dict(engine, session.elapsed()),
         )

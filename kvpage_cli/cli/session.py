@@ -142,11 +142,11 @@ class Session:
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
-    def print_stats(self, engine: Engine) -> None:
-        """The final statistics line on stderr (not with -q)."""
+    def print_stats(self, engine: Engine, mode: str | None = None) -> None:
+        """The final statistics line on stderr (not with -q); `mode` says how the output was made."""
         if self.opts.get("quiet"):
             return
-        self.console.print(stats_line(engine, self.elapsed()), soft_wrap=True, highlight=False, markup=False)
+        self.console.print(stats_line(engine, self.elapsed(), mode), soft_wrap=True, highlight=False, markup=False)
 
 
 def document_label(path: str) -> str:
@@ -178,7 +178,7 @@ def stats_dict(engine: Engine, wall_seconds: float | None = None) -> dict:
     return data
 
 
-def stats_line(engine: Engine, wall_seconds: float) -> str:
+def stats_line(engine: Engine, wall_seconds: float, mode: str | None = None) -> str:
     s = engine.stats()
     pool_mib = pool_capacity_bytes(engine) / MIB
     pool_note = "" if s.pool_bytes else " (not used: blocks read in place)"
@@ -189,7 +189,7 @@ def stats_line(engine: Engine, wall_seconds: float) -> str:
         f" | pool {pool_mib:,.1f} MiB{pool_note}"
         f" | store {s.store_reserved_bytes / MIB:,.1f} MiB"
         f" | blocks moved {s.blocks_moved:,}"
-        f" | {s.mode} mode, {s.backend} on {engine.device.type}, {_duration(wall_seconds)}"
+        f" | {mode or s.mode + ' mode'}, {s.backend} on {engine.device.type}, {_duration(wall_seconds)}"
     )
 
 

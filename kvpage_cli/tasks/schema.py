@@ -57,7 +57,7 @@ class ReviewResult:
     document: str
     document_kind: str
     model: str
-    mode: str  # engine mode that produced it: "exact" or "selective"
+    mode: str  # how it was made: "exact", "selective" or "retrieval"
     findings: list[Finding]
     complete: bool  # False when the run stopped early (Ctrl-C): findings are partial
     document_tokens: int
@@ -85,6 +85,9 @@ class AskResult:
     warnings: list[str] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
     question_index: int = 0  # its place among the questions asked together
+    attended_blocks: int | None = None  # retrieval mode: the blocks of the document the answer read,
+    total_blocks: int | None = None  # of all the document's blocks
+    sources: list[dict] = field(default_factory=list)  # retrieval mode: where they are ({where, start, end})
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
