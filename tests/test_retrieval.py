@@ -93,3 +93,41 @@ def test_windows_overlap_and_blocks_move_to_consecutive_places(kv_home):
 def test_identifiers_split_into_words_for_the_lexical_signal():
     assert lexical_terms("TooManyRedirects max_redirects") == ["toomanyredirects", "too", "many", "redirects",
                                                                 "max_redirects", "max", "redirects"]
+
+
+def test_an_index_is_saved_and_a_second_run_maps_it_reading_only_what_it_uses(tmp_path):
+    model = tiny_model("llama")
+    head, doc, question = random_prompt(90, seed=6), random_prompt(1600, seed=7), random_prompt(12, seed=8)
+
+    def ask(engine, chosen):
+        library = Library.build(engine, head, doc, window=256, overlap=64)
+        ctx = engine.append(library.assemble(chosen), library.rest + question)
+        return library, engine.logits(ctx).clone()
+
+    first_engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True))
+    first, expected = ask(first_engine, [3, 11, 20])
+    assert first.loaded_windows == 0
+    second_engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True))
+    second, logits = ask(second_engine, [3, 11, 20])
+    assert second.loaded_windows == len(second.windows) == len(first.windows)
+    assert torch.equal(logits, expected)  # the saved blocks are the same bits
+    read = {(id(m), j) for m, j in (second.mapped[i] for i in range(second.num_blocks)) if j in m.checked}
+    assert len(read) == 3  # only the blocks the question used were read from disk
+    assert second_engine.store.bytes_used < first_engine.store.bytes_used  # the index is not in the store
+
+    # a damaged block on disk: noticed when read, its window computed again, the answer unchanged
+    mapped, j = second.mapped[11]
+    path = next(p for p in (tmp_path / "kv" / "segments").glob("*/*.kvb") if p.stat().st_size and _holds(p, mapped))
+    data = bytearray(path.read_bytes())
+    data[len(data) - 4 - mapped.header["block_bytes"] * (mapped.num_blocks - j) + 16] ^= 0xFF  # inside block j
+    path.write_bytes(bytes(data))
+    third_engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True))
+    events = []
+    third = Library.build(third_engine, head, doc, window=256, overlap=64, on_event=events.append)
+    ctx = third_engine.append(third.assemble([3, 11, 20]), third.rest + question)
+    assert torch.equal(third_engine.logits(ctx), expected)
+    assert any("checksum" in getattr(e, "message", "") for e in events)
+
+
+def _holds(path, mapped) -> bool:
+    return mapped.header["key"] in path.name

@@ -96,22 +96,22 @@ class BlockManager:
                 table.ids.extend(group.allocate(missing))
                 table.changed()
 
-    def copy_moved(self, group, source: list[int], target: list[int], deltas: list[int], rope: dict,
-                   layer_specs) -> None:
-        """Copies blocks `source` into `target` (same group), each moved by `deltas` positions: its
-        K rows rotated once more (RoPE is baked in, so a move is a rotation), V as it is.
-        rope: rope key -> RopeParams; layer_specs: the model's LayerSpec per layer."""
+    def copy_moved(self, group, target: list[int], deltas: list[int], rope: dict, layer_specs, read) -> None:
+        """Fills blocks `target` of a group with blocks read elsewhere (`read(layer_pos)` -> K, V
+        [n, Hkv, 64, D]), each moved by `deltas` positions: its K rows rotated once more (RoPE is
+        baked in, so a move is a rotation), V as it is. rope: rope key -> RopeParams;
+        layer_specs: the model's LayerSpec per layer."""
         from .rope import rotate
 
-        if not source:
+        if not target:
             return
         delta = torch.tensor(deltas, dtype=torch.int64).repeat_interleave(BLOCK_TOKENS)  # [n*64]
         num_kv_heads, _, head_dim = group.block_shape
         for pos, layer in enumerate(group.layers):
-            k, v = group.gather(pos, source)  # [n, Hkv, 64, D]
+            k, v = read(pos)
             rows = k.permute(1, 0, 2, 3).reshape(num_kv_heads, -1, head_dim)  # [Hkv, n*64, D]
             moved = rotate(rows, delta, rope[layer_specs[layer].rope_key])
-            moved = moved.reshape(num_kv_heads, len(source), BLOCK_TOKENS, head_dim).permute(1, 0, 2, 3)
+            moved = moved.reshape(num_kv_heads, len(target), BLOCK_TOKENS, head_dim).permute(1, 0, 2, 3)
             for i, block_id in enumerate(target):
                 group.k_block(pos, block_id).copy_(moved[i])
                 group.v_block(pos, block_id).copy_(v[i])

@@ -28,11 +28,13 @@ class PrefillProgress:
 
 @dataclass(frozen=True)
 class IndexProgress:
-    """Retrieval: `done` of `total` document tokens indexed (window by window) after `elapsed_s`."""
+    """Retrieval: `done` of `total` document tokens indexed (window by window) after `elapsed_s`;
+    `cached` of them mapped from the saved-KV cache instead of computed."""
 
     done: int
     total: int
     elapsed_s: float
+    cached: int = 0
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,39 @@ class Segment:
     groups: list[torch.Tensor]
 
 
+@dataclass
+class MappedBlocks:
+    """A saved window of a library (retrieval mode), memory-mapped: block j's K/V for every layer
+    of the full-attention groups, [layers, 2, Hkv, 64, D] per group, read from disk only when
+    used, and checked against its own checksum the first time it is."""
+
+    header: dict
+    payload: torch.Tensor  # uint8, the mapped payload
+    dtype: torch.dtype
+    checked: set[int]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.header["block_crcs"])
+
+    def block(self, j: int) -> list[torch.Tensor]:
+        """Per group, K/V [layers, 2, Hkv, 64, D] of block j. Raises BadSegment when its bytes are damaged."""
+        size = self.header["block_bytes"]
+        raw = self.payload[j * size:(j + 1) * size]
+        if j not in self.checked:
+            if zlib.crc32(raw.numpy()) != self.header["block_crcs"][j]:
+                raise BadSegment(f"corrupt (block {j} fails its checksum)")
+            self.checked.add(j)
+        parts, offset = [], 0
+        shape = tuple(self.header["block_shape"])
+        element = torch.empty(0, dtype=self.dtype).element_size()
+        for layers in self.header["group_layers"]:
+            count = layers * 2 * math.prod(shape) * element
+            parts.append(raw[offset:offset + count].view(self.dtype).view(layers, 2, *shape))
+            offset += count
+        return parts
+
+
 class KVCache:
     """The saved-KV cache in one folder (normally `<home>/kv`), shared safely between processes.
 
@@ -333,6 +366,45 @@ class KVCache:
                 self._evict(db)
         finally:
             tmp.unlink(missing_ok=True)
+
+    def write_blocks(self, header: dict, blocks: list[list[torch.Tensor]], label: str, model: str) -> None:
+        """Saves a library window (retrieval mode): per block, per full-attention group, K/V
+        [layers, 2, Hkv, 64, D], block after block so that each block is one contiguous range
+        with its own checksum (read on its own later, through a memory map)."""
+        rows = [torch.cat([g.contiguous().view(torch.uint8).reshape(-1) for g in groups]) for groups in blocks]
+        header = dict(header, layout="blocks", block_bytes=rows[0].numel() if rows else 0,
+                      block_crcs=[zlib.crc32(r.numpy()) for r in rows])
+        self.write(header, [torch.cat(rows)] if rows else [], label, model)
+
+    def map_blocks(self, key: str, seed: str) -> MappedBlocks:
+        """The library window saved under `key`, memory-mapped (see MappedBlocks); its header and
+        size are checked now, each block's bytes when first read. Raises BadSegment or
+        FileNotFoundError (evicted meanwhile)."""
+        path = self.path(key)
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            fixed = file.read(_FIXED.size)
+            if len(fixed) < _FIXED.size:
+                raise BadSegment("truncated")
+            magic, version, header_bytes, payload_bytes = _FIXED.unpack(fixed)
+            if magic != _MAGIC:
+                raise BadSegment("not a kvpage KV file")
+            if version != KV_FORMAT_VERSION:
+                raise BadSegment(f"of KV format version {version}, not {KV_FORMAT_VERSION}")
+            if size != _FIXED.size + header_bytes + payload_bytes + _TRAILER.size:
+                raise BadSegment("truncated or too long")
+            try:
+                header = json.loads(file.read(header_bytes))
+                ok = (header["seed"] == seed and header["key"] == key and header.get("layout") == "blocks"
+                      and header["block_bytes"] * len(header["block_crcs"]) == payload_bytes)
+                dtype = _DTYPES[header["dtype"]]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise BadSegment(f"unreadable ({exc})") from None
+            if not ok:
+                raise BadSegment("written for another model, key or layout")
+        start = _FIXED.size + header_bytes
+        mapped = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+        return MappedBlocks(header, mapped[start:start + payload_bytes], dtype, set())
 
     def _commit(self, tmp: Path, path: Path) -> None:
         """The rename that makes a written segment visible (a separate step so tests can fail it)."""

@@ -1,13 +1,18 @@
-"""A library: a document longer than the model's context, indexed once into blocks kept in the store.
+"""A library: a document longer than the model's context, indexed once into blocks.
 
 Indexing (DESIGN.md section 2, retrieval): the prompt's head (the instructions and the document's
 first tokens, up to a block boundary) is prefilled once. The rest of the document is cut into
 windows of `window` tokens (but its last tokens, less than a block, which every question reads
-again); each window is prefilled on a fork of the head, after the `overlap`
-tokens before it (read again for context, not kept), so every token is computed inside the
-model's trained positions, with the head as its attention sink. The full-attention layers' blocks
-of each window's own tokens are kept; sliding-window layers keep nothing (a question's sliding
-layers see only the question's own recent window).
+again); each window is prefilled on a fork of the head, after the `overlap` tokens before it
+(read again for context, not kept), so every token is computed inside the model's trained
+positions, with the head as its attention sink. The full-attention layers' blocks of each
+window's own tokens are kept; sliding-window layers keep nothing (a question's sliding layers see
+only the question's own recent window).
+
+With the saved-KV cache on, every window is saved as it is computed, under a key over the model,
+the head and the window's tokens; a later run maps the saved windows from disk instead of
+computing them and reads only the blocks its questions use (each checked against its own
+checksum when first read; a damaged window is computed again).
 
 Assembly: a question's selected blocks are put, in document order, right after the head, each
 moved to its new place by one rotation of its K rows (`rope.rotate`); nothing is recomputed. The
@@ -16,38 +21,63 @@ result is a context like any other: the question is appended and the answer deco
 
 from __future__ import annotations
 
+import hashlib
+import sqlite3
 import weakref
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .config import BLOCK_TOKENS
 from .context import BlockTable, Context
-from .events import EventCallback, IndexProgress, emit
+from .events import EngineWarning, EventCallback, IndexProgress, emit
+from .kvcache import BadSegment, MappedBlocks
 from .rope import rotate
 
 
 @dataclass(frozen=True)
 class IndexedBlock:
-    """One kept block: the 64 document tokens it holds (Library.tokens[first:first+64]) and the
-    logical block index its K was baked at."""
+    """One kept block: the 64 document tokens it holds (Library.tokens[first:first+64]), the
+    logical block index its K was baked at, and the window it came from."""
 
     first: int
     position: int
+    window: int
+
+
+@dataclass(frozen=True)
+class Window:
+    """Document tokens start .. start+count-1 (count a multiple of 64), computed after the
+    `context` tokens before them."""
+
+    start: int
+    count: int
+    context: int
 
 
 class Library:
     """A document indexed window by window (see the module docstring). Build with `Library.build`."""
 
-    def __init__(self, engine, head: Context, tokens: list[int], rest: list[int], blocks: list[IndexedBlock],
-                 ids: list[list[int | None]]) -> None:
+    def __init__(self, engine, head: Context, tokens: list[int], rest: list[int], window: int, overlap: int) -> None:
         self.engine = engine
         self.head = head  # the prompt's head: instructions and the document's first tokens
         self.tokens = tokens  # the document's tokens after the head, whole blocks of them
         self.rest = rest  # the document's last tokens (less than a block): read with every question
-        self.blocks = blocks
-        self.ids = ids  # per store group: the kept block of each IndexedBlock (None in sliding-window groups)
-        weakref.finalize(self, _release, engine.blocks, engine.store, ids)
+        self.base = len(head.tokens) // BLOCK_TOKENS  # logical index of the first block after the head
+        self.windows = [Window(s, min(window, len(tokens) - s), min(s, overlap)) for s in range(0, len(tokens), window)]
+        self.blocks = [IndexedBlock(w.start + j * BLOCK_TOKENS, self.base + w.context // BLOCK_TOKENS + j, n)
+                       for n, w in enumerate(self.windows) for j in range(w.count // BLOCK_TOKENS)]
+        self._first_block = np.cumsum([0] + [w.count // BLOCK_TOKENS for w in self.windows]).tolist()
+        # where each block lies: in the store (per group: its id; None in sliding-window groups), or
+        # in a saved window mapped from disk (MappedBlocks and the block's index in it)
+        self.ids: list[list[int | None]] = [[None] * len(self.blocks) for _ in engine.store.groups]
+        self.mapped: list[tuple[MappedBlocks, int] | None] = [None] * len(self.blocks)
+        self.loaded_windows = 0  # of self.windows, those mapped from the saved-KV cache
+        self._seed = ""
+        self.on_event: EventCallback | None = None
+        self._cache = None  # the saved-KV cache the windows are saved in, if any
+        weakref.finalize(self, _release, engine.blocks, self.ids)
 
     @property
     def num_blocks(self) -> int:
@@ -55,44 +85,147 @@ class Library:
 
     @classmethod
     def build(cls, engine, head_ids: list[int], doc_ids: list[int], window: int, overlap: int,
-              on_event: EventCallback | None = None, label: str | None = None,
-              max_batch: int | None = None) -> "Library":
+              on_event: EventCallback | None = None, label: str | None = None, max_batch: int | None = None,
+              use_cache: bool = True) -> "Library":
         """Indexes `doc_ids` after the prompt head `head_ids`. window, overlap: tokens (multiples of 64)."""
         assert window % BLOCK_TOKENS == 0 and overlap % BLOCK_TOKENS == 0 and window > 0
         align = min(-len(head_ids) % BLOCK_TOKENS, len(doc_ids))
-        head_tokens = head_ids + doc_ids[:align]
-        head = engine.prefill(head_tokens, on_event, label=label)
+        head = engine.prefill(head_ids + doc_ids[:align], on_event, label=label, use_cache=use_cache)
         whole = (len(doc_ids) - align) // BLOCK_TOKENS * BLOCK_TOKENS
-        rest, last = doc_ids[align:align + whole], doc_ids[align + whole:]
-        base = len(head_tokens) // BLOCK_TOKENS
-        starts = list(range(0, len(rest), window))
-        blocks: list[IndexedBlock] = []
-        kept: list[list[int | None]] = [[] for _ in engine.store.groups]
-        total, done = len(rest), 0
-        limit = max_batch or engine.config.max_batch
+        library = cls(engine, head, doc_ids[align:align + whole], doc_ids[align + whole:], window, overlap)
+        library.on_event = on_event
+        cache = library._cache = engine._open_cache(on_event) if use_cache else None
+        library._seed = hashlib.sha256(f"{engine.cache_seed}|library|{window}|{overlap}|".encode()
+                                       + np.asarray(head.tokens, dtype="<i4").tobytes()).hexdigest()
+        todo = list(range(len(library.windows)))
+        if cache is not None:
+            todo = library._map_saved(cache, on_event)
+        library._compute(todo, cache, on_event, label, max_batch or engine.config.max_batch)
+        return library
+
+    # -- indexing ----------------------------------------------------------------------------------
+
+    def _window_key(self, n: int) -> str:
+        w = self.windows[n]
+        tokens = np.asarray(self.tokens[w.start - w.context:w.start + w.count], dtype="<i4")
+        return hashlib.sha256(f"{self._seed}|{w.context}|".encode() + tokens.tobytes()).hexdigest()
+
+    def _map_saved(self, cache, on_event) -> list[int]:
+        """Maps the windows the cache holds; returns the others."""
+        keys = [self._window_key(n) for n in range(len(self.windows))]
+        try:
+            present = cache.present(keys)
+        except (OSError, sqlite3.Error) as exc:
+            emit(on_event, EngineWarning(f"the saved-KV index is unreadable ({exc}); indexing without it"))
+            return list(range(len(self.windows)))
+        todo = []
+        done = 0
+        started = self.engine._clock()
+        for n, key in enumerate(keys):
+            mapped = None
+            if key in present:
+                try:
+                    mapped = cache.map_blocks(key, self._seed)
+                    if mapped.num_blocks != self.windows[n].count // BLOCK_TOKENS:
+                        raise BadSegment("of another window size")
+                except FileNotFoundError:
+                    mapped = None
+                except (BadSegment, OSError) as exc:
+                    emit(on_event, EngineWarning(f"a saved window of the document was {exc}; computing it again"))
+                    _quietly(cache.discard, key)
+                    mapped = None
+            if mapped is None:
+                todo.append(n)
+                continue
+            for j, index in enumerate(range(self._first_block[n], self._first_block[n + 1])):
+                self.mapped[index] = (mapped, j)
+            self.loaded_windows += 1
+            done += self.windows[n].count
+        if done:
+            _quietly(cache.touch, [keys[n] for n in range(len(keys)) if n not in todo], "")
+            emit(on_event, IndexProgress(done, len(self.tokens), self.engine._clock() - started, cached=done))
+        return todo
+
+    def _compute(self, todo: list[int], cache, on_event, label, limit: int) -> None:
+        """Prefills windows `todo` (batched), keeps their blocks, saves them when a cache is given."""
+        engine = self.engine
+        total = len(self.tokens)
+        done = total - sum(self.windows[n].count for n in todo)
         started = engine._clock()
-        for first in range(0, len(starts), limit):
-            batch = starts[first:first + limit]
-            forks = [engine.fork(head) for _ in batch]
-            lists = [rest[max(0, s - overlap):s + window] for s in batch]
+        pending = []
+        for first in range(0, len(todo), limit):
+            batch = todo[first:first + limit]
+            forks = [engine.fork(self.head) for _ in batch]
+            lists = [self.tokens[self.windows[n].start - self.windows[n].context:
+                                 self.windows[n].start + self.windows[n].count] for n in batch]
             engine.append_many(forks, lists, max_batch=limit)
-            for ctx, s in zip(forks, batch):
-                context = s - max(0, s - overlap)  # overlap tokens before the window's own
-                position = base + context // BLOCK_TOKENS
-                count = min(window, len(rest) - s)
-                for j in range(count // BLOCK_TOKENS):
-                    blocks.append(IndexedBlock(s + j * BLOCK_TOKENS, position + j))
-                    for group, table, keep in zip(engine.store.groups, ctx.tables, kept):
-                        if group.window:
-                            keep.append(None)
-                            continue
-                        block_id = table.ids[position + j]
-                        group.allocator.incref([block_id])
-                        keep.append(block_id)
+            for ctx, n in zip(forks, batch):
+                self._keep(ctx, n)
                 engine.release(ctx)
-                done += count
+                if cache is not None:
+                    pending.append(self._save(cache, n, label))
+                done += self.windows[n].count
             emit(on_event, IndexProgress(done, total, engine._clock() - started))
-        return cls(engine, head, rest, last, blocks, kept)
+        for future in pending:
+            try:
+                future.result()
+            except (OSError, sqlite3.Error) as exc:
+                emit(on_event, EngineWarning(f"could not save the document's index to {cache.folder}: {exc}"))
+                break
+
+    def _keep(self, ctx: Context, n: int) -> None:
+        """Takes a reference to window n's own blocks in the full-attention groups of `ctx`."""
+        for index in range(self._first_block[n], self._first_block[n + 1]):
+            position = self.blocks[index].position
+            for group, table, ids in zip(self.engine.store.groups, ctx.tables, self.ids):
+                if not group.window:
+                    group.allocator.incref([table.ids[position]])
+                    ids[index] = table.ids[position]
+            self.mapped[index] = None
+
+    def _save(self, cache, n: int, label: str | None):
+        w = self.windows[n]
+        groups = self._full_groups()
+        blocks = []
+        for index in range(self._first_block[n], self._first_block[n + 1]):
+            blocks.append([torch.stack([torch.stack([g.k_block(pos, self.ids[g.index][index]),
+                                                     g.v_block(pos, self.ids[g.index][index])])
+                                        for pos in range(len(g.layers))]) for g in groups])
+        header = {"key": self._window_key(n), "parent": "", "root": self._seed[:64], "seed": self._seed,
+                  "start": len(self.head.tokens) + w.start, "end": len(self.head.tokens) + w.start + w.count,
+                  "dtype": str(self.engine.config.dtype), "block_shape": list(groups[0].block_shape),
+                  "group_layers": [len(g.layers) for g in groups]}
+        return cache.submit(lambda: cache.write_blocks(header, blocks, label or "", self.engine.name))
+
+    def _full_groups(self):
+        return [g for g in self.engine.store.groups if not g.window]
+
+    # -- reading blocks ----------------------------------------------------------------------------
+
+    def _kv(self, group, pos: int, chosen: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V [n, Hkv, 64, D] of blocks `chosen` in the group's layer `pos` (a mapped block damaged
+        on disk: its window is computed again first)."""
+        ks, vs = [], []
+        full = [g.index for g in self._full_groups()].index(group.index)
+        for index in chosen:
+            if self.mapped[index] is not None:
+                mapped, j = self.mapped[index]
+                try:
+                    data = mapped.block(j)[full][pos]  # [2, Hkv, 64, D]
+                except BadSegment as exc:
+                    emit(self.on_event, EngineWarning(f"a saved window of the document was {exc}; computing it again"))
+                    window = self.blocks[index].window
+                    if self._cache is not None:
+                        _quietly(self._cache.discard, self._window_key(window))
+                    self._compute([window], self._cache, self.on_event, None, 1)
+                    return self._kv(group, pos, chosen)
+                ks.append(data[0])
+                vs.append(data[1])
+            else:
+                block_id = self.ids[group.index][index]
+                ks.append(group.k_block(pos, block_id))
+                vs.append(group.v_block(pos, block_id))
+        return torch.stack(ks), torch.stack(vs)
 
     def assemble(self, chosen: list[int]) -> Context:
         """A context holding the head and the chosen blocks (indices into `blocks`), in document
@@ -100,20 +233,18 @@ class Library:
         engine = self.engine
         order = sorted(set(chosen))
         ctx = engine.fork(self.head)
-        base = ctx.num_cached // BLOCK_TOKENS
-        assert ctx.num_cached % BLOCK_TOKENS == 0
         tokens: list[int] = []
         for index in order:
             tokens += self.tokens[self.blocks[index].first:self.blocks[index].first + BLOCK_TOKENS]
-        for group, table, keep in zip(engine.store.groups, ctx.tables, self.ids):
+        deltas = [(self.base + n - self.blocks[i].position) * BLOCK_TOKENS for n, i in enumerate(order)]
+        for group, table in zip(engine.store.groups, ctx.tables):
             if group.window:  # sliding-window layers: nothing from the document
                 table.ids.extend([None] * len(order))
                 table.changed()
                 continue
-            source = [keep[i] for i in order]
             moved = group.allocate(len(order))
-            deltas = [(base + n - self.blocks[i].position) * BLOCK_TOKENS for n, i in enumerate(order)]
-            engine.blocks.copy_moved(group, source, moved, deltas, engine.runner.rope, engine.spec.layers)
+            engine.blocks.copy_moved(group, moved, deltas, engine.runner.rope, engine.spec.layers,
+                                     lambda pos: self._kv(group, pos, order))
             table.ids.extend(moved)
             table.changed()
         ctx.tokens = ctx.tokens + tokens
@@ -140,25 +271,33 @@ class Library:
                 continue
             q, start = queries[layer]
             rope = engine.runner.rope[spec.layers[layer].rope_key]
-            # every row moved so that the question's first row sits right after the block
-            delta = (positions + 1) * BLOCK_TOKENS - start  # [C]
             qs = q.float().permute(1, 0, 2)  # [Hq, t, D]
-            moved = torch.stack([rotate(qs, torch.full((qs.shape[1],), int(d)), rope) for d in delta])  # [C, Hq, t, D]
-            k, _ = group.gather(engine.store.layer_pos[layer], [self.ids[group.index][i] for i in chosen])  # [C, Hkv, 64, D]
+            # the question moved so that its first row sits right after each block
+            delta = ((positions + 1) * BLOCK_TOKENS - start).repeat_interleave(qs.shape[1])  # [C*t]
+            moved = rotate(qs.repeat(1, len(chosen), 1), delta, rope)  # [Hq, C*t, D]
+            k, _ = self._kv(group, engine.store.layer_pos[layer], chosen)  # [C, Hkv, 64, D]
             num_kv_heads = k.shape[1]
-            moved = moved.reshape(len(chosen), num_kv_heads, -1, moved.shape[-1])  # [C, Hkv, G*t, D]
+            moved = moved.reshape(num_kv_heads, -1, len(chosen), qs.shape[1], qs.shape[2])  # [Hkv, G, C, t, D]
+            moved = moved.permute(2, 0, 1, 3, 4).reshape(len(chosen), num_kv_heads, -1, qs.shape[2])  # [C, Hkv, G*t, D]
             logits = torch.matmul(moved, k.float().transpose(-1, -2)) * spec.attn_scale  # [C, Hkv, G*t, 64]
             block_lse = torch.logsumexp(logits, dim=-1)  # [C, Hkv, G*t]
             total += torch.softmax(block_lse, dim=0).sum(dim=(1, 2))
         return total
 
     def release(self) -> None:
-        _release(self.engine.blocks, self.engine.store, self.ids)
+        _release(self.engine.blocks, self.ids)
         self.engine.release(self.head)
 
 
-def _release(manager, store, ids: list[list[int | None]]) -> None:
+def _release(manager, ids: list[list[int | None]]) -> None:
     tables = [BlockTable(list(group_ids)) for group_ids in ids]
     for group_ids in ids:
-        group_ids.clear()
+        group_ids[:] = [None] * len(group_ids)
     manager.release(tables)
+
+
+def _quietly(work, *args) -> None:
+    try:
+        work(*args)
+    except (OSError, sqlite3.Error):
+        pass

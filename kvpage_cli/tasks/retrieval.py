@@ -115,7 +115,7 @@ def _rank(scores: torch.Tensor) -> torch.Tensor:
     return rank.float()
 
 
-def block_char_spans(library: Library, token_chars: list[tuple[int, int] | None], head_tokens: int) -> list[tuple[int, int]]:
+def block_char_spans(library: Library, token_chars: list[tuple[int, int] | None], head_tokens: int) -> list[tuple[int, int]]:  # noqa: E501
     """Per library block, the characters of the document its tokens came from.
 
     token_chars: per prompt token, its characters in the document (None outside it); the library's
