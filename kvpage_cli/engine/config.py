@@ -69,7 +69,7 @@ class EngineConfig:
     kv_path: str = "auto"
     threads: int | None = None
     home: str | None = None
-    policy: str = "quest"
+    policy: str = "scores"
     recent_blocks: int = 2
     draft_layers: int = 2
     draft_model: str | None = None

@@ -23,7 +23,6 @@ from . import attention as reference
 from .backend import DecodePlan, LayerBlocks
 from .config import BLOCK_TOKENS
 from .context import Context
-from .events import BlocksMoved
 from .pool import SlotPool
 from .spec import ModelSpec
 from .store import BlockStore
@@ -61,11 +60,10 @@ class Step:
 
 class AttentionDispatch:
     def __init__(self, spec: ModelSpec, store: BlockStore, pool: SlotPool, backend, kv_path: str,
-                 capture_rows: int = 0, observer=None, on_event=None) -> None:
+                 capture_rows: int = 0, observer=None) -> None:
         """capture_rows: keep the queries of the last rows of each prompt (the "scores" policy).
         observer(layer, ctx, step, positions [n], lse [n, Hq]): every decode query's per-block
-        log-sum-exp (a draft model's attention feeds the draft policy of the model it drafts for).
-        on_event: receives BlocksMoved after each pass through the pool."""
+        log-sum-exp (a draft model's attention feeds the draft policy of the model it drafts for)."""
         self.spec = spec
         self.store = store
         self.pool = pool
@@ -73,7 +71,6 @@ class AttentionDispatch:
         self.kv_path = kv_path
         self.capture_rows = capture_rows
         self.observer = observer
-        self.on_event = on_event
         self.selector = None
         self.copy_seconds = 0.0
         self.captured: dict[int, dict[int, tuple[torch.Tensor, int]]] = {}  # ctx id -> layer -> (q rows, first position)
@@ -219,13 +216,7 @@ class AttentionDispatch:
             yield self._load(layer, blocks, copy_in), pass_pos
 
     def _load(self, layer: int, blocks, copy_in) -> list[int]:
-        moved, moved_bytes = self.pool.blocks_moved, self.pool.bytes_moved
-        waited = self.pool.mover.waited_seconds if self.pool.mover is not None else 0.0
-        slots = self.pool.load(layer, blocks, copy_in)
-        if self.on_event is not None and self.pool.blocks_moved > moved:
-            waited_now = (self.pool.mover.waited_seconds - waited) if self.pool.mover is not None else 0.0
-            self.on_event(BlocksMoved(self.pool.blocks_moved - moved, self.pool.bytes_moved - moved_bytes, waited_now))
-        return slots
+        return self.pool.load(layer, blocks, copy_in)
 
     def _copier(self, layer: int, group):
         """copy_in(block_id, k_slot, v_slot, tokens) for the pool: a block of `layer` from the store."""

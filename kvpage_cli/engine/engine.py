@@ -97,14 +97,15 @@ class Engine:
             raise UsageError(f"pool_mib={config.pool_mib} is too small for {name}: one slot per layer needs {need:.3f} MiB")
         selective = config.mode == "selective"
         mover = Mover(device) if selective and kv_path == "pool" else None
-        self.pool = SlotPool(spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, self.dtype, device, mover)
         self.metrics = Metrics()
+        self.pool = SlotPool(spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, self.dtype, device, mover,
+                             self.metrics.on_event)
         # selective mode keeps each block's key min/max (the quest policy, and retrieval's first stage)
         self.key_bounds = QuestPolicy(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.group_size) if selective else None
         bake = backend.ops.rope_bake_store if backend.name == "triton" else None
         self.blocks = BlockManager(self.store, self.pool.forget, [self.key_bounds] if self.key_bounds else [], bake)
         self.dispatch = AttentionDispatch(spec, self.store, self.pool, backend, kv_path,
-                                          SCORE_QUERY_TOKENS if selective else 0, observer, self.metrics.on_event)
+                                          SCORE_QUERY_TOKENS if selective else 0, observer)
         self.draft = draft
         self.policy = None
         if selective:
@@ -543,11 +544,11 @@ class Engine:
             store_bytes=self.store.bytes_used,
             store_reserved_bytes=self.store.bytes_reserved,
             weight_bytes=self.runner.weight_bytes,
-            blocks_moved=pool.blocks_moved,
-            bytes_moved=pool.bytes_moved,
+            blocks_moved=m.blocks_moved,
+            bytes_moved=m.bytes_moved,
             pool_hit_rate=pool.hits / pool.lookups if pool.lookups else None,
             copy_seconds=self.dispatch.copy_seconds,
-            copy_wait_seconds=pool.mover.waited_seconds if pool.mover else 0.0,
+            copy_wait_seconds=m.copy_wait_seconds,
             blocks_attended=selector.selected if selector else 0,
             blocks_candidate=selector.candidates if selector else 0,
             prefill_tokens=m.prefill_tokens,
@@ -561,10 +562,8 @@ class Engine:
 
     def reset_stats(self) -> None:
         self.metrics.reset()
-        self.pool.blocks_moved = self.pool.bytes_moved = self.pool.hits = self.pool.lookups = 0
+        self.pool.hits = self.pool.lookups = 0
         self.dispatch.copy_seconds = 0.0
-        if self.pool.mover is not None:
-            self.pool.mover.waited_seconds = 0.0
         if self.dispatch.selector is not None:
             self.dispatch.selector.selected = self.dispatch.selector.candidates = 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .events import StepDone
+from .events import BlocksMoved, StepDone
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,8 @@ class EngineStats:
 
 
 class Metrics:
-    """Counters folded from the events the engine emits at step boundaries (StepDone), plus the
-    saved-KV loads. A step that runs prompt rows and decode rows together is one measurement: its
+    """Counters folded from the events the engine emits: steps (StepDone), blocks copied into the
+    pool (BlocksMoved), and the saved-KV loads. A step that runs prompt rows and decode rows together is one measurement: its
     seconds are split between prefill and decode by their rows."""
 
     def __init__(self) -> None:
@@ -62,9 +62,16 @@ class Metrics:
         self.decode_seconds = 0.0
         self.cached_tokens = 0
         self.cache_load_seconds = 0.0
+        self.blocks_moved = 0
+        self.bytes_moved = 0
+        self.copy_wait_seconds = 0.0
 
     def on_event(self, event) -> None:
-        if isinstance(event, StepDone):
+        if isinstance(event, BlocksMoved):
+            self.blocks_moved += event.blocks
+            self.bytes_moved += event.bytes
+            self.copy_wait_seconds += event.waited_s
+        elif isinstance(event, StepDone):
             rows = event.prefill_tokens + event.decode_tokens
             self.prefill_tokens += event.prefill_tokens
             self.decode_tokens += event.decode_tokens

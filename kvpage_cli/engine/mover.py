@@ -8,7 +8,6 @@ never reads a slot whose copy has not finished.
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -18,9 +17,7 @@ import torch
 class Mover:
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.waited_seconds = 0.0
         self.prefetched = 0
-        self._lock = threading.Lock()
         if device.type == "cuda":
             self._stream = torch.cuda.Stream(device)
             self._executor = None
@@ -49,16 +46,15 @@ class Mover:
 
         return self._executor.submit(run)
 
-    def wait(self, handle) -> None:
-        """Blocks until the copy behind `handle` has completed."""
+    def wait(self, handle) -> float:
+        """Blocks until the copy behind `handle` has completed; returns the seconds waited."""
         started = time.perf_counter()
         if isinstance(handle, Future):
             handle.result()
         else:
             torch.cuda.current_stream(self.device).wait_event(handle)
             handle.synchronize()
-        with self._lock:
-            self.waited_seconds += time.perf_counter() - started
+        return time.perf_counter() - started
 
     def close(self) -> None:
         if self._executor is not None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import BLOCK_TOKENS
+from .events import BlocksMoved
 from .store import head_addresses
 
 
@@ -28,8 +29,9 @@ class SlotHolder:
 
 class SlotPool:
     def __init__(self, num_layers: int, slots_per_layer: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, mover=None) -> None:
-        """mover: copies blocks ahead of the layer that reads them (selective mode on the pool path)."""
+                 dtype: torch.dtype, device: torch.device, mover=None, on_event=None) -> None:
+        """mover: copies blocks ahead of the layer that reads them (selective mode on the pool path);
+        on_event: receives BlocksMoved for every load or prefetch that copied blocks."""
         self.num_layers = num_layers
         self.num_slots = slots_per_layer
         self.block_shape = (num_kv_heads, BLOCK_TOKENS, head_dim)
@@ -45,8 +47,7 @@ class SlotPool:
         self.recency: list[OrderedDict[int, None]] = [OrderedDict((s, None) for s in range(slots_per_layer)) for _ in range(num_layers)]
         element = torch.empty(0, dtype=dtype).element_size()
         self.slot_bytes = 2 * num_kv_heads * BLOCK_TOKENS * head_dim * element
-        self.blocks_moved = 0
-        self.bytes_moved = 0
+        self.on_event = on_event
         self.hits = 0
         self.lookups = 0
         self.mover = mover
@@ -91,21 +92,26 @@ class SlotPool:
                 wanted.add(slot)
             slots.append(slot)
         victims = self._victims(layer, wanted)
+        moved = moved_bytes = 0
         for index, (block_id, generation, filled) in enumerate(blocks):
             if slots[index] is None:
                 slot = next(victims)
-                self._assign(layer, slot, block_id, generation, filled)
+                moved_bytes += self._assign(layer, slot, block_id, generation, filled)
+                moved += 1
                 copy_in(block_id, self.k[layer][slot], self.v[layer][slot], filled)
                 self.valid[layer][slot] = 1
                 slots[index] = slot
                 wanted.add(slot)
+        waited = 0.0
         for slot in slots:
             holder = holders[slot]
             if holder.pending is not None:  # prefetched: wait until the copy has landed
-                self.mover.wait(holder.pending)
+                waited += self.mover.wait(holder.pending)
                 holder.pending = None
             assert int(self.valid[layer][slot]) == 1, "attention would read a slot whose copy is not done"
             self.recency[layer].move_to_end(slot)
+        if self.on_event is not None and (moved or waited):
+            self.on_event(BlocksMoved(moved, moved_bytes, waited))
         return slots  # type: ignore[return-value]
 
     def slots(self, layer: int, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,12 +135,15 @@ class SlotPool:
             slot = next(victims, None)
             if slot is None:
                 break
-            holder = self._assign(layer, slot, block_id, generation, filled)
+            moved_bytes = self._assign(layer, slot, block_id, generation, filled)
+            holder = self.holders[layer][slot]
             k_slot, v_slot = self.k[layer][slot], self.v[layer][slot]
             holder.pending = self.mover.start(lambda b=block_id, k=k_slot, v=v_slot, f=filled: copy_in(b, k, v, f),
                                               self.valid[layer], slot)
             wanted.add(slot)
             started += 1
+            if self.on_event is not None:
+                self.on_event(BlocksMoved(1, moved_bytes))
         return started
 
     def _resident(self, layer: int, block_id: int, generation: int, filled: int) -> int | None:
@@ -150,7 +159,8 @@ class SlotPool:
         return (s for s in list(self.recency[layer])
                 if s not in wanted and (holders[s] is None or holders[s].pending is None))
 
-    def _assign(self, layer: int, slot: int, block_id: int, generation: int, filled: int) -> SlotHolder:
+    def _assign(self, layer: int, slot: int, block_id: int, generation: int, filled: int) -> int:
+        """Gives `slot` to a block (its copy is the caller's); returns the bytes the copy moves."""
         holders, slot_of = self.holders[layer], self.slot_of[layer]
         old = holders[slot]
         if old is not None and slot_of.get(old.block_id) == slot:
@@ -160,9 +170,7 @@ class SlotPool:
         holders[slot] = holder
         slot_of[block_id] = slot
         self.recency[layer].move_to_end(slot)
-        self.blocks_moved += 1
-        self.bytes_moved += self.slot_bytes * filled // BLOCK_TOKENS
-        return holder
+        return self.slot_bytes * filled // BLOCK_TOKENS
 
     def forget(self, group_layers: list[int], block_ids: list[int]) -> None:
         """Drops freed blocks of the given layers from the pool's memory of what it holds."""
