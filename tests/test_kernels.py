@@ -536,3 +536,26 @@ def test_engine_triton_backend_matches_torch(arch, kv_home):
         results[backend] = (logits, list(engine.generate(ctx, max_new_tokens=6, stop=())))
     assert results["triton"][1] == results["torch"][1]
     assert (results["triton"][0] - results["torch"][0]).abs().max().item() < 1e-4
+
+
+def test_engine_triton_backend_batches_and_retrieves_like_torch(kv_home):
+    """Batched decoding over forks, and a retrieval assembly, through the Triton kernels (interpreter)."""
+    from kvpage_cli.engine import Engine, EngineConfig
+    from kvpage_cli.engine.engine import Request
+    from kvpage_cli.engine.library import Library
+
+    from .conftest import random_prompt, tiny_model
+
+    model = tiny_model("llama", num_hidden_layers=2, head_dim=64, num_attention_heads=4, num_key_value_heads=1)
+    results = {}
+    for backend in ("torch", "triton"):
+        engine = Engine.load(model, EngineConfig(home=str(kv_home), backend=backend, kv_path="pool", pool_mib=0.0625,
+                                                 prefill_chunk=64))
+        doc = engine.prefill(random_prompt(130, seed=62))
+        requests = [Request(engine.fork(doc), random_prompt(n, seed=63 + n), 3, stop=()) for n in (2, 5, 9)]
+        list(engine.run(requests, max_batch=3))
+        library = Library.build(engine, random_prompt(40, seed=70), random_prompt(400, seed=71), window=128, overlap=64)
+        ctx = library.assemble([1, 4])
+        answer = list(engine.generate(ctx, library.rest + [5, 6], max_new_tokens=3, stop=()))
+        results[backend] = ([r.generated for r in requests], answer)
+    assert results["triton"] == results["torch"]
