@@ -154,6 +154,40 @@ def range_attention(
     return merge_states_with_lse(torch.cat(outs), torch.cat(lses))
 
 
+def causal_attention(q: torch.Tensor, runs: list[tuple[torch.Tensor, torch.Tensor, int]], q_start: int,
+                     scale: float) -> torch.Tensor | None:
+    """A prefill chunk's causal attention over its context, full-attention layers, keys read where
+    they lie: q [T, Hq, D] at positions q_start.. over runs (as in range_attention) holding keys
+    0 .. q_start+T-1. Two flash-attention calls (the keys before the chunk, all visible; the chunk
+    itself, causal) and one merge: what an attention over a contiguous cache does. Returns
+    [T, Hq, D] fp32, or None where the CPU flash kernel is not available."""
+    if _flash_cpu is None or q.device.type != "cpu":
+        return None
+    num_tokens = q.shape[0]
+    qh = q.float().transpose(0, 1).unsqueeze(0)  # [1, Hq, T, D]: the kernel pairs Hq heads with Hkv (GQA)
+    k, v = _tokens(runs, q_start, q_start + num_tokens)
+    out, lse = _flash_cpu(qh, k.float().unsqueeze(0), v.float().unsqueeze(0), is_causal=True, scale=scale)
+    if q_start:
+        k, v = _tokens(runs, 0, q_start)
+        before, before_lse = _flash_cpu(qh, k.float().unsqueeze(0), v.float().unsqueeze(0), scale=scale)
+        out, lse = merge_states_with_lse(torch.stack([before, out]), torch.stack([before_lse, lse]))
+    return out[0].transpose(0, 1)  # [T, Hq, D]
+
+
+def _tokens(runs: list[tuple[torch.Tensor, torch.Tensor, int]], a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V [Hkv, b-a, D] of the context's tokens a .. b-1 (runs start at logical block 0): a view
+    when they lie in one run, else gathered."""
+    ks, vs = [], []
+    for k, v, first_block in runs:
+        lo, hi = first_block * BLOCK_TOKENS, first_block * BLOCK_TOKENS + k.shape[1]
+        if max(a, lo) < min(b, hi):
+            ks.append(k[:, max(a, lo) - lo:min(b, hi) - lo])
+            vs.append(v[:, max(a, lo) - lo:min(b, hi) - lo])
+    if len(ks) == 1:
+        return ks[0], vs[0]
+    return torch.cat(ks, dim=1), torch.cat(vs, dim=1)
+
+
 def _blocks(runs: list[tuple[torch.Tensor, torch.Tensor, int]], a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
     """K, V [Hkv, (b-a)*64, D] of the context's blocks a .. b-1 (counted from the first run): a
     view when they lie in one run, else gathered."""

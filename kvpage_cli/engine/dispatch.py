@@ -144,7 +144,6 @@ class AttentionDispatch:
         ids, positions = ctx.tables[group.index].live(first)
         if self.kv_path == "pool" and self.backend.name == "triton":
             return self._triton_prefill(layer, q, q_start, seq_end, group, ids, positions)
-        qh, row_pos = reference.rows(q, torch.arange(q_start, seq_end, device=q.device), self.spec.num_kv_heads)
         if self.kv_path == "store":
             pos = self.store.layer_pos[layer]
             runs, index = [], 0
@@ -152,6 +151,12 @@ class AttentionDispatch:
                 k, v = group.run_view(pos, run)
                 runs.append((k, v, positions[index]))
                 index += run.count
+            if not group.window and positions and positions[0] == 0:  # every key from 0 on: causal attention
+                out = reference.causal_attention(q, runs, q_start, self.spec.attn_scale)
+                if out is not None:
+                    return out
+        qh, row_pos = reference.rows(q, torch.arange(q_start, seq_end, device=q.device), self.spec.num_kv_heads)
+        if self.kv_path == "store":
             merged = self.backend.range_attention(qh, row_pos, runs, seq_end, group.window)
         else:
             accumulator = self.backend.accumulator(qh)
