@@ -393,8 +393,7 @@ class Engine:
                 break
             work = [(request, self._next_rows(request)) for request in active]
             prompt = [bool(request._todo) or not request.generated for request, _ in work]
-            seconds = self._step([(r.ctx, rows, "all" if r.all_logits and p else "last", r)
-                                  for (r, rows), p in zip(work, prompt)])
+            seconds = self._step([(r.ctx, rows, _keep(r, p), r) for (r, rows), p in zip(work, prompt)])
             prefill_rows = sum(len(rows) for (_, rows), p in zip(work, prompt) if p)
             decode_rows = sum(len(rows) for (_, rows), p in zip(work, prompt) if not p)
             self.metrics.on_event(StepDone(prefill_rows, decode_rows, seconds))
@@ -459,8 +458,9 @@ class Engine:
         return token
 
     def _step(self, work: list[tuple[Context, list[int], str, object]]) -> float:
-        """One forward pass over the rows of several contexts: (context, its tokens, "last" or
-        "all" logits kept, the request collecting "all" logits). Returns the seconds it took."""
+        """One forward pass over the rows of several contexts: (context, its tokens, the logits
+        kept: "none", "last" or "all", the request collecting "all" logits). Returns the seconds
+        it took."""
         # short segments first, so that their rows share one linear call (model.Rows)
         work = sorted(work, key=lambda item: len(item[1]) > SMALL_ROWS)
         segments, writes, token_ids, positions, counts, logit_rows, logit_counts = [], [], [], [], [], [], []
@@ -474,9 +474,10 @@ class Engine:
             token_ids += rows
             positions.append(torch.arange(start, start + len(rows)))
             counts.append(len(rows))
-            kept = len(rows) if keep == "all" else 1
+            kept = {"none": 0, "last": 1, "all": len(rows)}[keep]
             logit_rows.append(torch.arange(row + len(rows) - kept, row + len(rows)))
-            logit_counts.append(kept)
+            if kept:
+                logit_counts.append(kept)
             row += len(rows)
         if self.draft is not None:  # the draft reads the same tokens first; its attention ranks our blocks
             for ctx, rows, _, _ in work:
@@ -492,10 +493,11 @@ class Engine:
             Rows.of(logit_counts))
         seconds = self._clock() - started
         first = 0
-        for (ctx, rows, keep, request), kept in zip(work, logit_counts):
+        for ctx, rows, keep, request in work:
             ctx.num_cached += len(rows)
             self.blocks.drop_outside_windows(ctx.tables, ctx.num_cached)
-            ctx.last_logits = logits[first + kept - 1]
+            kept = {"none": 0, "last": 1, "all": len(rows)}[keep]
+            ctx.last_logits = logits[first + kept - 1] if kept else None
             if keep == "all":
                 request.logits.append(logits[first:first + kept])
             first += kept
@@ -573,6 +575,14 @@ class Engine:
 
     def __repr__(self) -> str:
         return f"Engine({self.name!r}, {self.spec.arch}, {self.config.dtype}, backend={self.backend.name}, kv_path={self.kv_path})"
+
+
+def _keep(request: Request, in_prompt: bool) -> str:
+    """Which logits a request's rows need this step: every row's (scoring a prompt), the last
+    row's (a prompt's last chunk, a decode step), or none (a prompt chunk before its last)."""
+    if in_prompt and request.all_logits:
+        return "all"
+    return "none" if in_prompt and request._todo else "last"
 
 
 @dataclass

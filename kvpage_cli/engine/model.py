@@ -234,6 +234,8 @@ class ModelRunner:
             else:
                 h = h + a
                 h = h + self.mlp(self.norm(h, w.norm_mlp), w, rows)
+        if logit_rows.numel() == 0:  # prompt chunks before their last: no logits wanted
+            return torch.empty(0, self.lm_head_t.shape[1])
         last = h[logit_rows]
         logits = self.linear(self.norm(last, self.final_norm), self.lm_head_t, logit_groups).float()
         if spec.final_logit_softcap:
