@@ -174,7 +174,8 @@ class RunSettings:
 
 
 class NotBuilt(Exception):
-    """A system that does not exist yet: its rows say so."""
+    """A system that cannot answer over this document (not built yet, or the prompt does not fit
+    the model's context): its rows say so."""
 
 
 # -- (a) retrieval mode: the lead's part plugs in here -------------------------------------------
@@ -303,6 +304,7 @@ class BM25Chunks:
 
 def bm25_answer(engine, doc, question: str, state: dict, settings: RunSettings) -> Answer:
     """(b) BM25 chunks in the `kvpage ask` prompt, prefilled exactly, answered greedily."""
+    from kvpage_cli.errors import ContextTooLongError
     from kvpage_cli.ingest import Document
     from kvpage_cli.tasks import Asker
 
@@ -311,7 +313,10 @@ def bm25_answer(engine, doc, question: str, state: dict, settings: RunSettings) 
         state["index"] = BM25Chunks(doc, engine.tokenizer, settings.chunk_tokens)
     text, chosen = state["index"].pack(doc, engine.tokenizer, question, settings.budget)
     packed = Document(source=doc.source, kind=doc.kind, text=text, spans=[])
-    asker = Asker(engine, packed, question, max_new_tokens=settings.max_new_tokens)
+    try:
+        asker = Asker(engine, packed, question, max_new_tokens=settings.max_new_tokens)
+    except ContextTooLongError as exc:
+        raise NotBuilt(f"does not fit: the budget with the prompt is too long ({exc})") from None
     with counting_kv_reads(engine) as kv:
         pieces, first = [], None
         for piece in asker.answer():
@@ -361,6 +366,32 @@ SYSTEM_FUNCTIONS: dict[str, Callable[..., Answer]] = {
     "retrieval": retrieval_answer, "bm25": bm25_answer, "exact": exact_answer,
 }
 
+# EngineConfig fields each system's engine is loaded with (besides the command line's); systems
+# with the same fields share one engine. Retrieval mode may need its own (e.g. its mode).
+ENGINE_OPTIONS: dict[str, dict] = {"retrieval": {}, "bm25": {}, "exact": {}}
+
+
+class Engines:
+    """The engines the systems run on, loaded on first use, one per distinct set of options."""
+
+    def __init__(self, model: str, **common) -> None:
+        self.model = model
+        self.common = common
+        self.loaded: dict[tuple, object] = {}
+
+    def for_system(self, system: str):
+        from kvpage_cli.engine import Engine, EngineConfig
+
+        options = {**self.common, **ENGINE_OPTIONS[system]}
+        key = tuple(sorted(options.items()))
+        if key not in self.loaded:
+            self.loaded[key] = Engine.load(self.model, EngineConfig(**options))
+        return self.loaded[key]
+
+    @property
+    def tokenizer(self):
+        return (next(iter(self.loaded.values())) if self.loaded else self.for_system("bm25")).tokenizer
+
 
 @contextmanager
 def counting_kv_reads(engine):
@@ -390,7 +421,7 @@ def counting_kv_reads(engine):
 
 # -- running systems over documents --------------------------------------------------------------
 
-def run_document(engine, doc, questions: list[dict], systems: list[str], settings: RunSettings,
+def run_document(engines: Engines, doc, questions: list[dict], systems: list[str], settings: RunSettings,
                  log: Callable[[dict], None]) -> list[dict]:
     """Every question over one document through every system; one row per (system, question)."""
     rows = []
@@ -399,32 +430,30 @@ def run_document(engine, doc, questions: list[dict], systems: list[str], setting
         for order, q in enumerate(questions):
             row = {"system": system, "id": q["id"], "source": q["source"], "order": order, "question": q["question"]}
             try:
-                answer = SYSTEM_FUNCTIONS[system](engine, doc, q["question"], state, settings)
+                answer = SYSTEM_FUNCTIONS[system](engines.for_system(system), doc, q["question"], state, settings)
             except NotBuilt as exc:
                 row.update(skipped=str(exc))
-                rows.append(row)
                 log(row)
-                if system == "retrieval" or "does not fit" in str(exc):  # the same for every question
-                    for later, q2 in enumerate(questions[order + 1:], start=order + 1):
-                        rows.append({**row, "id": q2["id"], "order": later, "question": q2["question"]})
-                    break
-                continue
+                # the system cannot run over this document: the same for every question
+                rows += [{**row, "id": q2["id"], "order": later, "question": q2["question"]}
+                         for later, q2 in enumerate(questions[order:], start=order)]
+                break
             row.update(asdict(answer), right=is_right(answer.text, q["regexes"]),
                        evidence_attended=evidence_attended(q["evidence_ranges"], answer.ranges))
             row.pop("ranges")
             rows.append(row)
             log(row)
         if "ctx" in state:
-            engine.release(state["ctx"])
+            engines.for_system(system).release(state["ctx"])
     return rows
 
 
-def bm25_recall(engine, doc, questions: list[dict], settings: RunSettings) -> list[dict]:
+def bm25_recall(tokenizer, doc, questions: list[dict], settings: RunSettings) -> list[dict]:
     """For each question, whether the BM25 packing at the budget holds all its evidence (no decoding)."""
-    index = BM25Chunks(doc, engine.tokenizer, settings.chunk_tokens)
+    index = BM25Chunks(doc, tokenizer, settings.chunk_tokens)
     rows = []
     for q in questions:
-        _, chosen = index.pack(doc, engine.tokenizer, q["question"], settings.budget)
+        _, chosen = index.pack(doc, tokenizer, q["question"], settings.budget)
         rows.append({"id": q["id"], "source": q["source"], "chunks": len(chosen),
                      "evidence_attended": evidence_attended(q["evidence_ranges"], [(c.start, c.end) for c in chosen])})
     return rows
@@ -510,20 +539,21 @@ def passkey_document(tokenizer, haystack_ids: list[int], length: int, depth: flo
 _LONGCTX_PASSKEY_QUESTION = "What is the pass key? The pass key is"  # longctx's question, cut off here
 
 
-def run_passkey(engine, systems: list[str], lengths: list[int], depths: list[int], settings: RunSettings,
+def run_passkey(engines: Engines, systems: list[str], lengths: list[int], depths: list[int], settings: RunSettings,
                 seed: int, log: Callable[[dict], None]) -> list[dict]:
-    haystack = engine.tokenizer(corpus_text(), add_special_tokens=False).input_ids
+    tokenizer = engines.tokenizer
+    haystack = tokenizer(corpus_text(), add_special_tokens=False).input_ids
     rows = []
     for length in lengths:
         for index, depth in enumerate(depths):
             # the document leaves room for the prompt's template, the question and the answer
-            doc, expected = passkey_document(engine.tokenizer, haystack, length - 256, depth / 100,
+            doc, expected = passkey_document(tokenizer, haystack, length - 256, depth / 100,
                                              seed * 1000 + length + index)
             needle = doc.text.find(f"The pass key is {expected[0]}")
             assert needle >= 0, "the needle did not survive decoding"
             q = {"id": f"passkey-{length}-{depth}", "source": doc.source, "question": PASSKEY_QUESTION,
                  "regexes": [re.escape(e) for e in expected], "evidence_ranges": [(needle, needle + 21)]}
-            for row in run_document(engine, doc, [q], systems, settings, log):
+            for row in run_document(engines, doc, [q], systems, settings, log):
                 rows.append({**row, "length": length, "depth": depth, "expected": expected})
             del doc
     return rows
@@ -566,10 +596,9 @@ def main() -> None:
     unknown = set(systems) - set(SYSTEMS)
     if unknown:
         parser.error(f"unknown systems: {', '.join(sorted(unknown))}")
-    from kvpage_cli.engine import Engine, EngineConfig
     from kvpage_cli.ingest import load
 
-    engine = Engine.load(args.model, EngineConfig(home=args.home, threads=args.threads))
+    engines = Engines(args.model, home=args.home, threads=args.threads)
     settings = RunSettings(args.budget, args.max_new_tokens, args.chunk_tokens)
     started = time.time()
 
@@ -590,11 +619,11 @@ def main() -> None:
             path = fetch_source(source_id, question_set["sources"][source_id], cache, Path(args.cuad_jsonl))
             doc = load(str(path))
             questions = [{**q, "evidence_ranges": evidence_ranges(doc, q["evidence"])} for q in questions]
-            documents[source_id] = len(engine.tokenizer(doc.text, add_special_tokens=False).input_ids)
+            documents[source_id] = len(engines.tokenizer(doc.text, add_special_tokens=False).input_ids)
             if args.part == "recall":
-                rows += bm25_recall(engine, doc, questions, settings)
+                rows += bm25_recall(engines.tokenizer, doc, questions, settings)
                 continue
-            rows += run_document(engine, doc, questions, systems, settings, log)
+            rows += run_document(engines, doc, questions, systems, settings, log)
         if args.part == "recall":
             summary = [{"source": s, "questions": len(mine), "evidence_pct": 100 * mean(r["evidence_attended"] for r in mine)}
                        for s in documents for mine in [[r for r in rows if r["source"] == s]]]
@@ -614,7 +643,7 @@ def main() -> None:
     else:
         lengths = [int(n) for n in args.lengths.split(",")]
         depths = [int(d) for d in args.depths.split(",")]
-        rows = run_passkey(engine, systems, lengths, depths, settings, args.seed, log)
+        rows = run_passkey(engines, systems, lengths, depths, settings, args.seed, log)
         summary = []
         for length in lengths:
             for row in summarise([r for r in rows if r["length"] == length], systems):
