@@ -21,12 +21,14 @@ Parts (the first argument):
   passkey    a 5-digit pass key in haystacks cut from the CUAD contracts of corpus/, at depths
              10/50/90% of 32K, 128K and 512K tokens
 
-Reported per system: accuracy; time to the first answer token for the first question over a
-document (including whatever the system builds for the document: BM25 index, prefill) and for
+Reported per system: accuracy; how often all the question's evidence lines were among the text
+attended; time to the first answer token for the first question over a document (including
+whatever the system builds for the document: BM25 index, prefill; that part also apart) and for
 the questions after it; KV read per question (blocks each attention step read, counted as they
 are read, times the bytes of a block); tokens attended per question. Sources are read with
 kvpage's own ingest (`kvpage_cli.ingest.load`) and cached outside the repository
-(`--cache`, default ~/.cache/kvpage-bench); nothing downloaded is committed.
+(`--cache`, default ~/.cache/kvpage-bench); nothing downloaded is committed. The BM25 baseline
+needs bm25s (`pip install -e ".[bench]"`): maintained, numpy only, scores every chunk at once.
 
     python bench/retrieval.py check
     python bench/retrieval.py questions --model smollm2 --systems bm25 --budget 4096
@@ -37,6 +39,7 @@ kvpage's own ingest (`kvpage_cli.ingest.load`) and cached outside the repository
 from __future__ import annotations
 
 import argparse
+import bisect
 import hashlib
 import json
 import re
@@ -164,6 +167,7 @@ class Answer:
     kv_read_bytes: int  # KV read by this question's attention steps (prefill and decode), counted per step
     sources: list[str] = field(default_factory=list)  # where the attended text came from (file and lines)
     ranges: list[tuple[int, int]] | None = None  # character ranges of doc.text attended; None: all of it
+    index_s: float = 0.0  # of first_token_s, building what the system keeps for the document (0 when reused)
 
 
 @dataclass
@@ -191,8 +195,10 @@ def retrieval_answer(engine, doc, question: str, state: dict, settings: RunSetti
     at most `settings.max_new_tokens` greedily with the `kvpage ask` prompt. Fill an Answer:
     `first_token_s` from the call to the first answer token, `kv_read_bytes` the KV bytes the
     question's steps read from the store (selected blocks, not the whole store), `attended_tokens`,
-    `sources` (files/pages/lines of the selected blocks) and `ranges` (the characters of doc.text
-    the selected blocks hold, from which the harness tells whether the evidence was attended)."""
+    `sources` (files/pages/lines of the selected blocks), `ranges` (the characters of doc.text
+    the selected blocks hold, from which the harness tells whether the evidence was attended) and
+    `index_s` (the part of `first_token_s` spent indexing). The engine is loaded with
+    ENGINE_OPTIONS["retrieval"] (below) added to the command line's EngineConfig fields."""
     raise NotBuilt("retrieval mode is not built yet")
 
 
@@ -225,35 +231,34 @@ def lexical_terms(text: str, stopwords: frozenset[str]) -> list[str]:
 
 
 def chunk_document(doc, tokenizer, chunk_tokens: int) -> list[Chunk]:
-    """The document cut into pieces of at most `chunk_tokens` tokens that never cross a file, each
-    ending at a line break where one falls in its second half."""
+    """The document cut into consecutive pieces of at most `chunk_tokens` tokens that never cross
+    a file (a repo's "==> path <==" heading lines are left out: the packed prompt names the file),
+    each ending at a line break where one falls in its second half."""
     text = doc.text
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = encoded["offset_mapping"]  # [(start, end)] per token
-    # file regions: a repo's files start at their "==> path <==" heading spans
-    starts = sorted({s.start for s in doc.spans if s.kind == "heading"} | {0})
-    bounds = starts[1:] + [len(text)]
+    token_starts = [start for start, _ in encoded["offset_mapping"]]
+    headings = [s for s in doc.spans if s.kind == "heading"]
+    if headings:
+        regions = [(h.end + 1, nxt.start) for h, nxt in zip(headings, headings[1:] + [None]) if nxt is not None]
+        regions.append((headings[-1].end + 1, len(text)))
+    else:
+        regions = [(0, len(text))]
     chunks = []
-    token_index = 0
-    for region_start, region_end in zip(starts, bounds):
-        while token_index < len(offsets) and offsets[token_index][0] < region_start:
-            token_index += 1
-        first = token_index
-        while first < len(offsets) and offsets[first][0] < region_end:
-            last = first
-            while last < len(offsets) and last - first < chunk_tokens and offsets[last][0] < region_end:
-                last += 1
-            start = offsets[first][0]
-            end = offsets[last][0] if last < len(offsets) and offsets[last][0] < region_end else region_end
-            if last < len(offsets) and offsets[last][0] < region_end:
-                newline = text.rfind("\n", start, end)
-                if newline > start + (end - start) // 2:
+    for region_start, region_end in regions:
+        pos = region_start
+        while pos < region_end and text[pos:region_end].strip():
+            first = bisect.bisect_left(token_starts, pos)
+            cut = first + chunk_tokens
+            if cut >= len(token_starts) or token_starts[cut] >= region_end:
+                end = region_end
+            else:
+                end = token_starts[cut]
+                newline = text.rfind("\n", pos, end)
+                if newline > pos + (end - pos) // 2:
                     end = newline + 1
-                    while last > first and offsets[last - 1][0] >= end:
-                        last -= 1
-            chunks.append(Chunk(start, end, last - first, doc.where(start, end)))
-            first = last
-        token_index = first
+            tokens = bisect.bisect_left(token_starts, end) - first
+            chunks.append(Chunk(pos, end, tokens, doc.where(pos, end)))
+            pos = end
     return chunks
 
 
@@ -311,6 +316,7 @@ def bm25_answer(engine, doc, question: str, state: dict, settings: RunSettings) 
     started = time.perf_counter()
     if "index" not in state:
         state["index"] = BM25Chunks(doc, engine.tokenizer, settings.chunk_tokens)
+    index_s = time.perf_counter() - started
     text, chosen = state["index"].pack(doc, engine.tokenizer, question, settings.budget)
     packed = Document(source=doc.source, kind=doc.kind, text=text, spans=[])
     try:
@@ -326,7 +332,7 @@ def bm25_answer(engine, doc, question: str, state: dict, settings: RunSettings) 
     attended = len(asker.prefix_ids) + len(asker.question_ids)
     return Answer("".join(pieces), first if first is not None else time.perf_counter() - started,
                   time.perf_counter() - started, attended, kv["bytes"], [c.where for c in chosen],
-                  [(c.start, c.end) for c in chosen])
+                  [(c.start, c.end) for c in chosen], index_s)
 
 
 # -- (c) exact mode over the whole document ------------------------------------------------------
@@ -343,8 +349,10 @@ def exact_answer(engine, doc, question: str, state: dict, settings: RunSettings)
     except ContextTooLongError as exc:
         raise NotBuilt(f"does not fit: {exc}") from None
     with counting_kv_reads(engine) as kv:
+        index_s = 0.0
         if "ctx" not in state:
             state["ctx"] = engine.prefill(asker.prefix_ids, use_cache=False)
+            index_s = time.perf_counter() - started
         ctx = engine.fork(state["ctx"])
         stop = engine.stop_ids
         tokens, first = [], None
@@ -359,7 +367,7 @@ def exact_answer(engine, doc, question: str, state: dict, settings: RunSettings)
         engine.release(ctx)
     attended = len(asker.prefix_ids) + len(asker.question_ids)
     return Answer(asker.prompts.decode(tokens), first, time.perf_counter() - started, attended, kv["bytes"],
-                  [doc.source])
+                  [doc.source], None, index_s)
 
 
 SYSTEM_FUNCTIONS: dict[str, Callable[..., Answer]] = {
@@ -502,6 +510,7 @@ def summarise(rows: list[dict], systems: list[str]) -> list[dict]:
             "evidence_pct": 100 * sum(r["evidence_attended"] for r in ran) / len(ran) if ran else None,
             "ttft_first_s": median(r["first_token_s"] for r in first) if first else None,
             "ttft_next_s": median(r["first_token_s"] for r in later) if later else None,
+            "index_s": median(r["index_s"] for r in first) if first else None,
             "kv_first_mib": mean(r["kv_read_bytes"] for r in first) / 2**20 if first else None,
             "kv_next_mib": mean(r["kv_read_bytes"] for r in later) / 2**20 if later else None,
             "attended": int(mean(r["attended_tokens"] for r in ran)) if ran else None,
@@ -512,7 +521,8 @@ def summarise(rows: list[dict], systems: list[str]) -> list[dict]:
 
 SUMMARY_COLUMNS = [
     ("system", "system"), ("answered", "answered"), ("accuracy_pct", "accuracy %"), ("evidence_pct", "evidence attended %"),
-    ("ttft_first_s", "1st token, 1st question s"), ("ttft_next_s", "1st token, next questions s"),
+    ("ttft_first_s", "1st token, 1st question s"), ("index_s", "of which indexing s"),
+    ("ttft_next_s", "1st token, next questions s"),
     ("kv_first_mib", "KV read 1st q MiB"), ("kv_next_mib", "KV read next q MiB"),
     ("attended", "tokens attended / q"),
 ]
@@ -603,7 +613,8 @@ def main() -> None:
     started = time.time()
 
     def log(row: dict) -> None:
-        shown = {k: row.get(k) for k in ("system", "id", "right", "first_token_s", "attended_tokens", "skipped")}
+        shown = {k: row.get(k) for k in ("system", "id", "right", "evidence_attended", "first_token_s", "index_s",
+                                         "attended_tokens", "skipped")}
         shown["text"] = (row.get("text") or "")[:120]
         print(f"[{time.time() - started:6.0f}s] {json.dumps(shown)}", file=sys.stderr, flush=True)
 
