@@ -530,7 +530,7 @@ SUMMARY_COLUMNS = [
 
 # -- pass keys -----------------------------------------------------------------------------------
 
-def passkey_document(tokenizer, haystack_ids: list[int], length: int, depth: float, seed: int):
+def passkey_document(tokenizer, haystack_ids: list[int], length: int, depth: float, seed: int, name: str):
     """A Document of `length` tokens of contract text with one pass key at `depth` (0-1), and the key.
     Built by bench/longctx.py's generator (its header included), decoded back to text."""
     from kvpage_cli.ingest import Document
@@ -542,7 +542,6 @@ def passkey_document(tokenizer, haystack_ids: list[int], length: int, depth: flo
     if ids and ids[0] == getattr(tokenizer, "bos_token_id", None):
         ids = ids[1:]
     text = tokenizer.decode(ids)
-    name = f"passkey-{length}-{int(depth * 100)}.txt"
     return Document(source=name, kind="text", text=text, spans=line_spans(text, name)), expected
 
 
@@ -558,7 +557,7 @@ def run_passkey(engines: Engines, systems: list[str], lengths: list[int], depths
         for index, depth in enumerate(depths):
             # the document leaves room for the prompt's template, the question and the answer
             doc, expected = passkey_document(tokenizer, haystack, length - 256, depth / 100,
-                                             seed * 1000 + length + index)
+                                             seed * 1000 + length + index, f"haystack-{length}-{depth}.txt")
             needle = doc.text.find(f"The pass key is {expected[0]}")
             assert needle >= 0, "the needle did not survive decoding"
             q = {"id": f"passkey-{length}-{depth}", "source": doc.source, "question": PASSKEY_QUESTION,
