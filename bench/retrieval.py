@@ -429,27 +429,60 @@ def counting_kv_reads(engine):
 
 # -- running systems over documents --------------------------------------------------------------
 
+class Journal:
+    """Rows already measured (`--log PATH`, JSON lines). A system whose every question over a
+    document is there, measured with the same settings, is not run over it again (a document is
+    redone whole, so that its first question still pays the indexing); new rows are appended as
+    they are measured."""
+
+    def __init__(self, path: Path | None, settings: str) -> None:
+        self.path = path
+        self.settings = settings
+        self.rows: dict[tuple[str, str], dict] = {}
+        if path is not None and path.exists():
+            with open(path) as f:
+                for row in map(json.loads, f):
+                    if row.get("settings") == settings:
+                        self.rows[(row["system"], row["id"])] = row
+
+    def done(self, system: str, ids: list[str]) -> list[dict] | None:
+        found = [self.rows.get((system, i)) for i in ids]
+        return found if all(found) else None
+
+    def add(self, row: dict) -> None:
+        if self.path is not None:
+            with open(self.path, "a") as f:
+                f.write(json.dumps({**row, "settings": self.settings}) + "\n")
+
+
 def run_document(engines: Engines, doc, questions: list[dict], systems: list[str], settings: RunSettings,
-                 log: Callable[[dict], None]) -> list[dict]:
+                 log: Callable[[dict], None], journal: Journal) -> list[dict]:
     """Every question over one document through every system; one row per (system, question)."""
     rows = []
     for system in systems:
+        kept = journal.done(system, [q["id"] for q in questions])
+        if kept:
+            rows += kept
+            continue
         state: dict = {}
         for order, q in enumerate(questions):
-            row = {"system": system, "id": q["id"], "source": q["source"], "order": order, "question": q["question"]}
+            row = {"system": system, "id": q["id"], "source": q["source"], "order": order, "question": q["question"],
+                   **q.get("tags", {})}
             try:
                 answer = SYSTEM_FUNCTIONS[system](engines.for_system(system), doc, q["question"], state, settings)
             except NotBuilt as exc:
                 row.update(skipped=str(exc))
                 log(row)
                 # the system cannot run over this document: the same for every question
-                rows += [{**row, "id": q2["id"], "order": later, "question": q2["question"]}
-                         for later, q2 in enumerate(questions[order:], start=order)]
+                for later, q2 in enumerate(questions[order:], start=order):
+                    rows.append({**row, "id": q2["id"], "order": later, "question": q2["question"]})
+                    journal.add(rows[-1])
                 break
             row.update(asdict(answer), right=is_right(answer.text, q["regexes"]),
                        evidence_attended=evidence_attended(q["evidence_ranges"], answer.ranges))
             row.pop("ranges")
             rows.append(row)
+            journal.add(row)
             log(row)
         if "ctx" in state:
             engines.for_system(system).release(state["ctx"])
@@ -549,21 +582,21 @@ _LONGCTX_PASSKEY_QUESTION = "What is the pass key? The pass key is"  # longctx's
 
 
 def run_passkey(engines: Engines, systems: list[str], lengths: list[int], depths: list[int], settings: RunSettings,
-                seed: int, log: Callable[[dict], None]) -> list[dict]:
+                seed: int, log: Callable[[dict], None], journal: Journal) -> list[dict]:
     tokenizer = engines.tokenizer
     haystack = tokenizer(corpus_text(), add_special_tokens=False).input_ids
     rows = []
     for length in lengths:
-        for index, depth in enumerate(depths):
+        for depth in depths:
             # the document leaves room for the prompt's template, the question and the answer
             doc, expected = passkey_document(tokenizer, haystack, length - 256, depth / 100,
-                                             seed * 1000 + length + index, f"haystack-{length}-{depth}.txt")
+                                             seed * 1000 + length + depth, f"haystack-{length}-{depth}.txt")
             needle = doc.text.find(f"The pass key is {expected[0]}")
             assert needle >= 0, "the needle did not survive decoding"
             q = {"id": f"passkey-{length}-{depth}", "source": doc.source, "question": PASSKEY_QUESTION,
-                 "regexes": [re.escape(e) for e in expected], "evidence_ranges": [(needle, needle + 21)]}
-            for row in run_document(engines, doc, [q], systems, settings, log):
-                rows.append({**row, "length": length, "depth": depth, "expected": expected})
+                 "regexes": [re.escape(e) for e in expected], "evidence_ranges": [(needle, needle + 21)],
+                 "tags": {"length": length, "depth": depth, "expected": expected}}
+            rows += run_document(engines, doc, [q], systems, settings, log, journal)
             del doc
     return rows
 
@@ -588,6 +621,7 @@ def main() -> None:
     parser.add_argument("--home", default=None, help="KVPAGE_HOME for the engine (converted weights)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--log", default=None, help="JSON lines of measured rows; what is already there is not run again")
     args = parser.parse_args()
 
     question_set = load_question_set()
@@ -609,6 +643,8 @@ def main() -> None:
 
     engines = Engines(args.model, home=args.home, threads=args.threads)
     settings = RunSettings(args.budget, args.max_new_tokens, args.chunk_tokens)
+    journal = Journal(Path(args.log) if args.log else None,
+                      f"{args.model}|budget {args.budget}|chunks {args.chunk_tokens}|new {args.max_new_tokens}|seed {args.seed}")
     started = time.time()
 
     def log(row: dict) -> None:
@@ -633,7 +669,7 @@ def main() -> None:
             if args.part == "recall":
                 rows += bm25_recall(engines.tokenizer, doc, questions, settings)
                 continue
-            rows += run_document(engines, doc, questions, systems, settings, log)
+            rows += run_document(engines, doc, questions, systems, settings, log, journal)
         if args.part == "recall":
             summary = [{"source": s, "questions": len(mine), "evidence_pct": 100 * mean(r["evidence_attended"] for r in mine)}
                        for s in documents for mine in [[r for r in rows if r["source"] == s]]]
@@ -653,7 +689,7 @@ def main() -> None:
     else:
         lengths = [int(n) for n in args.lengths.split(",")]
         depths = [int(d) for d in args.depths.split(",")]
-        rows = run_passkey(engines, systems, lengths, depths, settings, args.seed, log)
+        rows = run_passkey(engines, systems, lengths, depths, settings, args.seed, log, journal)
         summary = []
         for length in lengths:
             for row in summarise([r for r in rows if r["length"] == length], systems):
