@@ -3,7 +3,7 @@ pass keys in long haystacks, answered by several systems at the same attended-to
 
 Systems (`--systems`):
   retrieval  (a) kvpage's retrieval mode: index the document once, select blocks per question.
-             It plugs in at `retrieval_answer` below (not built yet: its rows say so).
+             (`retrieval_answer` below, as `kvpage ask --mode retrieval` runs it).
   bm25       (b) the text baseline: the document cut into chunks of `--chunk-tokens` tokens, ranked
              by BM25 (bm25s) against the question, the best packed into `--budget` tokens and put in
              document order into the same prompt as `kvpage ask`, then an exact prefill and a
@@ -185,21 +185,33 @@ class NotBuilt(Exception):
 # -- (a) retrieval mode: the lead's part plugs in here -------------------------------------------
 
 def retrieval_answer(engine, doc, question: str, state: dict, settings: RunSettings) -> Answer:
-    """(a) kvpage's retrieval mode. >>> RETRIEVAL MODE PLUGS IN HERE <<<
+    """(a) kvpage's retrieval mode, as `kvpage ask --mode retrieval` runs it: the document indexed
+    window by window for the first question over it (kept in `state` for the next ones), then
+    per question the blocks BM25 and the question's own attention choose, `settings.budget`
+    tokens of them, moved right after the prompt's head."""
+    from kvpage_cli.tasks import Asker
 
-    Called once per question, in order, for every question over `doc` (a kvpage Document);
-    `state` is the same dict for every question over that document, so the index built for the
-    first question (the windowed prefill, its blocks in the store) is kept there and reused by
-    the next ones: the first question's time includes indexing, the next ones' do not. Attend
-    at most `settings.budget` tokens of the document (the budget every system gets) and decode
-    at most `settings.max_new_tokens` greedily with the `kvpage ask` prompt. Fill an Answer:
-    `first_token_s` from the call to the first answer token, `kv_read_bytes` the KV bytes the
-    question's steps read from the store (selected blocks, not the whole store), `attended_tokens`,
-    `sources` (files/pages/lines of the selected blocks), `ranges` (the characters of doc.text
-    the selected blocks hold, from which the harness tells whether the evidence was attended) and
-    `index_s` (the part of `first_token_s` spent indexing). The engine is loaded with
-    ENGINE_OPTIONS["retrieval"] (below) added to the command line's EngineConfig fields."""
-    raise NotBuilt("retrieval mode is not built yet")
+    started = time.perf_counter()
+    asker = Asker(engine, doc, question, max_new_tokens=settings.max_new_tokens, retrieval_tokens=settings.budget)
+    asker.mode = "retrieval"
+    asker.retriever = state.get("retriever")
+    index_s = 0.0
+    if asker.retriever is None:
+        state["retriever"] = asker.index()
+        index_s = time.perf_counter() - started
+    with counting_kv_reads(engine) as kv:
+        pieces, first = [], None
+        for _, piece in asker.answers():
+            if first is None:
+                first = time.perf_counter() - started
+            pieces.append(piece)
+    selection = asker.selections[0]
+    retriever = asker.retriever
+    attended = len(retriever.library.head.tokens) + 64 * len(selection.blocks) + len(asker.question_ids[0])
+    ranges = [retriever.char_spans[i] for i in selection.blocks]
+    return Answer("".join(pieces), first if first is not None else time.perf_counter() - started,
+                  time.perf_counter() - started, attended, kv["bytes"], [s["where"] for s in asker.sources[0]],
+                  ranges, index_s)
 
 
 # -- (b) BM25 chunks packed into the budget ------------------------------------------------------
@@ -329,7 +341,7 @@ def bm25_answer(engine, doc, question: str, state: dict, settings: RunSettings) 
             if first is None:
                 first = time.perf_counter() - started
             pieces.append(piece)
-    attended = len(asker.prefix_ids) + len(asker.question_ids)
+    attended = len(asker.prefix_ids) + len(asker.question_ids[0])
     return Answer("".join(pieces), first if first is not None else time.perf_counter() - started,
                   time.perf_counter() - started, attended, kv["bytes"], [c.where for c in chosen],
                   [(c.start, c.end) for c in chosen], index_s)
@@ -341,7 +353,7 @@ def exact_answer(engine, doc, question: str, state: dict, settings: RunSettings)
     """(c) The whole document prefilled once (first question), each question on a fork of it."""
     from kvpage_cli.errors import ContextTooLongError
     from kvpage_cli.tasks import Asker
-    from kvpage_cli.tasks.ask import _repeating
+    from kvpage_cli.tasks.ask import loop_start
 
     started = time.perf_counter()
     try:
@@ -356,16 +368,18 @@ def exact_answer(engine, doc, question: str, state: dict, settings: RunSettings)
         ctx = engine.fork(state["ctx"])
         stop = engine.stop_ids
         tokens, first = [], None
-        for token in engine.generate(ctx, asker.question_ids, max_new_tokens=settings.max_new_tokens, stop=stop):
+        for token in engine.generate(ctx, asker.question_ids[0], max_new_tokens=settings.max_new_tokens, stop=stop):
             if first is None:
                 first = time.perf_counter() - started
             if token in stop:
                 break
             tokens.append(token)
-            if _repeating(tokens):
+            loop = loop_start(tokens)
+            if loop is not None:
+                del tokens[loop:]
                 break
         engine.release(ctx)
-    attended = len(asker.prefix_ids) + len(asker.question_ids)
+    attended = len(asker.prefix_ids) + len(asker.question_ids[0])
     return Answer(asker.prompts.decode(tokens), first, time.perf_counter() - started, attended, kv["bytes"],
                   [doc.source], None, index_s)
 
@@ -403,28 +417,14 @@ class Engines:
 
 @contextmanager
 def counting_kv_reads(engine):
-    """Counts the KV bytes attention reads while the block runs: for every attention call of every
-    layer, the blocks it may see (its window for a sliding layer) times the bytes of one block's K
-    and V. Yields a dict whose "bytes" grows. Only for the systems here, which attend every block
-    they hold (no selection)."""
-    from kvpage_cli.engine.config import BLOCK_TOKENS
-
-    dispatch = engine.dispatch
-    spec = engine.spec
-    block_bytes = 2 * spec.num_kv_heads * BLOCK_TOKENS * spec.head_dim * engine.store.groups[0].dtype.itemsize
+    """The K/V bytes attention reads while the block runs (the engine's own count: every block a
+    step reads, once per layer). Yields a dict whose "bytes" is set at the end."""
+    before = engine.stats().kv_read_bytes
     counter = {"bytes": 0}
-    attend = dispatch.attend
-
-    def counted(layer, q, q_start, ctx):
-        ids, _ = dispatch.blocks_for(layer, ctx, q_start)
-        counter["bytes"] += len(ids) * block_bytes
-        return attend(layer, q, q_start, ctx)
-
-    dispatch.attend = counted
     try:
         yield counter
     finally:
-        del dispatch.attend  # the class's method again
+        counter["bytes"] = engine.stats().kv_read_bytes - before
 
 
 # -- running systems over documents --------------------------------------------------------------

@@ -16,12 +16,13 @@ from kvpage_cli.engine.kvcache import KVCache
 
 from .conftest import random_prompt, tiny_model
 
-SEGMENT = 256  # the default prefill chunk: saved prefixes end on multiples of it
+SEGMENT = 256  # the prefill chunk these tests use: saved prefixes end on multiples of it
 
 
 def load(model, home, **config) -> Engine:
     config.setdefault("backend", "torch")  # a fresh home would compile the native kernels first
     config.setdefault("kv_cache", True)
+    config.setdefault("prefill_chunk", SEGMENT)
     return Engine.load(model, EngineConfig(home=str(home), **config))
 
 

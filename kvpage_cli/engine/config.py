@@ -36,7 +36,8 @@ class EngineConfig:
     backend: "auto" (Triton on CUDA, the native CPU kernels on CPU when a C compiler is
         available, else torch), "torch", "native" or "triton".
     device: "auto" (CUDA when torch sees a GPU, else the CPU), "cpu" or "cuda".
-    prefill_chunk: prompt tokens processed per forward pass during prefill.
+    prefill_chunk: prompt tokens processed per forward pass during prefill (1024: as fast as one
+        pass over a whole 1K-4K prompt, measured by bench/engine.py; also the saved KV's granularity).
     max_context: the longest context allowed, in tokens; None means the model's own limit.
     kv_path: how exact mode reaches blocks: "pool" streams every block through the pool slots;
         "store" reads blocks where they are in the store (only where the store is in the
@@ -64,7 +65,7 @@ class EngineConfig:
     dtype: str = "float32"
     backend: str = "auto"
     device: str = "auto"
-    prefill_chunk: int = 256
+    prefill_chunk: int = 1024
     max_context: int | None = None
     kv_path: str = "auto"
     threads: int | None = None

@@ -73,6 +73,7 @@ class AttentionDispatch:
         self.observer = observer
         self.selector = None
         self.copy_seconds = 0.0
+        self.kv_read_bytes = 0  # K/V bytes attention read: each block once per layer and step
         self.captured: dict[int, dict[int, tuple[torch.Tensor, int]]] = {}  # ctx id -> layer -> (q rows, first position)
         self.capture_ids: set[int] = set()  # contexts whose prompt queries are kept whatever the mode
 
@@ -99,6 +100,7 @@ class AttentionDispatch:
         """q: [B, Hq, D] fp32, one query per decode segment -> [B, Hq, D]."""
         group = self.store.group_of(layer)
         plan = self._decode_plan(layer, group, q, step)
+        self.kv_read_bytes += plan.item_ids.numel() * group.block_bytes_per_layer
         states, lse = self.backend.states(plan.num_pairs, q.device)
         if self.kv_path == "store":
             self.backend.decode_states(q, plan, self._store_blocks(layer, group), group.window, states, lse)
@@ -142,6 +144,7 @@ class AttentionDispatch:
         seq_end = q_start + q.shape[0]
         first = max(0, q_start - group.window + 1) // BLOCK_TOKENS if group.window else 0
         ids, positions = ctx.tables[group.index].live(first)
+        self.kv_read_bytes += len(ids) * group.block_bytes_per_layer
         if self.kv_path == "pool" and self.backend.name == "triton":
             return self._triton_prefill(layer, q, q_start, seq_end, group, ids, positions)
         if self.kv_path == "store":

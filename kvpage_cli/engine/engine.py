@@ -560,12 +560,14 @@ class Engine:
             store_disk_bytes=self.store.bytes_on_disk,
             cached_tokens=m.cached_tokens,
             cache_load_seconds=m.cache_load_seconds,
+            kv_read_bytes=self.dispatch.kv_read_bytes,
         )
 
     def reset_stats(self) -> None:
         self.metrics.reset()
         self.pool.hits = self.pool.lookups = 0
         self.dispatch.copy_seconds = 0.0
+        self.dispatch.kv_read_bytes = 0
         if self.dispatch.selector is not None:
             self.dispatch.selector.selected = self.dispatch.selector.candidates = 0
 

@@ -33,6 +33,7 @@ class EngineStats:
     store_disk_bytes: int = 0  # of store_bytes, the blocks in the disk tier (the rest are in RAM)
     cached_tokens: int = 0  # prompt tokens whose KV was loaded from the saved-KV cache
     cache_load_seconds: float = 0.0  # reading and checking saved KV (not in prefill_seconds)
+    kv_read_bytes: int = 0  # K/V bytes attention read (a block shared by a step's sequences counted once)
 
     @property
     def store_ram_bytes(self) -> int:

@@ -28,7 +28,7 @@ class Asker:
 
     def __init__(self, engine: Engine, doc: Document, questions: str | list[str], max_new_tokens: int = 256,
                  temperature: float = 0.0, on_event: EventCallback | None = None, label: str | None = None,
-                 max_batch: int | None = None) -> None:
+                 max_batch: int | None = None, retrieval_tokens: int | None = None) -> None:
         questions = [questions] if isinstance(questions, str) else list(questions)
         if not questions or any(not q.strip() for q in questions):
             raise ValueError("the question is empty")
@@ -40,6 +40,7 @@ class Asker:
         self.on_event = on_event
         self.label = label
         self.max_batch = max_batch
+        self.retrieval_tokens = retrieval_tokens or engine.config.retrieval_tokens  # retrieval: tokens a question reads
         self.prompts = PromptBuilder(engine.tokenizer)
         text = doc.text.strip()
         document = render("document", kind=_KINDS.get(doc.kind, doc.kind), source=doc.source, text=text)
@@ -142,24 +143,24 @@ class Asker:
                                     self.on_event, self.label)
             self.cached_tokens = library.head.cached_prefix
             head = len(library.head.tokens)
-            # the document's last tokens (less than a block) and the template's end ("</document>")
-            self._tail = library.rest + self.prefix_ids[last:]
             self.retriever = Retriever(engine, library, self.doc, block_char_spans(library, self._chars, head))
+            # the document's last tokens (less than a block) and the template's end ("</document>")
+            self.retriever.tail = library.rest + self.prefix_ids[last:]
         return self.retriever
 
     def budget(self) -> int:
         """Blocks a question may read: the configured budget, within the model's context."""
-        longest = max(len(ids) for ids in self.question_ids) + len(self._tail)
+        longest = max(len(ids) for ids in self.question_ids) + len(self.retriever.tail)
         head = len(self.retriever.library.head.tokens)
         room = self.engine.max_context - head - longest - self.max_new_tokens
-        return max(1, min(room, self.engine.config.retrieval_tokens) // BLOCK_TOKENS)
+        return max(1, min(room, self.retrieval_tokens) // BLOCK_TOKENS)
 
     def _retrieval_requests(self, stop) -> list[Request]:
         retriever = self.index()
         budget = self.budget()
         requests = []
         for i, (question, ids) in enumerate(zip(self.questions, self.question_ids)):
-            asked = self._tail + ids
+            asked = retriever.tail + ids
             selection = retriever.select(question, asked, budget)
             self.selections[i] = selection
             self.sources[i] = retriever.sources(selection)

@@ -64,6 +64,7 @@ class Retriever:
         self.library = library
         self.doc = doc
         self.char_spans = char_spans
+        self.tail: list[int] = []  # tokens read before every question (the document's last, the template's end)
         self.stopwords = frozenset(STOPWORDS_EN)
         self.bm25 = bm25s.BM25()
         texts = [lexical_terms(doc.text[s:e], self.stopwords) for s, e in char_spans]
