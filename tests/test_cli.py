@@ -260,6 +260,23 @@ def test_bad_input_is_one_clear_line(cli, tmp_path, monkeypatch, path, says):
     assert not (tmp_path / "review.json").exists()
 
 
+@pytest.mark.parametrize("name, says", [
+    ("zip bomb", "word/document.xml would inflate 1,029-fold"),
+    ("nesting", "nests its elements more than 256 levels deep"),
+])
+def test_hostile_docx_is_one_clear_line(cli, hostile_docx, name, says):
+    line = one_error_line(cli("review", hostile_docx[name]))
+    assert line.startswith("kvpage: error: ") and says in line
+
+
+def test_too_much_stdin_is_refused_before_it_is_read_whole(cli, monkeypatch):
+    from kvpage_cli.ingest import document
+
+    monkeypatch.setattr(document, "MAX_SOURCE_BYTES", 1000)
+    line = one_error_line(cli("ask", "-", "What is it?", input=CONTRACT * 10))
+    assert "stdin is too large to read: it is over 1000 bytes" in line
+
+
 def test_a_directory_with_nothing_readable(cli, tmp_path):
     (tmp_path / "logo.png").write_bytes((SAMPLES / "repo/assets/logo.png").read_bytes())
     line = one_error_line(cli("ask", tmp_path, "What is here?"))

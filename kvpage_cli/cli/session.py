@@ -124,7 +124,7 @@ class Session:
             if path == "-":
                 if sys.stdin.isatty():
                     self.warn("reading the document from the terminal; end it with Ctrl-D")
-                data = sys.stdin.buffer.read()
+                data = ingest.read_stream(sys.stdin.buffer, "stdin")
             doc = ingest.load(path, password=password, stdin=data, allow_directory=allow_directory)
         for warning in doc.warnings:
             self.warn(warning)
