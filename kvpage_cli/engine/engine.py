@@ -16,6 +16,7 @@ from .config import BLOCK_TOKENS, EngineConfig
 from .context import BlockTable, Context
 from .dispatch import AttentionDispatch
 from .events import DecodeProgress, EngineWarning, EventCallback, PrefillProgress, emit
+from .home import default_home
 from .kvcache import CachedPrefill, KVCache, chain_seed, model_fingerprint, segment_tokens_for
 from .metrics import EngineStats, Metrics
 from .model import ModelRunner, RopeAt
@@ -32,10 +33,6 @@ from .weights import DEFAULT_MODEL, load_weights
 SCORE_QUERY_TOKENS = 16  # final prompt tokens whose attention scores the blocks ("scores" policy)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def default_home() -> Path:
-    return Path.home() / ".cache" / "kvpage"
 
 
 class Engine:

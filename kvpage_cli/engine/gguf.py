@@ -18,6 +18,7 @@ import torch
 
 from ..errors import ModelError
 from .events import EventCallback, ModelLoading, emit
+from .home import private_dir
 
 CACHE_FORMAT = 1
 
@@ -42,7 +43,7 @@ def ensure_converted(gguf_path: Path, target: Path, on_event: EventCallback | No
 
     if (target / "model.safetensors").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(target.parent)
     with FileLock(str(target) + ".lock"):
         if not (target / "model.safetensors").exists():
             convert_gguf(gguf_path, target, on_event)
@@ -106,7 +107,7 @@ def convert_gguf(gguf_path: Path, target: Path, on_event: EventCallback | None =
 
     from safetensors.torch import save_file
 
-    target.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(target.parent)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
         config.save_pretrained(tmp)

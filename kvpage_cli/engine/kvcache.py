@@ -49,6 +49,7 @@ from filelock import FileLock
 from .config import BLOCK_TOKENS
 from .context import Context
 from .events import EngineWarning, EventCallback, emit
+from .home import default_home, private_dir
 from .store import BlockStore
 
 KV_FORMAT_VERSION = 1
@@ -188,7 +189,7 @@ class KVCache:
     @classmethod
     def open(cls, home: str | Path | None = None, cache_mib: float = DEFAULT_CACHE_MIB) -> "KVCache":
         """The cache of a kvpage home folder (None: ~/.cache/kvpage), limited to `cache_mib` MiB."""
-        home = Path(home).expanduser() if home is not None else Path.home() / ".cache" / "kvpage"
+        home = Path(home).expanduser() if home is not None else default_home()
         return cls(home / "kv", int(cache_mib * 2**20))
 
     # -- what the CLI uses -----------------------------------------------------------------------
@@ -645,8 +646,8 @@ def _first_visible_block(end: int, window: int) -> int:
 
 
 def _make_private_dir(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if (path.stat().st_mode & 0o777) != 0o700:
+    private_dir(path)
+    if (path.stat().st_mode & 0o777) != 0o700:  # documents' KV: made private even if it existed
         os.chmod(path, 0o700)
 
 

