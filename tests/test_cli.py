@@ -292,6 +292,21 @@ def test_a_document_longer_than_the_context_says_both_numbers(cli, tmp_path):
     assert "gemma3-270m" in line  # what to do
 
 
+@pytest.mark.parametrize("damage, says", [
+    ("config.json", "unreadable config.json"),
+    ("tokenizer.json", "no usable tokenizer"),
+    ("model.safetensors", "unreadable weights"),
+])
+def test_a_damaged_model_folder_is_a_model_error(cli, tiny_cli_model, tmp_path, damage, says):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_cli_model, folder)
+    (folder / damage).write_bytes(b'{"this is": "not what it should be", ' + b"\x00" * 64)
+    line = one_error_line(cli("info", "--model", folder, model=False))
+    assert line.startswith(f"kvpage: error: {folder}") and says in line and "unexpected" not in line
+
+
 def test_unknown_model(cli, contract):
     line = one_error_line(cli("review", contract, "--model", "no-such-model", model=False))
     assert "unknown model 'no-such-model'" in line
