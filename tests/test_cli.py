@@ -185,6 +185,34 @@ def test_review_out_writes_the_file_and_nothing_on_stdout(cli, contract, tmp_pat
     assert [p.name for p in tmp_path.iterdir()] == ["review.md"]  # no temp file left
 
 
+def test_out_is_on_disk_before_it_replaces_a_file_and_keeps_that_files_mode(cli, contract, tmp_path, monkeypatch):
+    import os
+
+    out = tmp_path / "review.json"
+    out.write_text("an older review")
+    os.chmod(out, 0o640)
+    steps = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        steps.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(src, dst, *args, **kwargs):
+        steps.append(("replace", str(src)))
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    result = cli("review", contract, "--out", out, "-q")
+    assert result.exit_code == 0, result.stderr
+    part = next(path for step, path in steps if step == "replace" and path.endswith(".part"))
+    assert steps.index(("fsync", part)) < steps.index(("replace", part))
+    assert json.loads(out.read_text())["findings"]
+    assert out.stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["review.json"]
+
+
 def test_review_reads_stdin(cli, contract):
     result = cli("review", "-", "--json", input=CONTRACT.encode())
     assert result.exit_code == 0, result.stderr
@@ -218,6 +246,21 @@ def test_encrypted_pdf_reads_with_the_password(cli):
     data = json.loads(result.stdout)
     assert data["findings"] and all(f["source"] == "page 1" for f in data["findings"])
     assert "decryption succeeded" in " ".join(f["quote"] for f in data["findings"])
+
+
+def test_the_pdf_password_from_the_environment_or_a_hidden_prompt(cli, monkeypatch):
+    from kvpage_cli.cli import session
+
+    locked = CORPUS / "odd/pdf/issue21579.pdf"
+    result = cli("review", locked, "--json", env={"KVPAGE_PDF_PASSWORD": "pässwört"})
+    assert result.exit_code == 0, result.stderr  # never on the command line, so never in ps
+    line = one_error_line(cli("review", locked, "--json"))  # no terminal to ask on
+    assert "encrypted; pass --password, or set KVPAGE_PDF_PASSWORD" in line
+    monkeypatch.setattr(session, "_interactive", lambda: True)
+    result = cli("review", locked, "--json", input="pässwört\n")
+    assert result.exit_code == 0, result.stderr
+    assert "issue21579.pdf is encrypted; password:" in result.stderr and "pässwört" not in result.stderr
+    assert json.loads(result.stdout)["findings"]
 
 
 def test_non_utf8_text_is_read_with_a_warning(cli, tmp_path):
