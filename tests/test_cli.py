@@ -350,6 +350,23 @@ def test_a_damaged_model_folder_is_a_model_error(cli, tiny_cli_model, tmp_path, 
     assert line.startswith(f"kvpage: error: {folder}") and says in line and "unexpected" not in line
 
 
+@pytest.mark.parametrize("command", ["ask", "review"])
+def test_a_document_that_cannot_fit_is_refused_before_it_is_tokenized(cli, tmp_path, monkeypatch, command):
+    from kvpage_cli.tasks import chat, length
+
+    def never(self, text):
+        raise AssertionError(f"tokenized {len(text):,} characters")
+
+    monkeypatch.setattr(chat.PromptBuilder, "prefix", never)
+    monkeypatch.setattr(length, "NORMALIZER_MARGIN", 1)  # SmolLM2's longest token is 81 characters
+    path = tmp_path / "huge.txt"
+    path.write_text("1. The supplier delivers.\n" * (8192 * 81 // 26 + 1))
+    args = ["ask", path, "What is due?"] if command == "ask" else ["review", path]
+    line = one_error_line(cli(*args))
+    assert "the input is more than 8192 tokens but the context limit is 8192 tokens" in line
+    assert "no token of this model spells more than 81" in line
+
+
 def test_unknown_model(cli, contract):
     line = one_error_line(cli("review", contract, "--model", "no-such-model", model=False))
     assert "unknown model 'no-such-model'" in line

@@ -9,6 +9,7 @@ from ..engine.events import EventCallback
 from ..errors import ContextTooLongError
 from ..ingest import Document
 from .chat import PromptBuilder
+from .length import refuse_if_too_long
 from .prompts import render
 
 _KINDS = {"pdf": "a PDF document", "docx": "a Word document", "text": "a text file", "repo": "a code repository"}
@@ -29,6 +30,7 @@ class Asker:
         self.on_event = on_event
         self.label = label
         self.prompts = PromptBuilder(engine.tokenizer)
+        refuse_if_too_long(doc.text, engine.tokenizer, engine.max_context)
         document = render("document", kind=_KINDS.get(doc.kind, doc.kind), source=doc.source, text=doc.text.strip())
         self.prefix_ids = self.prompts.prefix(document)
         self.question_ids = self.prompts.question(render("ask", question=self.question))
