@@ -24,7 +24,7 @@ _REL = "http://schemas.openxmlformats.org/package/2006/relationships"
 # part past the size its directory declares.
 _MAX_PART_BYTES = 64 * 2**20
 _MAX_PARTS_BYTES = 128 * 2**20  # all of them together
-_MAX_INFLATE_RATIO = 200  # past _RATIO_GRACE_BYTES; Word's XML deflates 5-20 fold, zip bombs ~1000
+_MAX_INFLATE_RATIO = 200  # past _RATIO_GRACE_BYTES; the corpus DOCX parts deflate 2-32 fold, zip bombs ~1000
 _RATIO_GRACE_BYTES = 2**20
 _MAX_LABEL_CHARS = 64  # a list label ("1.2.3", "(iv)") longer than this is cut
 _MAX_LETTER_NUMBER = 26 * 30  # letter numbering up to 30 repeated letters ("zzz..."), then digits
