@@ -62,7 +62,7 @@ def worker_transformers(model: str, prefix: int, batch: int, new_tokens: int, dt
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-    from kvpage_cli.engine.config import default_home
+    from kvpage_cli.engine.home import default_home
     from kvpage_cli.engine.weights import resolve_folder
 
     folder = resolve_folder(model, Path(home) if home else default_home())

@@ -61,7 +61,7 @@ def worker_transformers(model: str, length: int, new_tokens: int, dtype: str, ho
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-    from kvpage_cli.engine.config import default_home
+    from kvpage_cli.engine.home import default_home
     from kvpage_cli.engine.weights import resolve_folder
 
     folder = resolve_folder(model, Path(home) if home else default_home())
@@ -107,7 +107,7 @@ def worker_llamacpp(model: str, length: int, new_tokens: int, home: str | None) 
         return {"system": "llama.cpp", "error": "no GGUF file for this model"}
     gguf = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     llm = Llama(model_path=str(gguf), n_ctx=length + new_tokens + 8, n_threads=2, n_batch=256, verbose=False)
-    from kvpage_cli.engine.config import default_home
+    from kvpage_cli.engine.home import default_home
     from kvpage_cli.engine.weights import resolve_folder
     from transformers import AutoTokenizer
 

@@ -20,10 +20,12 @@ class ModelError(KvpageError):
 class ContextTooLongError(KvpageError):
     """The prompt does not fit in the model's context (or the configured limit)."""
 
-    def __init__(self, num_tokens: int, limit: int, hint: str = ""):
+    def __init__(self, num_tokens: int, limit: int, hint: str = "", more_than: bool = False):
         self.num_tokens = num_tokens
         self.limit = limit
-        message = f"the input is {num_tokens} tokens but the context limit is {limit} tokens"
+        self.more_than = more_than  # refused before tokenizing: num_tokens is a lower bound
+        message = (f"the input is {'more than ' if more_than else ''}{num_tokens} tokens "
+                   f"but the context limit is {limit} tokens")
         super().__init__(message + (f"; {hint}" if hint else ""))
 
 

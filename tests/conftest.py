@@ -106,3 +106,18 @@ def tiny_cli_model(tmp_path_factory, kv_home) -> Path:
         if (smollm2_folder / name).exists():
             shutil.copy(smollm2_folder / name, folder / name)
     return folder
+
+
+@pytest.fixture(scope="session")
+def hostile_docx(tmp_path_factory) -> dict[str, Path]:
+    """The DOCX files of tests/hostile.py, written once: "numbering" (a list from 10^9 in letters),
+    "zip bomb" (1 GiB of XML in about 1 MB), "nesting" (1,500 nested hyperlinks)."""
+    from . import hostile
+
+    folder = tmp_path_factory.mktemp("hostile")
+    files = {"numbering": hostile.numbering_bomb(), "zip bomb": hostile.zip_bomb(), "nesting": hostile.nesting_bomb()}
+    paths = {}
+    for name, data in files.items():
+        paths[name] = folder / f"{name.replace(' ', '-')}.docx"
+        paths[name].write_bytes(data)
+    return paths

@@ -220,3 +220,33 @@ def test_fragments_join_a_neighbour():
     assert [c.id for c in clauses] == ["1", "3"]
     assert clauses[1].text.startswith("2. Fees.\n3. Term.") and clauses[1].heading == "Term"
     assert clauses[1].text.endswith("4. Notices. [***].")
+
+
+# Text shaped to make backtracking regular expressions and per-match slicing quadratic: 16K spaces
+# took 6.5 s before they were made linear, 200K hours. Each runs in a child process so a
+# regression shows up as the hang limit below (a guard against hours, not a speed check).
+ADVERSARIAL_TEXTS = {
+    "a run of spaces": "1. Definitions" + " " * 200_000 + "x 3",
+    "a run of blank lines": "1. Definitions" + "\n" * 200_000 + "x 3",
+    "no-break spaces and tabs": "1. Definitions" + "\u00a0\t" * 100_000 + "x 3",
+    "a megabyte line of inline numbers": "1. Definitions " + "1.1 A " * 170_000,
+    "thousands of capital headings": "1. DEFINITIONS\n" + "AAAA BBBB\n" * 20_000,
+}
+
+
+@pytest.mark.parametrize("name", ADVERSARIAL_TEXTS)
+def test_whitespace_runs_and_long_lines_are_split_in_linear_time(name):
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from tests.test_clauses import ADVERSARIAL_TEXTS, make_doc, check_well_formed\n"
+        "from kvpage_cli.ingest import split_clauses\n"
+        f"doc = make_doc(ADVERSARIAL_TEXTS[{name!r}])\n"
+        "clauses = split_clauses(doc)\n"
+        "check_well_formed(doc, clauses, min_coverage=1.0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr

@@ -185,6 +185,34 @@ def test_review_out_writes_the_file_and_nothing_on_stdout(cli, contract, tmp_pat
     assert [p.name for p in tmp_path.iterdir()] == ["review.md"]  # no temp file left
 
 
+def test_out_is_on_disk_before_it_replaces_a_file_and_keeps_that_files_mode(cli, contract, tmp_path, monkeypatch):
+    import os
+
+    out = tmp_path / "review.json"
+    out.write_text("an older review")
+    os.chmod(out, 0o640)
+    steps = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        steps.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(src, dst, *args, **kwargs):
+        steps.append(("replace", str(src)))
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    result = cli("review", contract, "--out", out, "-q")
+    assert result.exit_code == 0, result.stderr
+    part = next(path for step, path in steps if step == "replace" and path.endswith(".part"))
+    assert steps.index(("fsync", part)) < steps.index(("replace", part))
+    assert json.loads(out.read_text())["findings"]
+    assert out.stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["review.json"]
+
+
 def test_review_reads_stdin(cli, contract):
     result = cli("review", "-", "--json", input=CONTRACT.encode())
     assert result.exit_code == 0, result.stderr
@@ -218,6 +246,21 @@ def test_encrypted_pdf_reads_with_the_password(cli):
     data = json.loads(result.stdout)
     assert data["findings"] and all(f["source"] == "page 1" for f in data["findings"])
     assert "decryption succeeded" in " ".join(f["quote"] for f in data["findings"])
+
+
+def test_the_pdf_password_from_the_environment_or_a_hidden_prompt(cli, monkeypatch):
+    from kvpage_cli.cli import session
+
+    locked = CORPUS / "odd/pdf/issue21579.pdf"
+    result = cli("review", locked, "--json", env={"KVPAGE_PDF_PASSWORD": "pässwört"})
+    assert result.exit_code == 0, result.stderr  # never on the command line, so never in ps
+    line = one_error_line(cli("review", locked, "--json"))  # no terminal to ask on
+    assert "encrypted; pass --password, or set KVPAGE_PDF_PASSWORD" in line
+    monkeypatch.setattr(session, "_interactive", lambda: True)
+    result = cli("review", locked, "--json", input="pässwört\n")
+    assert result.exit_code == 0, result.stderr
+    assert "issue21579.pdf is encrypted; password:" in result.stderr and "pässwört" not in result.stderr
+    assert json.loads(result.stdout)["findings"]
 
 
 def test_non_utf8_text_is_read_with_a_warning(cli, tmp_path):
@@ -260,6 +303,23 @@ def test_bad_input_is_one_clear_line(cli, tmp_path, monkeypatch, path, says):
     assert not (tmp_path / "review.json").exists()
 
 
+@pytest.mark.parametrize("name, says", [
+    ("zip bomb", "word/document.xml would inflate 1,029-fold"),
+    ("nesting", "nests its elements more than 256 levels deep"),
+])
+def test_hostile_docx_is_one_clear_line(cli, hostile_docx, name, says):
+    line = one_error_line(cli("review", hostile_docx[name]))
+    assert line.startswith("kvpage: error: ") and says in line
+
+
+def test_too_much_stdin_is_refused_before_it_is_read_whole(cli, monkeypatch):
+    from kvpage_cli.ingest import document
+
+    monkeypatch.setattr(document, "MAX_SOURCE_BYTES", 1000)
+    line = one_error_line(cli("ask", "-", "What is it?", input=CONTRACT * 10))
+    assert "stdin is too large to read: it is over 1000 bytes" in line
+
+
 def test_a_directory_with_nothing_readable(cli, tmp_path):
     (tmp_path / "logo.png").write_bytes((SAMPLES / "repo/assets/logo.png").read_bytes())
     line = one_error_line(cli("ask", tmp_path, "What is here?"))
@@ -284,6 +344,38 @@ def test_a_document_longer_than_the_context_is_answered_from_its_blocks(cli, tmp
     assert data["mode"] == "retrieval" and 0 < data["attended_blocks"] < data["total_blocks"]
     assert data["sources"] and all(s["where"].startswith("line") for s in data["sources"])
     assert re.search(r"retrieval mode: attended \d+ of [\d,]+ blocks, \d+% of the document", result.stderr.splitlines()[-1])
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("config.json", "unreadable config.json"),
+    ("tokenizer.json", "no usable tokenizer"),
+    ("model.safetensors", "unreadable weights"),
+])
+def test_a_damaged_model_folder_is_a_model_error(cli, tiny_cli_model, tmp_path, damage, says):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_cli_model, folder)
+    (folder / damage).write_bytes(b'{"this is": "not what it should be", ' + b"\x00" * 64)
+    line = one_error_line(cli("info", "--model", folder, model=False))
+    assert line.startswith(f"kvpage: error: {folder}") and says in line and "unexpected" not in line
+
+
+@pytest.mark.parametrize("command", ["ask", "review"])
+def test_a_document_that_cannot_fit_is_refused_before_it_is_tokenized(cli, tmp_path, monkeypatch, command):
+    from kvpage_cli.tasks import chat, length
+
+    def never(self, text):
+        raise AssertionError(f"tokenized {len(text):,} characters")
+
+    monkeypatch.setattr(chat.PromptBuilder, "prefix", never)
+    monkeypatch.setattr(length, "NORMALIZER_MARGIN", 1)  # SmolLM2's longest token is 81 characters
+    path = tmp_path / "huge.txt"
+    path.write_text("1. The supplier delivers.\n" * (8192 * 81 // 26 + 1))
+    args = ["ask", path, "What is due?"] if command == "ask" else ["review", path]
+    line = one_error_line(cli(*args))
+    assert "the input is more than 8192 tokens but the context limit is 8192 tokens" in line
+    assert "no token of this model spells more than 81" in line
 
 
 def test_unknown_model(cli, contract):

@@ -2,6 +2,7 @@
 
 import io
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -205,3 +206,63 @@ def test_text_box_is_read_once_and_deleted_paragraph_mark_joins():
     )
     doc = read_docx(make_docx(body), display="t.docx")
     assert doc.text.split("\n") == ["Before", "Boxed text", "Joined paragraph"]
+
+
+# -- hostile files: each is read into capped text, or refused with one line, in little memory ----
+
+MEMORY_LIMIT_MIB = 200
+
+
+def test_a_list_numbered_from_a_billion_in_letters_gets_short_labels(hostile_docx):
+    doc = read_docx(hostile_docx["numbering"])
+    lines = doc.text.split("\n")
+    assert len(lines) == 100
+    # Word's letters for 10^9 would be 38 million letters a paragraph; past 30 letters, digits
+    assert lines[0] == "1000000000. Clause text 0." and lines[-1] == "1000000099. Clause text 99."
+
+
+@pytest.mark.parametrize("name, says", [
+    ("numbering", None),
+    ("zip bomb", "would inflate 1,029-fold, to 1,024.0 MiB"),
+    ("nesting", "nests its elements more than 256 levels deep"),
+])
+def test_hostile_docx_is_read_or_refused_in_little_memory(hostile_docx, name, says):
+    from .hostile import read_in_child
+
+    result = read_in_child(hostile_docx[name])
+    assert not result["traceback"], result["stderr"]
+    if says is None:
+        assert result["ok"] and result["chars"] < 10_000
+    else:
+        assert not result["ok"] and says in result["error"] and "\n" not in result["error"]
+    assert result["peak_mib"] < MEMORY_LIMIT_MIB
+
+
+@pytest.mark.parametrize("limit, says", [
+    ("_MAX_PART_BYTES", "word/document.xml would inflate to 1.1 MiB (at most 1.0 MiB is read)"),
+    ("_MAX_PARTS_BYTES", "its XML parts would inflate to over 1.0 MiB"),
+])
+def test_parts_past_the_size_budget_are_refused_before_they_inflate(monkeypatch, limit, says):
+    from kvpage_cli.ingest import DocumentTooLarge, docx as docx_reader
+
+    from .hostile import document_xml, docx_bytes, paragraph
+
+    # plausible ratios (about 10-fold); the budgets are lowered from 64 and 128 MiB to 1 MiB
+    monkeypatch.setattr(docx_reader, limit, 2**20)
+    paragraphs = 10_800 if limit == "_MAX_PART_BYTES" else 8_500  # 1.1 or 0.9 MiB of document.xml
+    filler = "".join(paragraph(f"Paragraph {i}: the supplier delivers goods number {i * 7919 % 10007}.")
+                     for i in range(paragraphs))
+    numbering = f'<w:numbering xmlns:w="{W}">' + "<!-- -->" * 70_000 + "</w:numbering>"
+    data = docx_bytes(document_xml(filler), numbering)
+    with pytest.raises(DocumentTooLarge, match=re.escape(says)):
+        read_docx(data)
+
+
+def test_text_after_an_entity_reference_is_kept():
+    from .hostile import document_xml, docx_bytes
+
+    doctype = '<!DOCTYPE w:document [<!ENTITY party "Alpha Corp.">]>'
+    body = '<w:p><w:r><w:t>Payment is due to &party; within 30 days &amp; without set-off.</w:t></w:r></w:p>'
+    doc = read_docx(docx_bytes(document_xml(body, doctype)))
+    # the entity is not expanded (it could be a billion laughs), and the text after it stays
+    assert doc.text == "Payment is due to &party; within 30 days & without set-off."

@@ -153,3 +153,14 @@ def test_page_spans_point_at_the_right_page():
         assert found is not None, quote
         (span,) = doc.locate(found[0], found[0] + 1)
         assert squash(quote) in raw[span.page - 1]
+
+
+def test_a_header_line_of_thousands_of_digits_is_read():
+    from .hostile import pdf_bytes
+
+    # int() refuses runs of more than 4,300 digits; the header check must not call it on them
+    bodies = ["The supplier delivers on time.", "The customer pays within thirty days.", "Either party may end it."]
+    pages = [["7" * 5000 + str(page), body] for page, body in enumerate(bodies, start=1)]
+    doc = read_pdf(pdf_bytes(pages))
+    assert [s.page for s in doc.spans] == [1, 2, 3]
+    assert all(body in doc.text for body in bodies)

@@ -1,6 +1,7 @@
 """Reading a code repository: .gitignore rules, skipped files, sorted order, line spans."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,40 @@ def test_nothing_readable(tmp_path):
     with pytest.raises(NothingReadable) as info:
         load(str(tmp_path))
     assert str(info.value).endswith("/ has no readable text files")
+
+
+def test_a_hostile_repository_is_read_warned_and_nothing_followed_out(tmp_path):
+    """Invalid .gitignore lines, a link to a file outside, a directory link loop, a FIFO and a
+    link to a gitignored .env: the rest is read, each is warned about, nothing outside is read
+    and nothing blocks (a FIFO opened for reading waits for a writer forever)."""
+    import os
+    import subprocess
+    import sys
+
+    outside = tmp_path / "outside-secret.txt"
+    outside.write_text("the password outside the repository\n")
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / ".gitignore").write_text("!\n.env\n\\\n*.log\n")
+    (repo / ".env").write_text("API_KEY=ignored-secret\n")
+    (repo / "debug.log").write_text("ignored by the valid line after the invalid ones\n")
+    (repo / "src" / "app.py").write_text("RATE = 0.2\n")
+    (repo / "outside.txt").symlink_to(outside)
+    (repo / "settings.txt").symlink_to(repo / ".env")
+    (repo / "src" / "loop").symlink_to(repo / "src", target_is_directory=True)
+    os.mkfifo(repo / "pipe.txt")
+
+    script = (f"from kvpage_cli.ingest import read_repo\n"
+              f"doc = read_repo({str(repo)!r})\n"
+              "print(repr(doc.text)); print('\\n'.join(doc.warnings))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    text, *warnings = done.stdout.splitlines()
+    assert "RATE = 0.2" in text
+    for secret in ("password outside", "ignored-secret", "ignored by the valid line"):
+        assert secret not in text
+    assert ".gitignore line 1: '!' is not a valid pattern; ignored it (git ignores it too)" in warnings
+    assert ".gitignore line 3: '\\\\' is not a valid pattern; ignored it (git ignores it too)" in warnings
+    assert "skipped 3 files (symbolic links, not followed): outside.txt, settings.txt, src/loop" in warnings
+    assert "skipped 1 file (not regular files): pipe.txt" in warnings

@@ -155,3 +155,16 @@ def test_ingest_never_imports_cli_libraries():
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                             text=True, env={"PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_text_and_files_past_the_limits_are_refused(tmp_path, monkeypatch):
+    from kvpage_cli.ingest import DocumentTooLarge, document
+
+    path = tmp_path / "big.txt"
+    path.write_text("The supplier delivers. " * 100)
+    monkeypatch.setattr(document, "MAX_TEXT_CHARS", 1000)
+    with pytest.raises(DocumentTooLarge, match="its text passes 1,000 characters"):
+        load(str(path))
+    monkeypatch.setattr(document, "MAX_SOURCE_BYTES", 1000)
+    with pytest.raises(DocumentTooLarge, match=r"big.txt is too large to read: it is over 1000 bytes"):
+        load(str(path))

@@ -246,7 +246,8 @@ def test_list_remove_and_clear(llama, tmp_path):
     assert all(e.model == "LlamaForCausalLM" and e.bytes > 0 for e in entries)
     assert sum(e.bytes for e in entries) == cache.total_bytes
     assert [e.label for e in cache.remove("a.pdf")] == ["a.pdf"]
-    assert [e.label for e in cache.remove(entries[0].key[:10])] == [""]
+    assert cache.remove(entries[0].key[:7]) == []  # a key prefix names an entry from 8 characters
+    assert [e.label for e in cache.remove(entries[0].key[:8])] == [""]
     assert cache.remove("no-such-document") == []
     assert [e.label for e in cache.list_entries()] == ["b.txt"]
     assert [e.label for e in cache.clear()] == ["b.txt"]
@@ -291,3 +292,179 @@ def test_selective_mode_gets_the_key_bounds_of_loaded_blocks(llama, tmp_path):
         assert torch.equal(engine.key_bounds.kmin[layer][mine], reference.key_bounds.kmin[layer][theirs])
         assert torch.equal(engine.key_bounds.kmax[layer][mine], reference.key_bounds.kmax[layer][theirs])
     assert list(engine.generate(ctx, max_new_tokens=12, stop=())) == expected
+
+
+class _FullDisk:
+    """A file that takes `room` bytes, then fails the way a full disk does (part of a write lands)."""
+
+    def __init__(self, file, room: int):
+        self.file, self.room = file, room
+
+    def write(self, data) -> int:
+        data = memoryview(data).cast("B")
+        if len(data) > self.room:
+            self.file.write(data[:self.room])
+            self.room = 0
+            raise OSError(28, "No space left on device")
+        self.room -= len(data)
+        return self.file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+def test_a_full_disk_is_one_warning_no_more_writes_and_no_partial_file_read(llama, tmp_path, monkeypatch):
+    import types
+
+    from kvpage_cli.engine import kvcache
+
+    opened = []
+
+    def fdopen(fd, mode="r", *args, **kwargs):
+        opened.append(fd)
+        return _FullDisk(os.fdopen(fd, mode, *args, **kwargs), room=10_000)
+
+    fake_os = types.SimpleNamespace(**{name: getattr(os, name) for name in dir(os) if not name.startswith("__")})
+    fake_os.fdopen = fdopen
+    monkeypatch.setattr(kvcache, "os", fake_os)  # kvcache's writes only
+    ids = random_prompt(4 * SEGMENT + 10, seed=15)
+    engine = load(llama, tmp_path)
+    ctx, logits, events = prefill(engine, ids)
+    [message] = warnings(events)
+    assert "No space left on device" in message
+    assert len(opened) == 1  # the three segments after the failed one were not attempted
+    assert torch.equal(logits, fresh_logits(llama, tmp_path, ids))
+    assert list(engine.generate(ctx, max_new_tokens=8, stop=())) == \
+        list(engine.generate(engine.prefill(ids, use_cache=False), max_new_tokens=8, stop=()))
+    assert not list((tmp_path / "kv" / "segments").glob("*/*"))  # the partial file was removed
+    monkeypatch.undo()
+    ctx, logits, events = prefill(engine, ids)  # room again: nothing partial is read, all is saved
+    assert ctx.cached_prefix == 0 and not warnings(events)
+    assert prefill(engine, ids)[0].cached_prefix == 4 * SEGMENT
+
+
+def test_a_stuck_lock_holder_means_a_wait_with_a_message_then_no_cache(llama, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from kvpage_cli.engine import kvcache
+
+    saved = random_prompt(2 * SEGMENT + 10, seed=16)
+    engine = load(llama, tmp_path)
+    prefill(engine, saved)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom filelock import FileLock\n"
+         f"lock = FileLock({str(tmp_path / 'kv' / 'lock')!r})\nlock.acquire()\nprint('held', flush=True)\ntime.sleep(120)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(kvcache, "LOCK_NOTICE_S", 0.1)
+        monkeypatch.setattr(kvcache, "LOCK_TIMEOUT_S", 0.5)
+        writes = []
+        real_write = KVCache.write
+        monkeypatch.setattr(KVCache, "write", lambda self, *a, **k: (writes.append(1), real_write(self, *a, **k)))
+
+        # Reading needs no lock: the saved prefix is used; marking it used waits, then gives up.
+        ctx, logits, events = prefill(engine, saved)
+        assert ctx.cached_prefix == 2 * SEGMENT
+        waiting, gave_up = warnings(events)
+        assert "waiting for the saved-KV cache" in waiting and "another kvpage process holds its lock" in waiting
+        assert "held the lock" in gave_up and "running without the saved-KV cache" in gave_up
+        assert torch.equal(logits, fresh_logits(llama, tmp_path, saved)) and writes == []
+
+        # A new document: its first write waits, says so, gives up; no other segment is tried.
+        new = random_prompt(3 * SEGMENT + 10, seed=17)
+        ctx, logits, events = prefill(engine, new)
+        waiting, gave_up = warnings(events)
+        assert "waiting for the saved-KV cache" in waiting and "could not save KV" in gave_up
+        assert writes == [1] and torch.equal(logits, fresh_logits(llama, tmp_path, new))
+    finally:
+        holder.kill()
+        holder.wait()
+    ctx, _, events = prefill(engine, new)  # the holder is gone: the cache works again
+    assert ctx.cached_prefix == 0 and not warnings(events)
+    assert prefill(engine, new)[0].cached_prefix == 3 * SEGMENT
+
+
+def _ask_in_child(home: str, seed: int, barrier, cleared, results) -> None:
+    engine = load(tiny_model("llama"), home)
+    ids = random_prompt(6 * SEGMENT + 10, seed=seed)
+    engine.prefill(ids[:3 * SEGMENT + 10], label="shared")  # an earlier question saved part of it
+    barrier.wait(timeout=120)
+    cleared.wait(timeout=120)
+    ctx = engine.prefill(ids, label="shared")
+    results.put(list(engine.generate(ctx, max_new_tokens=12, stop=())))
+
+
+def test_two_processes_and_a_clear_in_the_middle_answer_right_and_leave_it_consistent(llama, tmp_path):
+    import time
+
+    from kvpage_cli.engine.kvcache import BadSegment
+
+    spawn = multiprocessing.get_context("spawn")
+    barrier, cleared, results = spawn.Barrier(3), spawn.Event(), spawn.Queue()
+    children = [spawn.Process(target=_ask_in_child, args=(str(tmp_path), 18, barrier, cleared, results))
+                for _ in range(2)]
+    for child in children:
+        child.start()
+    barrier.wait(timeout=120)
+    cache = KVCache.open(tmp_path)
+    assert [e.label for e in cache.clear()] == ["shared"]  # `kvpage cache clear` in the middle
+    cleared.set()
+    while any(child.is_alive() for child in children):
+        cache.clear()  # and again while both prefill, restore and save
+        time.sleep(0.05)
+    answers = [results.get(timeout=60) for _ in children]
+    for child in children:
+        child.join(60)
+    assert [c.exitcode for c in children] == [0, 0]
+
+    ids = random_prompt(6 * SEGMENT + 10, seed=18)
+    reference = load(llama, tmp_path / "reference", kv_cache=False)
+    expected = list(reference.generate(reference.prefill(ids), max_new_tokens=12, stop=()))
+    assert answers == [expected, expected]
+
+    # Consistent: every indexed segment is there and passes its checks, nothing else is.
+    engine = load(llama, tmp_path)
+    keys = {row[0] for row in sqlite_rows(tmp_path)}
+    files = {p.name[:-4] for p in (tmp_path / "kv" / "segments").glob("*/*.kvb")}
+    assert files == keys and not list((tmp_path / "kv" / "segments").glob("*/*.tmp"))
+    for key in keys:
+        try:
+            engine.kv_cache.read(key, engine.cache_seed)
+        except BadSegment as exc:
+            pytest.fail(f"segment {key} is {exc}")
+    ctx, logits, events = prefill(engine, ids, label="shared")
+    assert not warnings(events)
+    assert list(engine.generate(ctx, max_new_tokens=12, stop=())) == expected
+
+
+def sqlite_rows(home):
+    import sqlite3
+
+    with sqlite3.connect(str(home / "kv" / "index.sqlite")) as db:
+        return db.execute("SELECT key FROM segments").fetchall()
+
+
+def test_after_editing_the_models_config_no_saved_kv_is_restored(llama, tmp_path):
+    import json
+
+    folder = tmp_path / "model"
+    llama.save_pretrained(folder, safe_serialization=True)
+    ids = random_prompt(2 * SEGMENT + 10, seed=19)
+    prefill(load(str(folder), tmp_path), ids)
+    assert prefill(load(str(folder), tmp_path), ids)[0].cached_prefix == 2 * SEGMENT
+
+    config = json.loads((folder / "config.json").read_text())
+    config["rms_norm_eps"] = 1e-2  # same weight files, names, sizes and times; other KV
+    (folder / "config.json").write_text(json.dumps(config))
+    engine = load(str(folder), tmp_path)
+    ctx, logits, events = prefill(engine, ids)
+    assert ctx.cached_prefix == 0 and not warnings(events)
+    assert torch.equal(logits, fresh_logits(str(folder), tmp_path, ids))

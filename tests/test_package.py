@@ -117,3 +117,36 @@ print(sorted({name.split(".")[0] for name in sys.modules} & {"typer", "rich"}))
     added, present = result.stdout.split("\n")[:2]
     assert added == "[]"
     assert present == "[]"
+
+
+def test_the_distribution_declares_what_the_code_imports_and_nothing_else():
+    """Every third-party import of the package is a declared dependency (or an extra's), and every
+    declared dependency is imported. The model packages are the user's to install (see ALIASES)."""
+    import re
+    import tomllib
+
+    from kvpage_cli.engine.weights import ALIASES
+
+    def normal(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = {name: reqs for name, reqs in project["optional-dependencies"].items() if name != "test"}
+    declared = {normal(re.match(r"[A-Za-z0-9_.-]+", req).group()) for req in project["dependencies"]}
+    optional = {normal(re.match(r"[A-Za-z0-9_.-]+", req).group()) for reqs in extras.values() for req in reqs}
+    imported = set()
+    for folder in ("kvpage_cli", "kernels"):
+        for path in (REPO / folder).rglob("*.py"):
+            imported |= _imports(path)
+    imported -= set(sys.stdlib_module_names) | {"kvpage_cli", "kvpage_kernels"}
+    distributions = importlib.metadata.packages_distributions()
+    models = {normal(alias.package) for alias in ALIASES.values()}
+    missing = {}
+    used = set()
+    for module in sorted(imported):
+        names = {normal(d) for d in distributions.get(module, [module])}
+        used |= names
+        if not names & (declared | optional | models):
+            missing[module] = sorted(names)
+    assert missing == {}
+    assert declared - used == set()

@@ -9,7 +9,7 @@ import typer
 from ..errors import ModelError, UsageError
 from ..tasks import Asker, AskResult
 from . import render
-from .options import GENERATION, MODEL, OUTPUT, RUN, Options, shared_options
+from .options import GENERATION, MODEL, OUTPUT, RUN, Options, Password, shared_options
 from .output import Sink, check_out_path, choose_format
 from .session import Interrupted, Session, document_label, stats_dict
 
@@ -30,8 +30,7 @@ def ask(
                                         help="One JSON line per answer, as each is complete.")] = False,
     temperature: Annotated[float, typer.Option("--temperature", "-t", min=0.0, rich_help_panel=GENERATION,
                                                help="0 decodes greedily; higher samples more freely.")] = 0.0,
-    password: Annotated[str | None, typer.Option("--password", rich_help_panel="Input",
-                                                 help="Password of an encrypted PDF.")] = None,
+    password: Password = None,
     *,
     opts: Options,
 ) -> None:

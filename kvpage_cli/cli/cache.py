@@ -11,6 +11,8 @@ import typer
 from rich.table import Table
 
 from ..engine import KVCache
+from ..engine.kvcache import MIN_KEY_PREFIX
+from ..errors import KvpageError
 from .options import OUTPUT, RUN, Options, shared_options
 from .output import Sink, check_out_path, choose_format
 from .session import MIB, Session, document_label
@@ -29,7 +31,14 @@ FORMATS = ("table", "text", "json")
 
 
 def _open(opts: Options) -> KVCache:
-    return KVCache.open(opts.home)
+    try:
+        return KVCache.open(opts.home)
+    except OSError as exc:
+        raise KvpageError(f"the saved-KV cache is unavailable: {exc}") from None
+
+
+def _busy(exc: OSError) -> KvpageError:
+    return KvpageError(f"the saved-KV cache is unavailable: {exc}; try again later")
 
 
 @app.command("ls")
@@ -70,9 +79,10 @@ def ls(*, opts: Options) -> None:
 
 @app.command("rm")
 @shared_options(RUN)
-def rm(document: Annotated[str, typer.Argument(help="A label as `cache ls` shows it (e.g. the file's path), or a key prefix.")],
+def rm(document: Annotated[str, typer.Argument(help="A label as `cache ls` shows it (e.g. the file's path), or the "
+                                                     f"first {MIN_KEY_PREFIX}+ characters of its key.")],
        *, opts: Options) -> None:
-    """Remove one saved document, by its label or key prefix.
+    """Remove one saved document, by its label or the start of its key (8 characters or more).
 
     Examples:
 
@@ -82,10 +92,12 @@ def rm(document: Annotated[str, typer.Argument(help="A label as `cache ls` shows
     ```
     """
     with Session(opts) as session:
-        removed = _open(opts).remove(document_label(document) if Path(document).exists() else document)
+        try:
+            removed = _open(opts).remove(document_label(document) if Path(document).exists() else document,
+                                         on_event=session.reporter)
+        except OSError as exc:
+            raise _busy(exc) from None
         if not removed:
-            from ..errors import KvpageError
-
             raise KvpageError(f"no saved document matches {document!r} (see 'kvpage cache ls')")
         session.say(f"removed {len(removed)} saved document(s), {sum(e.bytes for e in removed) / MIB:.1f} MiB")
 
@@ -98,5 +110,8 @@ def clear(*, opts: Options) -> None:
     Example: `kvpage cache clear`
     """
     with Session(opts) as session:
-        removed = _open(opts).clear()
+        try:
+            removed = _open(opts).clear(on_event=session.reporter)
+        except OSError as exc:
+            raise _busy(exc) from None
         session.say(f"removed {len(removed)} saved document(s), {sum(e.bytes for e in removed) / MIB:.1f} MiB")

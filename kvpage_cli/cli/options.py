@@ -37,6 +37,13 @@ RUN = "Messages"
 
 Format = Literal["table", "text", "markdown", "json", "jsonl"]
 
+PASSWORD_ENV = "KVPAGE_PDF_PASSWORD"
+Password = Annotated[str | None, typer.Option(
+    "--password", envvar=PASSWORD_ENV, show_envvar=True, rich_help_panel="Input",
+    help="Password of an encrypted PDF. On a shared machine prefer the environment variable, or nothing: "
+         "when stdin and stderr are a terminal kvpage asks for it, without echo (--password is visible in ps).")]
+"""The --password parameter of the commands that read a document."""
+
 
 @dataclass(frozen=True)
 class Shared:

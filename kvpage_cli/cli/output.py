@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import io
 import os
+import secrets
 import sys
-import tempfile
 from pathlib import Path
 
 from rich.console import Console, RenderableType
@@ -55,12 +55,6 @@ def check_out_path(out: Path | None) -> None:
         raise UsageError(f"--out {out}: the folder {parent} is not writable")
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 class Sink:
     """Where data goes. Without --out: stdout, flushed after each write so pipes stream.
     With --out: a buffer, written to the file atomically by `commit()` and dropped otherwise."""
@@ -104,21 +98,44 @@ class Sink:
             sys.stdout.flush()
 
     def commit(self) -> None:
-        """Writes --out (all of it, or nothing: a temp file in the same folder, then a rename)."""
+        """Writes --out (all of it, or nothing: a temp file in the same folder, flushed to disk, then
+        a rename). A file it replaces keeps its mode; a new one gets the mode the umask gives."""
         if self._buffer is None or self.out is None:
             return
         target = self.out
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent if str(target.parent) else ".")
+        folder = target.parent if str(target.parent) else Path(".")
+        tmp = folder / f".{target.name}.{secrets.token_hex(4)}.part"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the kernel applies the umask
         try:
+            try:
+                os.fchmod(fd, target.stat().st_mode & 0o7777)
+            except FileNotFoundError:
+                pass
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(self._buffer.getvalue())
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; give it a normal file's mode
+                f.flush()
+                os.fsync(f.fileno())  # the data is on disk before the name points at it
             os.replace(tmp, target)
+            _fsync_folder(folder)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
         self._buffer = io.StringIO()
 
     def discard(self) -> None:
         if self._buffer is not None:
             self._buffer = io.StringIO()
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Makes a rename in `folder` durable (where the file system allows opening a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

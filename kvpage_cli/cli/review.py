@@ -10,7 +10,7 @@ from ..engine import PrefillProgress
 from ..errors import ModelError
 from ..tasks import RISK_LEVELS, Finding, Reviewer, ReviewProgress, ReviewResult
 from . import render
-from .options import GENERATION, MODEL, OUTPUT, RUN, Options, shared_options
+from .options import GENERATION, MODEL, OUTPUT, RUN, Options, Password, shared_options
 from .output import Sink, check_out_path, choose_format
 from .session import Interrupted, Session, document_label, stats_dict
 
@@ -28,8 +28,7 @@ def review(
     fail_on: Annotated[Literal["high", "medium", "low"] | None, typer.Option(
         "--fail-on", rich_help_panel=OUTPUT, metavar="LEVEL",
         help="Exit with code 3 when a finding reaches this risk level (high, medium, low).")] = None,
-    password: Annotated[str | None, typer.Option("--password", rich_help_panel="Input",
-                                                 help="Password of an encrypted PDF.")] = None,
+    password: Password = None,
     *,
     opts: Options,
 ) -> None:
@@ -49,7 +48,7 @@ def review(
     kvpage review contract.pdf --json | jq '.findings[] | select(.risk == "high")'
     kvpage review contract.txt --jsonl --fail-on high      # exit 3 on a high-risk clause
     cat contract.txt | kvpage review - --mode selective --pool-mib 16
-    kvpage review locked.pdf --password 'secret'
+    KVPAGE_PDF_PASSWORD=secret kvpage review locked.pdf   # or: asked for on a terminal
     ```
     """
     fmt = choose_format(opts.json_out, opts.fmt, opts.out, FORMATS, jsonl=jsonl)

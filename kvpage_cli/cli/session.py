@@ -18,7 +18,7 @@ from rich.console import Console
 from .. import ingest
 from ..engine import Engine, EngineStats
 from ..errors import KvpageError
-from .options import Options
+from .options import PASSWORD_ENV, Options
 from .progress import Reporter, message
 
 EXIT_INTERRUPTED = 130
@@ -117,15 +117,26 @@ class Session:
             self.console.print("kvpage: " + text, soft_wrap=True, highlight=False, markup=False)
 
     def read_document(self, path: str, password: str | None = None, allow_directory: bool = True) -> ingest.Document:
-        """The document at `path` ("-": stdin bytes), with its warnings shown on stderr."""
+        """The document at `path` ("-": stdin bytes), with its warnings shown on stderr. An
+        encrypted PDF without a password asks for one (hidden) when stdin and stderr are terminals."""
         name = "stdin" if path == "-" else path
-        with self.reporter.stage("reading", f"reading {name}"):
-            data = None
-            if path == "-":
-                if sys.stdin.isatty():
-                    self.warn("reading the document from the terminal; end it with Ctrl-D")
-                data = sys.stdin.buffer.read()
-            doc = ingest.load(path, password=password, stdin=data, allow_directory=allow_directory)
+        data = None
+        try:
+            with self.reporter.stage("reading", f"reading {name}"):
+                if path == "-":
+                    if sys.stdin.isatty():
+                        self.warn("reading the document from the terminal; end it with Ctrl-D")
+                    data = ingest.read_stream(sys.stdin.buffer, "stdin")
+                doc = ingest.load(path, password=password, stdin=data, allow_directory=allow_directory)
+        except ingest.EncryptedDocument as exc:
+            if exc.password_given:
+                raise
+            if not _interactive():
+                raise KvpageError(f"{exc}, or set {PASSWORD_ENV}") from None
+            self.reporter.stop_bars()
+            password = typer.prompt(f"{exc.name} is encrypted; password", hide_input=True, err=True)
+            with self.reporter.stage("reading", f"reading {name}"):
+                doc = ingest.load(path, password=password, stdin=data, allow_directory=allow_directory)
         for warning in doc.warnings:
             self.warn(warning)
         return doc
@@ -147,6 +158,11 @@ class Session:
         if self.opts.get("quiet"):
             return
         self.console.print(stats_line(engine, self.elapsed(), mode), soft_wrap=True, highlight=False, markup=False)
+
+
+def _interactive() -> bool:
+    """Whether a question can be asked: stdin and stderr are a terminal (not a pipe, not a file)."""
+    return sys.stdin.isatty() and sys.stderr.isatty()
 
 
 def document_label(path: str) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from kvpage_kernels.constants import BLOCK_TOKENS  # tokens per block: the unit of KV storage, movement and selection
 
@@ -14,10 +13,6 @@ KV_PATHS = ("auto", "pool", "store")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_CACHE_MIB = 2048.0
 
-
-def default_home() -> Path:
-    """Where converted weights, the native kernels and saved KV live unless told otherwise."""
-    return Path.home() / ".cache" / "kvpage"
 POLICIES = ("lru", "quest", "draft", "scores")
 
 

@@ -20,10 +20,11 @@ from ..errors import ContextTooLongError, ModelError, UsageError
 from . import native
 from .backend import NativeBackend, TorchBackend, TritonBackend
 from .block_manager import BlockManager, Write
-from .config import BLOCK_TOKENS, EngineConfig, default_home
+from .config import BLOCK_TOKENS, EngineConfig
 from .context import Context
 from .dispatch import SCORE_QUERY_TOKENS, AttentionDispatch, Segment, Step
 from .events import DecodeProgress, EngineWarning, EventCallback, PrefillProgress, StepDone, emit
+from .home import default_home
 from .kvcache import CachedPrefill, KVCache, chain_seed, model_fingerprint, segment_tokens_for
 from .metrics import EngineStats, Metrics
 from .model import SMALL_ROWS, ModelRunner, Rows

@@ -18,8 +18,10 @@ import torch
 
 from ..errors import ModelError
 from .events import EventCallback, ModelLoading, emit
+from .home import private_dir, sweep_leftovers
 
 CACHE_FORMAT = 1
+_TMP_PREFIX = ".tmp-"  # a conversion in progress: .tmp-<pid>-<random> beside its target
 
 
 def file_key(path: Path) -> str:
@@ -40,9 +42,10 @@ def ensure_converted(gguf_path: Path, target: Path, on_event: EventCallback | No
     A file lock keeps two processes from converting the same file at once."""
     from filelock import FileLock
 
+    private_dir(target.parent)
+    sweep_leftovers(target.parent, _TMP_PREFIX)  # conversions killed before they finished
     if (target / "model.safetensors").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if not (target / "model.safetensors").exists():
             convert_gguf(gguf_path, target, on_event)
@@ -51,14 +54,12 @@ def ensure_converted(gguf_path: Path, target: Path, on_event: EventCallback | No
 
 def convert_gguf(gguf_path: Path, target: Path, on_event: EventCallback | None = None) -> Path:
     """Dequantize `gguf_path` into the HF folder `target` (atomically: temp folder, then rename)."""
-    from gguf import GGUFReader, dequantize, get_tensor_name_map
-    from gguf.constants import MODEL_ARCH_NAMES
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig
 
     display = gguf_path.name
     emit(on_event, ModelLoading(display, "reading GGUF metadata"))
     try:
-        config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, trust_remote_code=False)
     except Exception as exc:  # transformers raises many kinds for unknown or broken files
         raise ModelError(f"{display} could not be read as a GGUF model: {exc}") from exc
 
@@ -66,8 +67,43 @@ def convert_gguf(gguf_path: Path, target: Path, on_event: EventCallback | None =
     from .spec import spec_from_config
 
     spec = spec_from_config(config)
+    try:
+        tensors, tokenizer = _dequantize(gguf_path, config, spec, on_event)
+    except ModelError:
+        raise
+    except Exception as exc:  # a damaged file, an unsupported quantization: the gguf package raises anything
+        text = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ModelError(f"{display} could not be converted: {text}") from exc
+
+    from safetensors.torch import save_file
+
+    private_dir(target.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-", dir=target.parent))
+    try:
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "kvpage.json").write_text(
+            json.dumps({"format": CACHE_FORMAT, "source": str(gguf_path), "dequantized_from": "gguf"}, indent=2)
+        )
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _dequantize(gguf_path: Path, config, spec, on_event: EventCallback | None):
+    """The GGUF's tensors dequantized to fp32 under their Hugging Face names, and its tokenizer."""
+    from gguf import GGUFReader, dequantize, get_tensor_name_map
+    from gguf.constants import MODEL_ARCH_NAMES
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    display = gguf_path.name
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     hf_names = list(skeleton.state_dict().keys())
 
     reader = GGUFReader(str(gguf_path))
@@ -102,26 +138,8 @@ def convert_gguf(gguf_path: Path, target: Path, on_event: EventCallback | None =
         raise ModelError(f"{display}: tensors missing from the GGUF file: {', '.join(missing[:5])}")
 
     emit(on_event, ModelLoading(display, "converting the tokenizer"))
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-
-    from safetensors.torch import save_file
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-    try:
-        config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "kvpage.json").write_text(
-            json.dumps({"format": CACHE_FORMAT, "source": str(gguf_path), "dequantized_from": "gguf"}, indent=2)
-        )
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, trust_remote_code=False)
+    return tensors, tokenizer
 
 
 def _unpermute_rope(weights: np.ndarray, heads: int) -> np.ndarray:

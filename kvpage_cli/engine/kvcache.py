@@ -21,7 +21,10 @@ Safety: a segment is written to a temporary file, fsynced and renamed into place
 row is added after the rename; only indexed segments are read. On load the size, checksum, format
 version, seed, key and shapes are checked; a bad file is deleted (with a warning) and its tokens
 are recomputed. The total size is kept under the limit by evicting the least recently used
-segments together with the segments that continue them.
+segments together with the segments that continue them. Leftovers of processes that died are
+swept when the cache is opened and temporary files again at every write. The lock is waited for
+at most LOCK_TIMEOUT_S (with a warning after LOCK_NOTICE_S): a process stuck while holding it
+makes the others run without the cache, not hang. One prefill stops saving after a failed write.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import threading
 import time
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,22 +48,31 @@ from typing import Iterable, Iterator
 
 import numpy as np
 import torch
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
-from .config import BLOCK_TOKENS, DEFAULT_CACHE_MIB, default_home
+from .config import BLOCK_TOKENS, DEFAULT_CACHE_MIB
 from .context import Context
 from .events import EngineWarning, EventCallback, emit
+from .home import default_home, private_dir, writer_gone
 from .store import BlockStore
 
 KV_FORMAT_VERSION = 1
 """Version of kvpage's KV layout (what a block holds, RoPE baked into K, the segment file format).
 Part of every model fingerprint: saved KV of another version is never found."""
 
+MIN_KEY_PREFIX = 8
+"""Hex digits of a key that `KVCache.remove` (and `kvpage cache rm`) needs to name an entry."""
+
+LOCK_NOTICE_S = 2.0
+"""Waiting longer than this for the cache's lock is reported (an EngineWarning)."""
+
+LOCK_TIMEOUT_S = 30.0
+"""After this long without the lock, the cache is given up for the operation (CacheBusy)."""
+
 _MAGIC = b"KVPAGE\x00S"
 _FIXED = struct.Struct("<8sIIQ")  # magic, format version, header bytes, payload bytes
 _TRAILER = struct.Struct("<I")  # crc32 of everything before it
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-_STALE_TMP_S = 24 * 3600
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS segments (
@@ -109,6 +122,10 @@ def segment_tokens_for(prefill_chunk: int) -> int:
 
 class BadSegment(Exception):
     """A segment file that must not be used; the message says why."""
+
+
+class CacheBusy(OSError):
+    """Another process held the cache's lock for LOCK_TIMEOUT_S (stuck, or stopped with Ctrl-Z)."""
 
 
 @dataclass(frozen=True)
@@ -196,19 +213,24 @@ class KVCache:
         self._thread_lock = threading.RLock()
         self._file_lock = FileLock(str(self.folder / "lock"), mode=0o600)
         self._writer: ThreadPoolExecutor | None = None
-        self._swept = False
-        with self._locked():
+        try:
             try:
-                try:
-                    self._create_index()
-                except sqlite3.DatabaseError as exc:
-                    if isinstance(exc, sqlite3.OperationalError):  # read-only, locked, ...: not damage
-                        raise
-                    # A damaged index: start a new one (the segments it named are orphans, swept later).
-                    self.index_path.unlink(missing_ok=True)
-                    self._create_index()
-            except sqlite3.Error as exc:
-                raise OSError(f"cannot use {self.index_path}: {exc}") from exc
+                self._create_index()  # sqlite's own locking makes this safe without the file lock
+            except sqlite3.DatabaseError as exc:
+                if isinstance(exc, sqlite3.OperationalError):  # read-only, locked, ...: not damage
+                    raise
+                with self._locked():
+                    try:
+                        self._create_index()  # another process may have replaced it meanwhile
+                    except sqlite3.DatabaseError as again:
+                        if isinstance(again, sqlite3.OperationalError):
+                            raise
+                        # A damaged index: start a new one (the segments it named are orphans, swept below).
+                        self.index_path.unlink(missing_ok=True)
+                        self._create_index()
+        except sqlite3.Error as exc:
+            raise OSError(f"cannot use {self.index_path}: {exc}") from exc
+        self._sweep_if_free()
 
     def _create_index(self) -> None:
         if not self.index_path.exists():
@@ -230,29 +252,30 @@ class KVCache:
             rows = db.execute('SELECT key, root, label, model, seed, start, "end", bytes, last_used FROM segments').fetchall()
         return [entry for entry, _ in self._group(rows)]
 
-    def remove(self, what: str) -> list[CacheEntry]:
-        """Removes the entries whose label is `what` or whose key starts with `what`; returns them."""
-        with self._locked(), self._db() as db:
+    def remove(self, what: str, on_event: EventCallback | None = None) -> list[CacheEntry]:
+        """Removes the entries whose label is `what` or whose key starts with `what` (at least
+        MIN_KEY_PREFIX hex digits); returns them. Raises CacheBusy if the lock stays taken."""
+        with self._locked(on_event), self._db() as db:
             rows = db.execute('SELECT key, root, label, model, seed, start, "end", bytes, last_used FROM segments').fetchall()
             matched = [(entry, keys) for entry, keys in self._group(rows)
-                       if entry.label == what or (len(what) >= 4 and entry.key.startswith(what.lower()))]
+                       if entry.label == what or (len(what) >= MIN_KEY_PREFIX and entry.key.startswith(what.lower()))]
             for _, keys in matched:
                 self._delete(db, keys)
         return [entry for entry, _ in matched]
 
-    def clear(self) -> list[CacheEntry]:
-        """Removes every entry; returns them."""
-        with self._locked(), self._db() as db:
+    def clear(self, on_event: EventCallback | None = None) -> list[CacheEntry]:
+        """Removes every entry; returns them. Raises CacheBusy if the lock stays taken."""
+        with self._locked(on_event), self._db() as db:
             rows = db.execute('SELECT key, root, label, model, seed, start, "end", bytes, last_used FROM segments').fetchall()
             entries = self._group(rows)
             self._delete(db, [row[0] for row in rows])
             self._sweep(db)
         return [entry for entry, _ in entries]
 
-    def trim(self) -> None:
+    def trim(self, on_event: EventCallback | None = None) -> None:
         """Evicts least recently used segments until the cache is under its limit (saving a
         segment does this too; call it after lowering the limit)."""
-        with self._locked(), self._db() as db:
+        with self._locked(on_event), self._db() as db:
             self._evict(db)
 
     @property
@@ -324,8 +347,9 @@ class KVCache:
             raise BadSegment(f"unreadable ({exc})") from None
         return Segment(header, groups)
 
-    def write(self, header: dict, groups: list[torch.Tensor], label: str, model: str) -> None:
+    def write(self, header: dict, groups: list[torch.Tensor], label: str, model: str, on_wait=None) -> None:
         """Saves a segment atomically under header["key"] and indexes it, then evicts beyond the limit.
+        `on_wait()` is called when the lock is slow to come (see _locked); CacheBusy when it never does.
 
         header: key, parent ("" for the first segment), root, seed, start, end, dtype, block_shape,
         groups [{window, layers, blocks}]; groups: per store group, K/V [layers, 2, blocks, Hkv, 64, D]."""
@@ -351,7 +375,7 @@ class KVCache:
                 file.write(_TRAILER.pack(crc))
                 file.flush()
                 os.fsync(file.fileno())
-            with self._locked(), self._db() as db:
+            with self._locked(on_wait=on_wait), self._db() as db:
                 self._commit(tmp, path)
                 now = time.time()
                 size = _FIXED.size + len(header_json) + payload_bytes + _TRAILER.size
@@ -361,8 +385,7 @@ class KVCache:
                     (key, header["parent"], header["root"], header["seed"], model, header["start"], header["end"], size,
                      label, now, now),
                 )
-                if not self._swept:
-                    self._sweep(db)
+                self._sweep_temporary()
                 self._evict(db)
         finally:
             tmp.unlink(missing_ok=True)
@@ -411,19 +434,19 @@ class KVCache:
         os.replace(tmp, path)
         _fsync_dir(path.parent)
 
-    def touch(self, keys: list[str], label: str) -> None:
+    def touch(self, keys: list[str], label: str, on_event: EventCallback | None = None) -> None:
         """Marks segments as used now (for LRU eviction); gives unnamed ones `label`."""
         if not keys:
             return
         now = time.time()
-        with self._locked(), self._db() as db:
+        with self._locked(on_event), self._db() as db:
             db.executemany("UPDATE segments SET last_used = ? WHERE key = ?", [(now, k) for k in keys])
             if label:
                 db.executemany("UPDATE segments SET label = ? WHERE key = ? AND label = ''", [(label, k) for k in keys])
 
-    def discard(self, key: str) -> None:
+    def discard(self, key: str, on_event: EventCallback | None = None) -> None:
         """Deletes a segment that failed its checks (the segments after it stay: they are valid)."""
-        with self._locked(), self._db() as db:
+        with self._locked(on_event), self._db() as db:
             db.execute("DELETE FROM segments WHERE key = ?", (key,))
             self.path(key).unlink(missing_ok=True)
 
@@ -440,15 +463,44 @@ class KVCache:
     # -- internals -------------------------------------------------------------------------------
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Excludes other threads of this process and other processes."""
-        with self._thread_lock, self._file_lock:
+    def _locked(self, on_event: EventCallback | None = None, on_wait=None) -> Iterator[None]:
+        """Excludes other threads of this process and other processes. Past LOCK_NOTICE_S it says
+        so (an EngineWarning to `on_event`, or `on_wait()` on a thread that must not emit); past
+        LOCK_TIMEOUT_S it raises CacheBusy."""
+        timeout, notice = LOCK_TIMEOUT_S, min(LOCK_NOTICE_S, LOCK_TIMEOUT_S)
+        started = time.monotonic()
+        if not self._acquire(notice):
+            if on_wait is not None:
+                on_wait()
+            emit(on_event, EngineWarning(self.waiting_message()))
+            if not self._acquire(max(0.0, timeout - (time.monotonic() - started))):
+                raise CacheBusy(f"another kvpage process held the lock of {self.folder} for {timeout:.0f} s")
+        try:
             yield
+        finally:
+            self._file_lock.release()
+            self._thread_lock.release()
+
+    def waiting_message(self) -> str:
+        return (f"waiting for the saved-KV cache in {self.folder}: another kvpage process holds its lock "
+                f"(giving up on it after {LOCK_TIMEOUT_S:.0f} s)")
+
+    def _acquire(self, timeout: float) -> bool:
+        """Both locks within `timeout` seconds, or neither."""
+        started = time.monotonic()
+        if not self._thread_lock.acquire(timeout=timeout):
+            return False
+        try:
+            self._file_lock.acquire(timeout=max(0.0, timeout - (time.monotonic() - started)), poll_interval=0.02)
+        except Timeout:
+            self._thread_lock.release()
+            return False
+        return True
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
         """One transaction on the index: committed when the block ends normally, else rolled back."""
-        db = sqlite3.connect(str(self.index_path), timeout=60)
+        db = sqlite3.connect(str(self.index_path), timeout=LOCK_TIMEOUT_S)
         try:
             yield db
             db.commit()
@@ -503,20 +555,35 @@ class KVCache:
                 break
             total -= self._delete(db, [key])
 
+    def _sweep_if_free(self) -> None:
+        """Sweeps now if no other process holds the lock (opening the cache never waits for it)."""
+        if not self._acquire(0.0):
+            return
+        try:
+            with self._db() as db:
+                self._sweep(db)
+        except sqlite3.Error:
+            pass  # the next open or clear sweeps
+        finally:
+            self._file_lock.release()
+            self._thread_lock.release()
+
     def _sweep(self, db: sqlite3.Connection) -> None:
         """Removes leftovers of processes that died: temporary files, files without a row, rows without a file."""
-        self._swept = True
         known = {row[0] for row in db.execute("SELECT key FROM segments")}
-        for path in self.segments_dir.glob("*/*"):
-            name = path.name
-            if name.endswith(".tmp"):
-                if _writer_gone(path):
-                    path.unlink(missing_ok=True)
-            elif name.endswith(".kvb") and name[:-4] not in known:
+        self._sweep_temporary()
+        for path in self.segments_dir.glob("*/*.kvb"):
+            if path.name[:-4] not in known:
                 path.unlink(missing_ok=True)
         for key in known:
             if not self.path(key).exists():
                 db.execute("DELETE FROM segments WHERE key = ?", (key,))
+
+    def _sweep_temporary(self) -> None:
+        """Removes the temporary files of writers that are gone (under the lock)."""
+        for path in self.segments_dir.glob("*/.*.tmp"):
+            if writer_gone(path, _writer_pid(path)):
+                path.unlink(missing_ok=True)
 
 
 class CachedPrefill:
@@ -548,6 +615,9 @@ class CachedPrefill:
         self.restored = 0
         self.stopped = False
         self.pending: list[Future] = []
+        self._write_failed = threading.Event()  # set by the writer: save nothing more of this prompt
+        self._lock_slow = threading.Event()  # set by the writer: it is waiting for the lock
+        self._said_waiting = False
         self._dtype = next(name for name, dtype in _DTYPES.items() if dtype == store.groups[0].dtype)
         self._block_shape = list(store.groups[0].block_shape)
 
@@ -586,7 +656,7 @@ class CachedPrefill:
             except BadSegment as exc:
                 self._warn(f"saved KV of {self.label or 'the document'} (tokens {index * self.segment_tokens}-"
                            f"{(index + 1) * self.segment_tokens}) was {exc}; discarded it, recomputing")
-                self._quietly(self.cache.discard, key)
+                self._quietly(self.cache.discard, key, self._waiting_once)
                 self.present.discard(key)
                 break
             except OSError as exc:
@@ -598,7 +668,13 @@ class CachedPrefill:
         self.restored = done * self.segment_tokens
         ctx.tokens = list(self.token_ids[:self.restored])
         ctx.num_cached = ctx.cached_prefix = self.restored
-        self._quietly(self.cache.touch, self.keys[:done], self.label)
+        try:
+            self.cache.touch(self.keys[:done], self.label, self._waiting_once)
+        except CacheBusy as exc:
+            self._warn(f"{exc}; running without the saved-KV cache")
+            self.stopped = True  # its writes would wait as long again
+        except (OSError, sqlite3.Error):
+            pass  # bookkeeping the next run redoes
         return self.restored
 
     @staticmethod
@@ -611,8 +687,10 @@ class CachedPrefill:
 
     def after_chunk(self, ctx: Context) -> None:
         """Saves the segment that ends where the context now ends, if one does and it is new."""
+        self._say_if_waiting()
         end = ctx.num_cached
-        if self.stopped or end % self.segment_tokens or end <= self.restored or end > len(self.token_ids):
+        if self.stopped or self._write_failed.is_set() or end % self.segment_tokens or end <= self.restored \
+                or end > len(self.token_ids):
             return
         index = end // self.segment_tokens - 1
         key = self.keys[index]
@@ -622,18 +700,46 @@ class CachedPrefill:
             self.stopped = True  # the prefix would not fit under the limit: save no more of it
             return
         header, groups = self._capture(ctx, index)
-        self.pending.append(self.cache.submit(lambda: self.cache.write(header, groups, self.label, self.model)))
+        self.pending.append(self.cache.submit(lambda: self._write(header, groups)))
         self.present.add(key)
 
+    def _write(self, header: dict, groups: list[torch.Tensor]) -> None:
+        """On the writer thread: one segment, unless an earlier one of this prompt failed (a full
+        disk or a stuck lock would fail, or wait, for every later segment again)."""
+        if self._write_failed.is_set():
+            return
+        try:
+            self.cache.write(header, groups, self.label, self.model, on_wait=self._lock_slow.set)
+        except BaseException:
+            self._write_failed.set()
+            raise
+
     def finish(self) -> None:
-        """Waits for this prefill's writes; a write that failed is a warning (the answer is unaffected)."""
+        """Waits for this prefill's writes; a failed write is one warning (the answer is unaffected)."""
+        failure = None
         for future in self.pending:
-            try:
-                future.result()
-            except (OSError, sqlite3.Error) as exc:
-                self._warn(f"could not save KV to {self.cache.folder}: {exc}")
+            while True:
+                try:
+                    future.result(timeout=0.1)
+                except FutureTimeout:
+                    self._say_if_waiting()
+                    continue
+                except (OSError, sqlite3.Error) as exc:
+                    failure = failure or exc
                 break
         self.pending = []
+        if failure is not None:
+            self._warn(f"could not save KV to {self.cache.folder}: {failure}; the answer does not depend on it")
+
+    def _say_if_waiting(self) -> None:
+        """Reports, from this thread, that the writer is waiting for the lock (once)."""
+        if self._lock_slow.is_set():
+            self._waiting_once(EngineWarning(self.cache.waiting_message()))
+
+    def _waiting_once(self, event) -> None:
+        if not self._said_waiting:
+            self._said_waiting = True
+            emit(self.on_event, event)
 
     def _capture(self, ctx: Context, index: int) -> tuple[dict, list[torch.Tensor]]:
         """The header and K/V of segment `index` of the context, copied out of the store."""
@@ -715,8 +821,8 @@ def _first_visible_block(end: int, window: int) -> int:
 
 
 def _make_private_dir(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if (path.stat().st_mode & 0o777) != 0o700:
+    private_dir(path)
+    if (path.stat().st_mode & 0o777) != 0o700:  # documents' KV: made private even if it existed
         os.chmod(path, 0o700)
 
 
@@ -733,15 +839,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _writer_gone(tmp: Path) -> bool:
-    """Whether the process that was writing a temporary file is gone (or the file is a day old)."""
-    try:
-        if time.time() - tmp.stat().st_mtime > _STALE_TMP_S:
-            return True
-        pid = int(tmp.name.split(".")[2])
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (ValueError, IndexError, OSError):
-        return False
-    return False
+def _writer_pid(tmp: Path) -> int | None:
+    """The pid in a temporary file's name (.<key>.<pid>.<random>.tmp)."""
+    parts = tmp.name.split(".")
+    return int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None

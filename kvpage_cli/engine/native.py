@@ -2,7 +2,10 @@
 
 Compilation needs a C compiler (`cc`, `gcc` or `clang`); without one the engine falls back to
 the torch backend. The shared library is cached under `<home>/native/`, keyed by the source,
-the compiler flags and the machine, and written atomically.
+the compiler flags and the machine, and written atomically with its SHA-256 beside it. Loading
+runs the library's code as the user, so it is loaded only from a folder that this user owns and
+no one else can write to, and only when its hash is the one written when it was built; a
+library that fails to load (a noexec home, a missing libgomp) is NativeUnavailable too.
 """
 
 from __future__ import annotations
@@ -12,12 +15,16 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 from importlib import resources
 from pathlib import Path
 
 import torch
+from filelock import FileLock
+
+from .home import private_dir
 
 from .config import BLOCK_TOKENS
 
@@ -43,28 +50,11 @@ def load(home: Path) -> ctypes.CDLL:
     global _LIB
     if _LIB is not None:
         return _LIB
-    folder = resources.files("kvpage_cli.engine").joinpath("native")
-    sources = {name: folder.joinpath(name).read_bytes() for name in _SOURCES}
+    texts = sources()
     compiler = _compiler()
     if compiler is None:
         raise NativeUnavailable("no C compiler found (cc, gcc or clang)")
-    key = hashlib.sha256(b"".join(sources.values()) + " ".join(_FLAGS).encode() + platform.machine().encode()
-                         + _cpu_flags()).hexdigest()[:16]
-    target = home / "native" / f"kvpage_attention-{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            paths = []
-            for name, text in sources.items():
-                paths.append(Path(tmp) / name)
-                paths[-1].write_bytes(text)
-            out = Path(tmp) / target.name
-            result = subprocess.run([compiler, *_FLAGS, *map(str, paths), "-o", str(out), "-lm"], capture_output=True,
-                                    text=True)
-            if result.returncode != 0:
-                raise NativeUnavailable(f"compiling the native kernels failed: {result.stderr.strip()[:300]}")
-            os.replace(out, target)
-    lib = ctypes.CDLL(str(target))
+    lib = _open_verified(library_path(home, texts), home, lambda out: _compile(compiler, texts, out))
     i32, i64, f32, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     lib.kvp_decode_states.argtypes = [i32, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i64, f32,
                                       ptr, ptr]
@@ -77,6 +67,89 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_gemm_rows.restype = None
     _LIB = lib
     return lib
+
+
+def sources() -> dict[str, bytes]:
+    folder = resources.files("kvpage_cli.engine").joinpath("native")
+    return {name: folder.joinpath(name).read_bytes() for name in _SOURCES}
+
+
+def library_path(home: Path, texts: dict[str, bytes] | None = None) -> Path:
+    """Where the library built from these sources, with these flags, for this machine is kept."""
+    texts = texts if texts is not None else sources()
+    key = hashlib.sha256(b"".join(texts.values()) + " ".join(_FLAGS).encode() + platform.machine().encode()
+                         + _cpu_flags()).hexdigest()[:16]
+    return home / "native" / f"kvpage_attention-{key}.so"
+
+
+def _compile(compiler: str, texts: dict[str, bytes], out: Path) -> None:
+    paths = []
+    for name, text in texts.items():
+        paths.append(out.with_name(name))
+        paths[-1].write_bytes(text)
+    result = subprocess.run([compiler, *_FLAGS, *map(str, paths), "-o", str(out), "-lm"], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise NativeUnavailable(f"compiling the native kernels failed: {result.stderr.strip()[:300]}")
+
+
+def _open_verified(target: Path, home: Path, build) -> ctypes.CDLL:
+    """Loads the library at `target`, building it first (`build(path)` writes one) when it is
+    missing or not the one built here. Raises NativeUnavailable when its folder or the library
+    itself could have been written by someone else, or when it does not load."""
+    private_dir(target.parent)
+    _check_private(target.parent, home)
+    digest_file = target.with_name(target.name + ".sha256")
+    if not _hash_matches(target, digest_file):
+        with FileLock(str(target) + ".lock", mode=0o600):
+            if not _hash_matches(target, digest_file):
+                with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                    out = Path(tmp) / target.name
+                    build(out)
+                    (Path(tmp) / digest_file.name).write_text(_sha256(out) + "\n")
+                    os.replace(out, target)
+                    os.replace(Path(tmp) / digest_file.name, digest_file)
+    _check_private(target, home)
+    if not _hash_matches(target, digest_file):
+        raise NativeUnavailable(f"{target} changed after it was built; not loading it")
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as exc:  # a noexec home, a missing libgomp, a library for another machine
+        raise NativeUnavailable(f"{target.name} could not be loaded: {exc}") from None
+
+
+def _check_private(path: Path, home: Path) -> None:
+    """Raises NativeUnavailable unless `path` and every folder above it up to `home` belong to this
+    user and no one else can write to them: otherwise another user could have planted the library
+    (a shared KVPAGE_HOME) and it would run as this one."""
+    if not hasattr(os, "getuid"):
+        return
+    uid = os.getuid()
+    home = Path(home).absolute()
+    current = Path(path).absolute()
+    while True:
+        info = current.stat() if current == home else current.lstat()  # the home may be a link the user made
+        if stat.S_ISLNK(info.st_mode):
+            raise NativeUnavailable(f"{current} is a symbolic link; not loading a library through it")
+        if info.st_uid != uid:
+            raise NativeUnavailable(f"{current} belongs to another user (uid {info.st_uid}); not loading a library from it")
+        if info.st_mode & 0o022:
+            raise NativeUnavailable(f"{current} is writable by other users; not loading a library from it "
+                                    f"(chmod go-w {current} to use the native kernels)")
+        if current == home or current == current.parent or home not in current.parents:
+            return
+        current = current.parent
+
+
+def _hash_matches(target: Path, digest_file: Path) -> bool:
+    try:
+        return digest_file.read_text().strip() == _sha256(target)
+    except OSError:  # either is missing
+        return False
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def _cpu_flags() -> bytes:

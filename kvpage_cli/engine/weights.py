@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -14,6 +15,7 @@ import torch
 from ..errors import ModelError
 from .events import EventCallback, ModelLoading, emit
 from .gguf import cached_folder_for, ensure_converted, file_key
+from .home import private_dir, sweep_leftovers
 from .spec import ModelSpec, spec_from_config
 
 DEFAULT_MODEL = "smollm2"
@@ -103,12 +105,14 @@ def _alias_folder(alias: Alias, home: Path, on_event: EventCallback | None) -> P
             raise ModelError(f"the model {alias.name} is incomplete ({exc}); reinstall: {alias.install}") from None
         gguf_path = home / "gguf" / package.MODEL_NAME
         folder = cached_folder_for(gguf_path.stem, "|".join(file_key(p) for p in chunks), home)
+        if gguf_path.parent.is_dir():
+            sweep_leftovers(gguf_path.parent, f"{gguf_path.stem}-", ".gguf")  # runs stopped while assembling
         if not (folder / "model.safetensors").exists():
             emit(on_event, ModelLoading(alias.name, "assembling the GGUF file from its chunk packages"))
+            private_dir(gguf_path.parent)
             gguf_path = gguf_path.with_name(f"{gguf_path.stem}-{os.getpid()}.gguf")
-            gguf_path.parent.mkdir(parents=True, exist_ok=True)
-            package.assemble(output_path=gguf_path, overwrite=True)
             try:
+                package.assemble(output_path=gguf_path, overwrite=True)
                 ensure_converted(gguf_path, folder, on_event)
             finally:
                 gguf_path.unlink(missing_ok=True)
@@ -121,28 +125,43 @@ def _from_folder(folder: Path, name: str, tokenizer, on_event: EventCallback | N
     from transformers import AutoConfig, AutoTokenizer
 
     emit(on_event, ModelLoading(name, "loading weights"))
+    # The folder is the user's, possibly downloaded: its code is never run (trust_remote_code) and
+    # whatever its files make the libraries raise is a ModelError naming the file.
     try:
-        config = AutoConfig.from_pretrained(str(folder))
-    except (ValueError, KeyError, OSError) as exc:
-        raise ModelError(f"{folder}: unreadable config.json ({exc})") from exc
-    spec = spec_from_config(config)
+        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+        config_bytes = (folder / "config.json").read_bytes()
+    except Exception as exc:
+        raise ModelError(f"{folder}: unreadable config.json ({_short(exc)})") from exc
+    try:
+        spec = spec_from_config(config)
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"{folder}: config.json does not describe a usable model ({_short(exc)})") from exc
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelError(f"{folder} has no .safetensors weights")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
-        tensors.update(load_file(str(file)))
+        try:
+            tensors.update(load_file(str(file)))
+        except Exception as exc:
+            raise ModelError(f"{file}: unreadable weights ({_short(exc)})") from exc
     tensors = {_strip_prefix(k): v for k, v in tensors.items()}
     has_tokenizer = any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
     if tokenizer is None and has_tokenizer:
         try:
-            tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        except (ValueError, OSError) as exc:
-            raise ModelError(f"{folder}: no usable tokenizer ({exc})") from exc
+            tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+        except Exception as exc:
+            raise ModelError(f"{folder}: no usable tokenizer ({_short(exc)})") from exc
     marker = folder / "kvpage.json"
-    origin = json.loads(marker.read_text()).get("source", str(folder)) if marker.exists() else str(folder)
+    try:
+        origin = json.loads(marker.read_text()).get("source", str(folder)) if marker.exists() else str(folder)
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ModelError(f"{marker}: unreadable ({_short(exc)})") from exc
     stats = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-    fingerprint = _digest(origin, stats)
+    # config.json too: eps, sliding windows or layer types change the KV the weights compute
+    fingerprint = _digest(origin, stats, hashlib.sha256(config_bytes).hexdigest())
     return LoadedWeights(name, config, spec, tensors, tokenizer, fingerprint)
 
 
@@ -152,7 +171,8 @@ def _from_model(model, tokenizer) -> LoadedWeights:
         raise ModelError(f"cannot load a model from {type(model).__name__}: expected a transformers PreTrainedModel")
     spec = spec_from_config(config)
     tensors = {_strip_prefix(k): v.detach() for k, v in model.state_dict().items()}
-    fingerprint = _digest(type(model).__name__, [(k, tuple(v.shape), float(v.float().sum())) for k, v in sorted(tensors.items())])
+    fingerprint = _digest(type(model).__name__, [(k, tuple(v.shape), float(v.float().sum())) for k, v in sorted(tensors.items())],
+                          config.to_json_string(use_diff=False))
     return LoadedWeights(type(model).__name__, config, spec, tensors, tokenizer, fingerprint)
 
 
@@ -165,6 +185,10 @@ def _strip_prefix(name: str) -> str:
 
 
 def _digest(*parts) -> str:
-    import hashlib
-
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:20]
+
+
+def _short(error: BaseException) -> str:
+    """An exception as one short line for a ModelError."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 200 else text[:197] + "..."

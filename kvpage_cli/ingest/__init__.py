@@ -4,13 +4,14 @@ Never imports typer, rich or tqdm: the CLI reports warnings and errors.
 """
 
 from kvpage_cli.ingest.clauses import Clause, split_clauses
-from kvpage_cli.ingest.document import Document, Span
+from kvpage_cli.ingest.document import MAX_SOURCE_BYTES, MAX_TEXT_CHARS, Document, Span, read_stream
 from kvpage_cli.ingest.docx import read_docx
 from kvpage_cli.ingest.errors import (
     BinaryDocument,
     BrokenDocument,
     DirectoryNotAllowed,
     DocumentNotFound,
+    DocumentTooLarge,
     EmptyDocument,
     EncryptedDocument,
     NothingReadable,
@@ -29,8 +30,11 @@ __all__ = [
     "DirectoryNotAllowed",
     "Document",
     "DocumentNotFound",
+    "DocumentTooLarge",
     "EmptyDocument",
     "EncryptedDocument",
+    "MAX_SOURCE_BYTES",
+    "MAX_TEXT_CHARS",
     "NoTextLayer",
     "NothingReadable",
     "Span",
@@ -39,6 +43,7 @@ __all__ = [
     "read_docx",
     "read_pdf",
     "read_repo",
+    "read_stream",
     "read_text",
     "split_clauses",
 ]

@@ -67,17 +67,23 @@ _PREAMBLE_HEADINGS = re.compile(
 _LIST_TITLE = re.compile(r"^(EXHIBITS|SCHEDULES|ANNEXES|APPENDICES|ATTACHMENTS|Exhibits|Schedules"
                          r"|Annexes|Appendices|Attachments)\b")
 _TOC_TITLE = re.compile(r"^(TABLE OF CONTENTS|CONTENTS|INDEX)\b", re.IGNORECASE)
-_PAGE_REF_END = re.compile(r"(?:\s|\.\s?\.|\u2026)\s*(\d{1,3}|[ivx]{1,5})\s*$")
+# Whitespace runs are entered only at their first character and never backtracked into: a
+# document may hold a run of a million spaces, and a pattern that retries it from every position
+# takes hours (the (?<!\s) and possessive \s++ below keep these searches linear).
+_PAGE_REF_END = re.compile(r"(?:(?<!\s)\s|\.\s?\.|\u2026)\s*+(\d{1,3}|[ivx]{1,5})\s*$")
 _SENTENCE = re.compile(r"[a-z\]\)]{2}\.\s+[A-Z(]")
-_DOT_LEADERS = re.compile(r"(?:\s*\.){3,}|\u2026+")
+_DOT_LEADERS = re.compile(r"(?:(?<!\s)\s++)?\.(?:\s*+\.){2,}|\u2026+")
 _INLINE_DECIMAL = re.compile(
-    r"(?<![\w.,/$%§\-\u2013])(?:(SECTION|Section)\s+)?(\d{1,3}(?:\.\d{1,3}){0,3})(\.?)[ \t\u00a0]+"
+    r"(?<![\w.,/$%§\-\u2013])(?:(SECTION|Section)\s+)?(\d{1,3}(?:\.\d{1,3}){0,3})(\.?)[ \t\u00a0]++"
     r"(?=[A-Z\"\u201c(\[])"
 )
 _INLINE_PAREN = re.compile(
-    r"(?:(?<=[:;.])|(?<=; and)|(?<=; or)|(?<=, and)|(?<=, or))\s+"
-    r"\(([a-z]{1,2}|[ivxl]{1,6}|[A-Z]|\d{1,2})\)\s+(?=\S)"
+    r"(?:(?<=[:;.])|(?<=; and)|(?<=; or)|(?<=, and)|(?<=, or))\s++"
+    r"\(([a-z]{1,2}|[ivxl]{1,6}|[A-Z]|\d{1,2})\)\s++(?=\S)"
 )
+_FIRST_WORD = re.compile(r"\s*+(\S+)")
+_HEADING_WINDOW = 1000  # characters after an inline label that may hold its heading
+_LINE_START = re.compile(r"\n[ \t]*+(?=\S)")
 _REFERENCE_WORDS = {
     "section", "sections", "article", "articles", "clause", "clauses", "paragraph",
     "paragraphs", "schedule", "exhibit", "annex", "appendix", "and", "or", "to", "of", "in",
@@ -123,7 +129,7 @@ class _Piece:
     start: int
     end: int
     mark: _Mark | None
-    parts: list[_Mark] = field(default_factory=list)
+    parts: list[_Mark] = field(default_factory=list)  # the marks inside it, in no particular order
 
 
 def split_clauses(doc: Document, max_chars: int = 4000, min_chars: int = 40) -> list[Clause]:
@@ -286,17 +292,17 @@ def _inline_marks(line: _Line) -> list[_Mark]:
             continue
         if number[0] > 150 or any(n > 200 for n in number[1:]):
             continue
-        before = t[: match.start()].rstrip()
-        previous_word = before.split()[-1].lower() if before.split() else ""
+        last_char, last_word = _before(t, match.start())
+        previous_word = last_word.lower()
         if previous_word.strip("(") in _REFERENCE_WORDS:
             continue
-        rest = t[match.end():]
+        rest = t[match.end():match.end() + _HEADING_WINDOW]  # not the rest of a megabyte line for each match
         if _looks_like_quantity(rest):
             continue
         heading = _heading_of(rest)
-        if before[-1:] in ".;:!?)]\"\u201d":
+        if last_char in ".;:!?)]\"\u201d":
             weight = 0.8
-        elif _is_caps(previous_word.upper()) and previous_word.upper() == before.split()[-1]:
+        elif _is_caps(previous_word.upper()) and previous_word.upper() == last_word:
             weight = 0.6  # "GOVERNANCE 3.1 Joint Steering Committee."
         elif heading and previous_word[:1].isalpha():
             weight = 0.5  # "2. Exclusivity 2.1 The Reseller's right"
@@ -314,6 +320,18 @@ def _inline_marks(line: _Line) -> list[_Mark]:
         found.append(_Mark(pos, "sub", label=f"({match.group(1)})", line_start=False,
                            head_end=pos))
     return found
+
+
+def _before(t: str, pos: int) -> tuple[str, str]:
+    """The last character and the last word of t[:pos] ("" when there is none), found by walking
+    back from pos (slicing t[:pos] for every match of a long line would be quadratic)."""
+    end = pos
+    while end > 0 and t[end - 1].isspace():
+        end -= 1
+    begin = end
+    while begin > 0 and not t[begin - 1].isspace():
+        begin -= 1
+    return t[end - 1:end], t[begin:end]
 
 
 def _after_break(lines: list[_Line], i: int) -> bool:
@@ -348,7 +366,8 @@ def _heading_below(lines: list[_Line], i: int) -> tuple[str, int | None]:
 
 
 def _looks_like_quantity(rest: str) -> bool:
-    word = rest.split()[0].lower() if rest.split() else ""
+    first = _FIRST_WORD.match(rest)
+    word = first.group(1).lower() if first else ""
     return word.strip(",.;") in {
         "percent", "%", "million", "billion", "days", "months", "years", "hours", "x", "times",
         "mg", "kg", "g", "ml", "cm", "mm", "m", "km", "inches", "feet", "lbs", "per",
@@ -380,7 +399,7 @@ def _run_in_heading(rest: str) -> str:
         return "[***]"  # a redacted heading is still a heading
     if not rest or rest[0] in "\"\u201c\u2018'(" or not rest[0].isupper():
         return ""
-    m = re.match(r"^(.{1,110}?)(?:[.:](?=\s|$)|\s+(?=\d{1,3}\.\d)|$)", rest)
+    m = re.match(r"^(.{1,110}?)(?:[.:](?=\s|$)|(?<!\s)\s++(?=\d{1,3}\.\d)|$)", rest)
     if not m:
         return ""
     head = m.group(1).strip().rstrip(".:;,")
@@ -583,15 +602,17 @@ def _choose_primary(marks: list[_Mark], text: str) -> None:
               if len(re.sub(r"\s|\d", "", text[a.head_end:b.pos])) < 3]
     for m in listed:
         m.kind = "ignored"
-    exhibits = [m for m in exhibits if m not in listed]
+    listed_ids = set(map(id, listed))
+    exhibits = [m for m in exhibits if id(m) not in listed_ids]
     bounds = [m.pos for m in exhibits]
+    by_scope: list[list[_Mark]] = [[] for _ in range(len(bounds) + 1)]
     for m in marks:
         m.scope = bisect.bisect_right(bounds, m.pos)
+        by_scope[m.scope].append(m)
     for m in exhibits:
         m.primary = True
 
-    for scope in range(len(bounds) + 1):
-        scoped = [m for m in marks if m.scope == scope]
+    for scope, scoped in enumerate(by_scope):
         letters = _chain([m for m in scoped if m.kind == "letter"], _letter_follows)
         articles = _chain([m for m in scoped if m.kind == "article"], _letter_follows)
         # lettered sections ("A. AUTHORITY") number their items from 1 again
@@ -628,11 +649,12 @@ def _choose_primary(marks: list[_Mark], text: str) -> None:
         first = primary[0]
         if first.kind in ("caps", "heading") and not text[:first.pos].strip():
             first.primary = False
+    provision_before = False  # marks are in document order: a provision (not caps) starts before m
     for m in marks:
         if m.kind in ("caps", "heading") and m.primary and _PREAMBLE_HEADINGS.match(m.heading):
-            before = [p for p in marks if p.primary and p.pos < m.pos and p.kind != "caps"]
-            if not before:
+            if not provision_before:
                 m.primary = False
+        provision_before = provision_before or (m.primary and m.kind != "caps")
 
 
 def _chain(marks: list[_Mark], follows, restart_at: list[int] | None = None) -> list[_Mark]:
@@ -721,8 +743,11 @@ def _merge_small(text: str, pieces: list[_Piece], min_chars: int) -> list[_Piece
         return piece.mark is not None and piece.mark.kind in ("exhibit", "signature")
 
     def join(a: _Piece, b: _Piece, mark: _Mark | None) -> _Piece:
-        parts = a.parts + b.parts + [m for m in (a.mark, b.mark) if m is not None and m is not mark]
-        return _Piece(a.start, b.end, mark, sorted(parts, key=lambda m: m.pos))
+        # a is used up: the joined piece takes over its list (a run of small pieces joined one by
+        # one would otherwise copy, or sort, a growing list each time)
+        a.parts.extend(b.parts)
+        a.parts.extend(m for m in (a.mark, b.mark) if m is not None and m is not mark)
+        return _Piece(a.start, b.end, mark, a.parts)
 
     out: list[_Piece] = []
     waiting: _Piece | None = None  # a heading looking for its provision
@@ -777,17 +802,19 @@ def _split_piece(text: str, piece: _Piece, max_chars: int) -> list[_Piece]:
     paths = _sub_paths(own_line if any(m.kind == "sub" for m in own_line) else subs)
     # a list of definitions is cut where it must be; its sub-clause labels name nothing
     body = text[piece.start:piece.end]
-    definitions = len(re.findall(r"\n\s*(?:\d[\d.]*\s+)?[\"\u201c][^\"\u201d]{1,80}[\"\u201d]"
+    definitions = len(re.findall(r"\n[^\S\n]*+(?:\d[\d.]*\s+)?[\"\u201c][^\"\u201d]{1,80}[\"\u201d]"
                                  r"\s+(?:shall\s+)?(?:mean|has|have|is|includes?)\b", body)) >= 5
     points: list[tuple[int, _Mark | None]] = [(m.pos, m) for m in subs if m.line_start] or \
         [(m.pos, m) for m in subs]
     points += [(p, None) for p in _paragraph_breaks(text, piece.start, piece.end)]
     points.sort(key=lambda pt: (pt[0], pt[1] is None))
+    point_positions = [pt[0] for pt in points]
     chunks: list[_Piece] = []
     start, mark = piece.start, piece.mark
     while piece.end - start > max_chars:
         limit = start + max_chars
-        candidates = [pt for pt in points if start + max_chars // 5 < pt[0] <= limit]
+        candidates = points[bisect.bisect_right(point_positions, start + max_chars // 5):
+                            bisect.bisect_right(point_positions, limit)]
         labelled = [pt for pt in candidates if pt[1] is not None]
         if labelled and labelled[-1][0] > start + max_chars // 3:
             cut, next_mark = labelled[-1]
@@ -852,18 +879,19 @@ def _family(core: str, stack: list[tuple[str, int, str]]) -> tuple[str, int]:
 def _paragraph_breaks(text: str, start: int, end: int) -> list[int]:
     """Starts of lines that begin a new paragraph (the line before ends a sentence)."""
     breaks = []
-    for m in re.finditer(r"\n[ \t]*(?=\S)", text[start:end]):
-        pos = start + m.end()
-        before = text[start:start + m.start()].rstrip()
-        if before and (before[-1] in ".:;!?)]\"\u201d" or text[start + m.start() - 1:start
-                                                                + m.start()] == "\n"):
-            breaks.append(pos)
+    for m in _LINE_START.finditer(text, start, end):
+        newline = m.start()
+        last = newline  # walk back over the whitespace before the newline to the text it ends
+        while last > start and text[last - 1].isspace():
+            last -= 1
+        if last > start and (text[last - 1] in ".:;!?)]\"\u201d" or text[newline - 1] == "\n"):
+            breaks.append(m.end())
     return breaks
 
 
 def _sentence_or_word_break(text: str, start: int, limit: int) -> int:
     window = text[start:limit]
-    for pattern in (r"[.;:!?][\"\u201d)]?\s+(?=\S)", r"\s+(?=\S)"):
+    for pattern in (r"[.;:!?][\"\u201d)]?\s++(?=\S)", r"(?<!\s)\s++(?=\S)"):
         found = [m.end() for m in re.finditer(pattern, window)]
         found = [f for f in found if f > len(window) // 3]
         if found:
@@ -945,7 +973,7 @@ def _identify_part(mark: _Mark, index: int) -> tuple[str, str]:
 
 def _first_words(body: str) -> str:
     """The first words of a clause after its label, for a clause without a heading."""
-    words = re.sub(r"^\s*(\(?[\w.]{1,8}\)|§?\s*\d+(\.\d+)*\.?)\s+", "", body).split()
+    words = re.sub(r"^\s*+(\(?[\w.]{1,8}\)|§?\s*\d+(\.\d+)*\.?)\s+", "", body).split()
     return " ".join(words[:8])
 
 

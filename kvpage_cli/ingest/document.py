@@ -150,15 +150,65 @@ def _fold(text: str, collapse: bool) -> tuple[str, list[int]]:
     return "".join(out), where
 
 
-def read_source(source, display: str) -> bytes:
-    """The bytes of `source` (a path, or bytes already read from stdin); an unreadable file is a
-    BrokenDocument naming `display`."""
+MAX_SOURCE_BYTES = 256 * 2**20
+"""The most bytes read from one file or from stdin; a larger input is refused, not read."""
+
+MAX_TEXT_CHARS = 32 * 2**20
+"""The most characters of text one document may hold (a few thousand pages; far more than any
+model's context). A DOCX inflates and numbers its paragraphs, so its text is counted as it grows."""
+
+
+def read_source(source, display: str, limit: int | None = None) -> bytes:
+    """The bytes of `source` (a path, or bytes already read from stdin), at most `limit` of them
+    (default MAX_SOURCE_BYTES).
+
+    The file is opened once and read to at most limit + 1 bytes, so one that grows after it was
+    sized is still bounded. An unreadable file is a BrokenDocument naming `display`, a larger one
+    DocumentTooLarge."""
     from .errors import BrokenDocument
 
+    limit = MAX_SOURCE_BYTES if limit is None else limit
     if isinstance(source, (bytes, bytearray)):
+        if len(source) > limit:
+            raise _too_large(display, limit)
         return bytes(source)
     try:
         with open(os.fspath(source), "rb") as f:
-            return f.read()
+            if os.fstat(f.fileno()).st_size > limit:
+                raise _too_large(display, limit)
+            return read_stream(f, display, limit)
     except OSError as e:
         raise BrokenDocument(display, e.strerror or str(e)) from None
+
+
+def read_stream(stream, display: str, limit: int | None = None) -> bytes:
+    """Everything a binary stream (stdin) holds, refused with DocumentTooLarge past `limit` bytes
+    (default MAX_SOURCE_BYTES)."""
+    limit = MAX_SOURCE_BYTES if limit is None else limit
+    data = stream.read(limit + 1)
+    if len(data) > limit:
+        raise _too_large(display, limit)
+    return data
+
+
+def check_text_size(chars: int, display: str) -> None:
+    """Raises DocumentTooLarge when a document's text has grown past MAX_TEXT_CHARS."""
+    from .errors import DocumentTooLarge
+
+    if chars > MAX_TEXT_CHARS:
+        raise DocumentTooLarge(display, f"its text passes {MAX_TEXT_CHARS:,} characters")
+
+
+def format_size(num_bytes: int) -> str:
+    """256 MiB, 64 KiB, 100 bytes: the largest unit that divides the number exactly."""
+    if num_bytes >= 2**20 and num_bytes % 2**20 == 0:
+        return f"{num_bytes // 2**20} MiB"
+    if num_bytes >= 1024 and num_bytes % 1024 == 0:
+        return f"{num_bytes // 1024} KiB"
+    return f"{num_bytes} bytes"
+
+
+def _too_large(display: str, limit: int):
+    from .errors import DocumentTooLarge
+
+    return DocumentTooLarge(display, f"it is over {format_size(limit)}")

@@ -11,20 +11,29 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from kvpage_cli.ingest.document import Document, Span, read_source
-from kvpage_cli.ingest.errors import BrokenDocument, EmptyDocument
+from kvpage_cli.ingest.document import Document, Span, check_text_size, read_source
+from kvpage_cli.ingest.errors import BrokenDocument, DocumentTooLarge, EmptyDocument
 
 _W_TRANSITIONAL = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
 _W_STRICT = "http://purl.oclc.org/ooxml/wordprocessingml/main"
 _MC = "http://schemas.openxmlformats.org/markup-compatibility/2006"
 _MATH = "http://schemas.openxmlformats.org/officeDocument/2006/math"
 _REL = "http://schemas.openxmlformats.org/package/2006/relationships"
-_MAX_PART_BYTES = 256 * 1024 * 1024
+# What the XML parts read (document, styles, numbering, notes, relationships) may inflate to: a
+# few MiB of zip can hold gigabytes of XML. Sizes are the zip's own: zipfile never inflates a
+# part past the size its directory declares.
+_MAX_PART_BYTES = 64 * 2**20
+_MAX_PARTS_BYTES = 128 * 2**20  # all of them together
+_MAX_INFLATE_RATIO = 200  # past _RATIO_GRACE_BYTES; the corpus DOCX parts deflate 2-32 fold, zip bombs ~1000
+_RATIO_GRACE_BYTES = 2**20
+_MAX_LABEL_CHARS = 64  # a list label ("1.2.3", "(iv)") longer than this is cut
+_MAX_LETTER_NUMBER = 26 * 30  # letter numbering up to 30 repeated letters ("zzz..."), then digits
 _OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 _NOTE_SKIP_TYPES = {"separator", "continuationSeparator", "continuationNotice"}
 _HEADING_STYLE = re.compile(r"^(heading\s*[1-9]|title)$", re.IGNORECASE)
-_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, remove_comments=True,
-                          huge_tree=True)
+# libxml2's own limits stay on (no huge_tree): elements nested at most 256 deep, text nodes of at
+# most 10 MB, bounded entity amplification. Entities are not expanded at all.
+_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, remove_comments=True)
 
 
 def read_docx(source: str | os.PathLike | bytes, display: str | None = None) -> Document:
@@ -40,7 +49,10 @@ def read_docx(source: str | os.PathLike | bytes, display: str | None = None) -> 
         display = "-" if isinstance(source, (bytes, bytearray)) else os.fspath(source)
     package = _Package.open(source, display)
     reader = _BodyReader(package)
-    reader.read_body()
+    try:
+        reader.read_body()
+    except RecursionError:  # libxml2 stops nesting at 256 levels; this is a second guard
+        raise BrokenDocument(display, "its content is nested too deeply") from None
     lines = reader.lines
     warnings = list(reader.warnings)
     if not any(piece.text.strip() for line in lines for piece in line):
@@ -89,6 +101,7 @@ class _Package:
     def __init__(self, archive: zipfile.ZipFile, display: str):
         self.archive = archive
         self.display = display
+        self.inflated = 0  # bytes of XML read so far
         main = self._target("_rels/.rels", "/officeDocument") or "word/document.xml"
         if main not in archive.namelist():
             main = "word/document.xml"
@@ -129,12 +142,29 @@ class _Package:
             info = self.archive.getinfo(name)
         except KeyError:
             return None
-        if info.file_size > _MAX_PART_BYTES:
-            raise BrokenDocument(self.display, f"{name} is too large")
+        self._check_size(name, info)
+        self.inflated += info.file_size
         try:
             return etree.fromstring(self.archive.read(info), _PARSER)
+        except etree.XMLSyntaxError as e:
+            if "depth" in str(e).lower():
+                raise BrokenDocument(self.display, f"{name} nests its elements more than 256 levels deep") from None
+            raise BrokenDocument(self.display, f"{name} is damaged (XMLSyntaxError)") from None
         except Exception as e:  # zlib, CRC and XML errors alike mean a damaged file
             raise BrokenDocument(self.display, f"{name} is damaged ({type(e).__name__})") from None
+
+    def _check_size(self, name: str, info: zipfile.ZipInfo) -> None:
+        """Refuses a part before inflating it when it would inflate too far (a zip bomb)."""
+        size = info.file_size
+        ratio = size / max(info.compress_size, 1)
+        if size > _RATIO_GRACE_BYTES and ratio > _MAX_INFLATE_RATIO:
+            raise DocumentTooLarge(self.display, f"{name} would inflate {ratio:,.0f}-fold, to {_mib(size)} "
+                                                 f"(at most {_MAX_INFLATE_RATIO}-fold is read): a zip bomb?")
+        if size > _MAX_PART_BYTES:
+            raise DocumentTooLarge(self.display, f"{name} would inflate to {_mib(size)} "
+                                                 f"(at most {_mib(_MAX_PART_BYTES)} is read)")
+        if self.inflated + size > _MAX_PARTS_BYTES:
+            raise DocumentTooLarge(self.display, f"its XML parts would inflate to over {_mib(_MAX_PARTS_BYTES)}")
 
     def _target(self, rels_name: str, type_suffix: str, base: str = "") -> str | None:
         rels = self.xml(rels_name)
@@ -182,16 +212,18 @@ class _BodyReader:
         self.w = package.w
         self.lines: list[list[_Piece]] = []
         self.warnings: list[str] = []
+        self.chars = 0  # characters of text read so far (bounded by MAX_TEXT_CHARS)
         self.paragraph_count = 0
         self.styles = self._read_styles()
         self.default_style = self._default_paragraph_style()
         self.nums, self.abstracts = self._read_numbering()
         self.counters: dict[object, list[int | None]] = {}
         self.fields: list[str] = []
-        self.carry = ""  # accepted text of a paragraph whose mark was deleted: joins the next
+        self.carry: list[str] = []  # accepted text of paragraphs whose mark was deleted: joins the next
         self.tracked_changes = False
         self.notes: dict[str, list[tuple[str, int]]] = {"footnote": [], "endnote": []}
         self.note_numbers: dict[tuple[str, str], int] = {}
+        self.unplaced_notes: list[tuple[str, int]] = []  # (kind, index in notes[kind]) awaiting a paragraph
 
     def q(self, tag: str) -> str:
         return f"{{{self.w}}}{tag}"
@@ -204,10 +236,12 @@ class _BodyReader:
             return
         for line in self._blocks(body):
             self.lines.append(line)
-        if self.carry.strip():
+        carried = "".join(self.carry)
+        if carried.strip():
             self.paragraph_count += 1
-            self.lines.append([_Piece(self.carry, self.paragraph_count)])
-            self.carry = ""
+            self._count(carried)
+            self.lines.append([_Piece(carried, self.paragraph_count)])
+            self.carry = []
         self._read_notes("footnote", self.package.footnotes, "Footnotes", "")
         self._read_notes("endnote", self.package.endnotes, "Endnotes", "e")
         if self.tracked_changes:
@@ -252,11 +286,11 @@ class _BodyReader:
             self.tracked_changes = True
         if mark_deleted:
             self.tracked_changes = True
-            self.carry += text
+            self.carry.append(text)
             yield from self._floating(floating)
             return
-        text = self.carry + text
-        self.carry = ""
+        text = "".join(self.carry) + text
+        self.carry = []
         if text.strip():
             # Word shows a number on an empty list paragraph too, but documents refer to their
             # sections as if it were not there (an empty heading carrying a section break).
@@ -264,6 +298,7 @@ class _BodyReader:
             if label:
                 text = f"{label} {text.lstrip()}"
             self.paragraph_count += 1
+            self._count(text)
             kind = "heading" if self._is_heading(pPr) else "text"
             piece = _Piece(text, self.paragraph_count, kind)
             self._note_refs_paragraph(piece.paragraph)
@@ -308,7 +343,7 @@ class _BodyReader:
                     self._inline(choice, out, floating)
             elif tag in (f"{{{_MATH}}}oMath", f"{{{_MATH}}}oMathPara"):
                 if self._visible():
-                    out.append("".join(t.text or "" for t in child.iter(f"{{{_MATH}}}t")))
+                    out.append("".join(_text(t) for t in child.iter(f"{{{_MATH}}}t")))
 
     def _run(self, run, out: list[str], floating: list) -> None:
         q = self.q
@@ -319,7 +354,7 @@ class _BodyReader:
             elif not self._visible():
                 continue
             elif tag == q("t"):
-                out.append(child.text or "")
+                out.append(_text(child))
             elif tag in (q("tab"), q("ptab")):
                 out.append("\t")
             elif tag in (q("br"), q("cr")):
@@ -407,13 +442,16 @@ class _BodyReader:
     def _note_marker(self, kind: str, note_id: str, prefix: str) -> str:
         key = (kind, note_id)
         if key not in self.note_numbers:
-            self.note_numbers[key] = len([k for k in self.note_numbers if k[0] == kind]) + 1
+            self.note_numbers[key] = len(self.notes[kind]) + 1
+            self.unplaced_notes.append((kind, len(self.notes[kind])))
             self.notes[kind].append((note_id, -1))
         return f"[^{prefix}{self.note_numbers[key]}]"
 
     def _note_refs_paragraph(self, paragraph: int) -> None:
-        for kind, refs in self.notes.items():
-            self.notes[kind] = [(nid, paragraph if where < 0 else where) for nid, where in refs]
+        """The notes referenced since the last paragraph are referenced from this one."""
+        for kind, index in self.unplaced_notes:
+            self.notes[kind][index] = (self.notes[kind][index][0], paragraph)
+        self.unplaced_notes = []
 
     def _read_notes(self, kind: str, part, title: str, prefix: str) -> None:
         refs = self.notes[kind]
@@ -433,12 +471,17 @@ class _BodyReader:
             texts = [" ".join(p.text.split()) for line in self._blocks(note) for p in line]
             text = " ".join(t for t in texts if t)
             if text:
+                self._count(text)
                 number = self.note_numbers[kind, note_id]
                 lines.append([_Piece(f"[^{prefix}{number}] {text}",
                                      paragraph if paragraph > 0 else None, "footnote")])
         if lines:
             self.lines.append([_Piece(title, None, "footnote")])
             self.lines.extend(lines)
+
+    def _count(self, text: str) -> None:
+        self.chars += len(text)
+        check_text_size(self.chars, self.package.display)
 
     # ----- styles, headings, numbering -----
 
@@ -603,7 +646,7 @@ class _BodyReader:
         if level.fmt == "bullet":
             return "-" if level.text.strip() == "-" else "\u2022"
         if level.fmt == "none":
-            return re.sub(r"%\d", "", level.text).strip()
+            return re.sub(r"%\d", "", level.text).strip()[:_MAX_LABEL_CHARS]
 
         def render(match: re.Match) -> str:
             i = int(match.group(1)) - 1
@@ -611,7 +654,17 @@ class _BodyReader:
             value = counters[i] if counters[i] is not None else lv.start
             return _format_number(value, "decimal" if level.legal else lv.fmt)
 
-        return re.sub(r"%([1-9])", render, level.text).strip()
+        return re.sub(r"%([1-9])", render, level.text).strip()[:_MAX_LABEL_CHARS]
+
+
+def _text(element) -> str:
+    """The text of a w:t or m:t, with the text after an (unexpanded) entity reference in it: the
+    entity is kept as written ("&name;"); element.text alone stops at the first one."""
+    return "".join(element.itertext())
+
+
+def _mib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:,.1f} MiB"
 
 
 def _has_text(line: list[_Piece]) -> bool:
@@ -635,8 +688,9 @@ def _format_number(value: int, fmt: str) -> str:
 
 
 def _letters(value: int) -> str:
-    """Word's letter numbering: A..Z, then AA..ZZ, then AAA..."""
-    if value < 1:
+    """Word's letter numbering: A..Z, then AA..ZZ, then AAA... (digits past _MAX_LETTER_NUMBER: a
+    list that starts at 10^9 would otherwise be numbered with 38 million letters a paragraph)."""
+    if not 1 <= value <= _MAX_LETTER_NUMBER:
         return str(value)
     letter = chr(ord("A") + (value - 1) % 26)
     return letter * ((value - 1) // 26 + 1)

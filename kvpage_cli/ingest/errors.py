@@ -54,6 +54,15 @@ class BrokenDocument(IngestError):
         super().__init__(f"{name} could not be read: {reason}")
 
 
+class DocumentTooLarge(IngestError):
+    """The input is beyond what kvpage reads: too many bytes, or text that inflates too far."""
+
+    def __init__(self, name: str, reason: str):
+        self.name = name
+        self.reason = reason
+        super().__init__(f"{name} is too large to read: {reason}")
+
+
 class EmptyDocument(IngestError):
     """The document was read but holds no text."""
 

@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 from kvpage_cli.errors import IngestError
-from kvpage_cli.ingest.document import Document
+from kvpage_cli.ingest.document import Document, read_stream
 from kvpage_cli.ingest.docx import read_docx
 from kvpage_cli.ingest.errors import (
     BrokenDocument,
@@ -55,7 +55,7 @@ def load(
     Raises an IngestError subclass with a one-line message for anything that cannot be read.
     """
     if path == "-":
-        data = stdin if stdin is not None else sys.stdin.buffer.read()
+        data = stdin if stdin is not None else read_stream(sys.stdin.buffer, "stdin")
         try:
             return _load_bytes(data, password)
         except IngestError as e:

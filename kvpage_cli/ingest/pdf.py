@@ -14,7 +14,7 @@ from collections import defaultdict
 import pypdf
 from pypdf.errors import DependencyError
 
-from kvpage_cli.ingest.document import Document, Span, read_source
+from kvpage_cli.ingest.document import Document, Span, check_text_size, read_source
 from kvpage_cli.ingest.errors import (
     BrokenDocument,
     EmptyDocument,
@@ -33,6 +33,9 @@ _PAGE_NUMBER = re.compile(
 )
 _ROMAN_PAGE = re.compile(r"^[-\u2013(\[]?\s*[ivxl]{1,6}\s*[-\u2013)\]]?$")
 _WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")
+# A word broken by a hyphen at the end of a line; tried from word starts only (possessive), so a
+# megabyte line of letters is not retried from every one of them.
+_HYPHENATED_END = re.compile(r"(?<![^\W\d_])([^\W\d_]++)-$")
 
 
 def read_pdf(
@@ -133,6 +136,7 @@ def _extract_pages(reader: pypdf.PdfReader, display: str) -> tuple[list[list[str
     page_lines: list[list[str]] = []
     failures: list[str] = []
     textless: list[int] = []
+    chars = 0
     for number, page in enumerate(pages, start=1):
         try:
             raw = page.extract_text() or ""
@@ -140,6 +144,8 @@ def _extract_pages(reader: pypdf.PdfReader, display: str) -> tuple[list[list[str
             failures.append(f"could not read page {number}: {_short(e)}")
             page_lines.append([])
             continue
+        chars += len(raw)
+        check_text_size(chars, display)
         lines = [_clean_line(line) for line in raw.splitlines()]
         if not any(lines):
             textless.append(number)
@@ -261,14 +267,20 @@ def _drop_counting_lines(page_lines, zones, side, run_length, drop) -> None:
         found = {}
         for i in zone[side]:
             line = page_lines[p][i]
+            if len(line) > 120:  # before int(): a run of 4,300+ digits is a ValueError
+                continue
             numbers = [int(n) for n in _NUMBER.findall(line)]
-            if numbers and len(line) <= 120:
+            if numbers:
                 found.setdefault(_NUMBER.sub("#", _key(line)), (i, numbers))
         shapes.append(found)
-    for shape in {s for found in shapes for s in found}:
+    pages_of: dict[str, list[int]] = defaultdict(list)  # shape -> the pages it is on (not every page)
+    for p, found in enumerate(shapes):
+        for shape in found:
+            pages_of[shape].append(p)
+    for shape, pages in pages_of.items():
         run: list[tuple[int, int]] = []
-        for p, found in enumerate(shapes + [{}]):
-            current = found.get(shape)
+        for p in pages + [len(shapes)]:
+            current = shapes[p].get(shape) if p < len(shapes) else None
             if current and run and _counts_up(shapes[run[-1][0]][shape][1], current[1]) \
                     and run[-1][0] == p - 1:
                 run.append((p, current[0]))
@@ -316,7 +328,7 @@ def _join_hyphenated(lines: list[str], vocabulary: set[str]) -> list[str]:
             if previous.endswith("\u00ad"):
                 out[-1] = previous[:-1] + line
                 continue
-            match = re.search(r"([^\W\d_]+)-$", previous)
+            match = _HYPHENATED_END.search(previous)
             head = match.group(1) if match else ""
             tail_match = _WORD.match(line)
             if head and tail_match:

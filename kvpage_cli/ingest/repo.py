@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections import defaultdict
 from pathlib import Path
 
 import pathspec
 
-from kvpage_cli.ingest.document import Document, Span
+from kvpage_cli.ingest.document import Document, Span, format_size
 from kvpage_cli.ingest.errors import BinaryDocument, DocumentNotFound, NothingReadable
 from kvpage_cli.ingest.text import decode_text, line_spans
 
@@ -55,8 +56,10 @@ def read_repo(
     the relative path and line numbers. `.gitignore` files (root and nested) and
     `.git/info/exclude` are honoured; `.git`, dependency and build directories, lock files,
     minified and binary files and files over `max_file_bytes` are skipped, as is everything
-    after `max_total_bytes` of text. Skipped files are summarised in the warnings.
-    Raises NothingReadable when no file could be read.
+    after `max_total_bytes` of text. Symbolic links are not followed (git stores a link, not what
+    it points to; a target inside the directory is read under its own path) and only regular files
+    are read, never a FIFO or a device. Skipped files, and `.gitignore` lines git would ignore as
+    invalid, are summarised in the warnings. Raises NothingReadable when no file could be read.
     """
     root = Path(directory)
     display = display or os.fspath(directory)
@@ -65,7 +68,8 @@ def read_repo(
     if not root.is_dir():
         raise DocumentNotFound(display.rstrip("/"))
     skipped: dict[str, list[str]] = defaultdict(list)
-    files = sorted(_walk(root, skipped), key=lambda rel: rel.split("/"))
+    bad_patterns: list[str] = []
+    files = sorted(_walk(root, skipped, bad_patterns), key=lambda rel: rel.split("/"))
 
     parts: list[str] = []
     spans: list[Span] = []
@@ -73,26 +77,25 @@ def read_repo(
     total = 0
     guessed: list[str] = []
     for rel in files:
-        path = root / rel
         try:
-            size = path.stat().st_size
+            data = _read_regular_file(root / rel, max_file_bytes)
         except OSError:
             skipped["unreadable"].append(rel)
             continue
+        if data is None:
+            skipped["not regular files"].append(rel)  # replaced by a FIFO or a device since the walk
+            continue
+        size = len(data)
         if size > max_file_bytes:
-            skipped[f"over {_size(max_file_bytes)}"].append(rel)
+            skipped[f"over {format_size(max_file_bytes)}"].append(rel)
             continue
         if size == 0:
             continue
         if total + size > max_total_bytes:
-            skipped[f"past the {_size(max_total_bytes)} total"].append(rel)
+            skipped[f"past the {format_size(max_total_bytes)} total"].append(rel)
             continue
         try:
-            data = path.read_bytes()
             text, encoding = decode_text(data, rel)
-        except OSError:
-            skipped["unreadable"].append(rel)
-            continue
         except BinaryDocument:
             skipped["binary"].append(rel)
             continue
@@ -116,7 +119,10 @@ def read_repo(
         spans.extend(line_spans(text, rel, offset=pos, show_file=True))
         pos += len(text)
 
-    warnings = [_summary(reason, names) for reason, names in skipped.items()]
+    warnings = [f"{line} (git ignores it too)" for line in bad_patterns[:3]]
+    if len(bad_patterns) > 3:
+        warnings.append(f"... and {len(bad_patterns) - 3} more invalid ignore patterns")
+    warnings += [_summary(reason, sorted(names, key=lambda rel: rel.split("/"))) for reason, names in skipped.items()]
     if guessed:
         warnings.append(_summary("not UTF-8, encoding guessed", guessed, verb="read"))
     if not parts:
@@ -125,19 +131,23 @@ def read_repo(
                     warnings=warnings)
 
 
-def _walk(root: Path, skipped: dict[str, list[str]]):
-    """Yield the relative posix paths of the candidate files under `root`."""
+def _walk(root: Path, skipped: dict[str, list[str]], bad_patterns: list[str]):
+    """Yield the relative posix paths of the candidate files under `root` (iteratively: a tree
+    nested thousands of folders deep is no recursion)."""
     specs: list[tuple[str, pathspec.GitIgnoreSpec]] = []
     exclude = root / ".git" / "info" / "exclude"
-    if exclude.is_file():
-        specs.append(("", _spec(exclude)))
-    yield from _walk_dir(root, root, "", specs, skipped)
+    if exclude.is_file() and not exclude.is_symlink():
+        specs.append(("", _spec(exclude, ".git/info/exclude", bad_patterns)))
+    todo = [(root, "", specs)]
+    while todo:
+        directory, prefix, specs = todo.pop()
+        yield from _walk_dir(directory, prefix, specs, skipped, bad_patterns, todo)
 
 
-def _walk_dir(root: Path, directory: Path, prefix: str, specs, skipped):
+def _walk_dir(directory: Path, prefix: str, specs, skipped, bad_patterns, todo):
     gitignore = directory / ".gitignore"
-    if gitignore.is_file():
-        specs = specs + [(prefix, _spec(gitignore))]
+    if gitignore.is_file() and not gitignore.is_symlink():
+        specs = specs + [(prefix, _spec(gitignore, prefix + ".gitignore", bad_patterns))]
     try:
         entries = sorted(os.scandir(directory), key=lambda e: e.name)
     except OSError:
@@ -150,6 +160,7 @@ def _walk_dir(root: Path, directory: Path, prefix: str, specs, skipped):
         try:
             is_dir = entry.is_dir(follow_symlinks=False)
             is_link = entry.is_symlink()
+            is_file = entry.is_file(follow_symlinks=False)
         except OSError:
             continue
         if is_dir:
@@ -158,16 +169,15 @@ def _walk_dir(root: Path, directory: Path, prefix: str, specs, skipped):
             if entry.name in _SKIP_DIRS or entry.name.endswith(".egg-info"):
                 skipped["vendored or generated directories"].append(rel + "/")
                 continue
-            yield from _walk_dir(root, Path(entry.path), rel + "/", specs, skipped)
+            todo.append((Path(entry.path), rel + "/", specs))
             continue
         if _ignored(rel, specs):
             continue
         if is_link:
-            target = Path(entry.path).resolve()
-            if not target.is_file() or not target.is_relative_to(root.resolve()):
-                skipped["links to outside the directory"].append(rel)
-                continue
-        elif not entry.is_file(follow_symlinks=False):
+            skipped["symbolic links, not followed"].append(rel)
+            continue
+        if not is_file:
+            skipped["not regular files"].append(rel)  # FIFOs, sockets, devices: reading one may block
             continue
         reason = _skip_reason(entry.name)
         if reason:
@@ -176,9 +186,44 @@ def _walk_dir(root: Path, directory: Path, prefix: str, specs, skipped):
         yield rel
 
 
-def _spec(path: Path) -> pathspec.GitIgnoreSpec:
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    return pathspec.GitIgnoreSpec.from_lines(lines)
+def _spec(path: Path, rel: str, bad_patterns: list[str]) -> pathspec.GitIgnoreSpec:
+    """The patterns of an ignore file. Lines git itself ignores as invalid ("!", a trailing
+    backslash) are left out, each noted in `bad_patterns`; the rest still apply."""
+    try:
+        data = _read_regular_file(path, DEFAULT_MAX_FILE_BYTES)
+    except OSError:
+        data = None
+    lines = (data or b"").decode("utf-8", errors="replace").splitlines()
+    try:
+        return pathspec.GitIgnoreSpec.from_lines(lines)
+    except ValueError:
+        pass
+    valid = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            pathspec.GitIgnoreSpec.from_lines([line])
+        except ValueError:
+            bad_patterns.append(f"{rel} line {number}: {line.strip()!r} is not a valid pattern; ignored it")
+            continue
+        valid.append(line)
+    return pathspec.GitIgnoreSpec.from_lines(valid)
+
+
+def _read_regular_file(path: Path, limit: int) -> bytes | None:
+    """The first limit + 1 bytes of `path` if it is a regular file (None if it is not: a FIFO
+    opened without O_NONBLOCK would wait for a writer forever). Links are not followed. Reading
+    through the open file bounds it even if it grew after the walk sized it."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        if os.path.islink(path):
+            return None
+        raise
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return file.read(limit + 1)
 
 
 def _ignored(rel: str, specs) -> bool:
@@ -208,14 +253,6 @@ def _looks_minified(text: str) -> bool:
     lines = text.split("\n")
     longest = max(len(line) for line in lines)
     return longest > 2000 and len(text) / len(lines) > 300
-
-
-def _size(num_bytes: int) -> str:
-    if num_bytes >= 1024 * 1024 and num_bytes % (1024 * 1024) == 0:
-        return f"{num_bytes // (1024 * 1024)} MiB"
-    if num_bytes >= 1024 and num_bytes % 1024 == 0:
-        return f"{num_bytes // 1024} KiB"
-    return f"{num_bytes} bytes"
 
 
 def _summary(reason: str, names: list[str], verb: str = "skipped", keep: int = 5) -> str:

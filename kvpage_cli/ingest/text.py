@@ -8,7 +8,7 @@ import unicodedata
 
 import charset_normalizer
 
-from kvpage_cli.ingest.document import Document, Span, read_source
+from kvpage_cli.ingest.document import Document, Span, check_text_size, read_source
 from kvpage_cli.ingest.errors import BinaryDocument, EmptyDocument
 
 _BOMS = (
@@ -40,6 +40,7 @@ def read_text(source: str | os.PathLike | bytes, display: str | None = None) -> 
         display = "-" if isinstance(source, (bytes, bytearray)) else os.fspath(source)
     data = read_source(source, display)
     text, encoding = decode_text(data, display)
+    check_text_size(len(text), display)
     warnings = []
     if encoding is not None:
         warnings.append(f"{display} is not UTF-8; read it as {encoding} (a guess)")

@@ -17,6 +17,7 @@ from ..engine.library import Library
 from ..errors import ContextTooLongError
 from ..ingest import Document
 from .chat import PromptBuilder
+from .length import refuse_if_too_long
 from .prompts import render
 from .retrieval import Retriever, Selection, block_char_spans, default_window
 
@@ -57,6 +58,8 @@ class Asker:
         longest = max(len(ids) for ids in self.question_ids)
         needed = len(self.prefix_ids) + longest + max_new_tokens
         self.mode = engine.config.mode
+        if self.mode in ("exact", "selective"):  # retrieval reads documents of any length
+            refuse_if_too_long(doc.text, engine.tokenizer, engine.max_context)
         if self.mode == "auto":  # the whole document when it fits, else the blocks each question needs
             self.mode = "retrieval" if needed > engine.max_context else "exact"
         if self.mode != "retrieval" and needed > engine.max_context:

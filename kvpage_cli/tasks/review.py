@@ -24,6 +24,7 @@ from ..engine.events import EventCallback, emit
 from ..errors import ContextTooLongError
 from ..ingest import Clause, Document, split_clauses
 from .chat import PromptBuilder
+from .length import refuse_if_too_long
 from .events import ReviewProgress
 from .prompts import render
 from .schema import CATEGORIES, RISK_LEVELS, Finding
@@ -69,6 +70,7 @@ class Reviewer:
                  max_reason_tokens: int = 40, on_event: EventCallback | None = None, label: str | None = None) -> None:
         self.engine = engine
         self.doc = doc
+        refuse_if_too_long(doc.text, engine.tokenizer, engine.max_context)  # before splitting and tokenizing
         self.clauses = clauses if clauses is not None else split_clauses(doc)
         self.max_reason_tokens = max_reason_tokens
         self.on_event = on_event
