@@ -369,10 +369,11 @@ def test_a_document_that_cannot_fit_is_refused_before_it_is_tokenized(cli, tmp_p
         raise AssertionError(f"tokenized {len(text):,} characters")
 
     monkeypatch.setattr(chat.PromptBuilder, "prefix", never)
+    monkeypatch.setattr(chat.PromptBuilder, "prefix_spans", never)
     monkeypatch.setattr(length, "NORMALIZER_MARGIN", 1)  # SmolLM2's longest token is 81 characters
     path = tmp_path / "huge.txt"
     path.write_text("1. The supplier delivers.\n" * (8192 * 81 // 26 + 1))
-    args = ["ask", path, "What is due?"] if command == "ask" else ["review", path]
+    args = ["ask", path, "What is due?", "--mode", "exact"] if command == "ask" else ["review", path]
     line = one_error_line(cli(*args))
     assert "the input is more than 8192 tokens but the context limit is 8192 tokens" in line
     assert "no token of this model spells more than 81" in line

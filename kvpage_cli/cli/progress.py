@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from ..engine.events import BlocksMoved, DecodeProgress, EngineWarning, ModelLoading, PrefillProgress
+from ..engine.events import BlocksMoved, DecodeProgress, EngineWarning, IndexProgress, ModelLoading, PrefillProgress
 from ..tasks.events import ReviewProgress
 
 
@@ -77,6 +77,12 @@ class Reporter:
                          f"{rate:,.0f} tok/s")
             if event.done >= event.total:
                 self._finished.add("prefill")
+        elif isinstance(event, IndexProgress):
+            computed = event.done - event.cached
+            rate = computed / event.elapsed_s if event.elapsed_s > 0 and computed else 0.0
+            cached = f" ({event.cached:,} from saved KV)" if event.cached else ""
+            self._update("indexing", event.done, event.total, f"{event.done:,}/{event.total:,} tok{cached}",
+                         f"{rate:,.0f} tok/s" if rate else "")
         elif isinstance(event, DecodeProgress):
             rate = event.generated / event.elapsed_s if event.elapsed_s > 0 else 0.0
             together = f", {event.sequences} at once" if event.sequences > 1 else ""

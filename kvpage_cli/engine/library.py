@@ -22,6 +22,7 @@ result is a context like any other: the question is appended and the answer deco
 from __future__ import annotations
 
 import hashlib
+import shutil
 import sqlite3
 import weakref
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..errors import KvpageError
 from .config import BLOCK_TOKENS
 from .context import BlockTable, Context
 from .events import EngineWarning, EventCallback, IndexProgress, emit
@@ -83,6 +85,11 @@ class Library:
     def num_blocks(self) -> int:
         return len(self.blocks)
 
+    @property
+    def index_bytes(self) -> int:
+        """K/V bytes of the kept blocks (full-attention layers only)."""
+        return sum(g.block_bytes for g in self._full_groups()) * len(self.blocks)
+
     @classmethod
     def build(cls, engine, head_ids: list[int], doc_ids: list[int], window: int, overlap: int,
               on_event: EventCallback | None = None, label: str | None = None, max_batch: int | None = None,
@@ -95,6 +102,19 @@ class Library:
         library = cls(engine, head, doc_ids[align:align + whole], doc_ids[align + whole:], window, overlap)
         library.on_event = on_event
         cache = library._cache = engine._open_cache(on_event) if use_cache else None
+        if cache is not None:
+            free = shutil.disk_usage(cache.folder).free
+            if library.index_bytes > free:
+                library.release()
+                raise KvpageError(
+                    f"indexing this document needs {library.index_bytes / 2**30:.1f} GiB of disk for its KV and "
+                    f"{cache.folder} has {free / 2**30:.1f} GiB free: free some space, set KVPAGE_HOME to a larger "
+                    "disk, or use --dtype bfloat16 (half the bytes)")
+        if cache is not None and library.index_bytes > cache.limit_bytes:
+            emit(on_event, EngineWarning(
+                f"the document's index ({library.index_bytes / 2**30:.1f} GiB) is larger than the saved-KV cache's "
+                f"limit ({cache.limit_bytes / 2**30:.1f} GiB): it is not saved (raise --cache-mib to keep it)"))
+            cache = library._cache = None
         library._seed = hashlib.sha256(f"{engine.cache_seed}|library|{window}|{overlap}|".encode()
                                        + np.asarray(head.tokens, dtype="<i4").tobytes()).hexdigest()
         todo = list(range(len(library.windows)))
@@ -150,7 +170,7 @@ class Library:
         """Prefills windows `todo` (batched), keeps their blocks, saves them when a cache is given."""
         engine = self.engine
         total = len(self.tokens)
-        done = total - sum(self.windows[n].count for n in todo)
+        done = cached = total - sum(self.windows[n].count for n in todo)
         started = engine._clock()
         pending = []
         for first in range(0, len(todo), limit):
@@ -159,19 +179,38 @@ class Library:
             lists = [self.tokens[self.windows[n].start - self.windows[n].context:
                                  self.windows[n].start + self.windows[n].count] for n in batch]
             engine.append_many(forks, lists, max_batch=limit)
+            cache = self._settle(cache, pending, on_event)  # the batch before: written while this one ran
+            pending = []
             for ctx, n in zip(forks, batch):
                 self._keep(ctx, n)
                 engine.release(ctx)
                 if cache is not None:
-                    pending.append(self._save(cache, n, label))
+                    pending.append((n, self._save(cache, n, label)))
                 done += self.windows[n].count
-            emit(on_event, IndexProgress(done, total, engine._clock() - started))
-        for future in pending:
+            emit(on_event, IndexProgress(done, total, engine._clock() - started, cached))
+        self._settle(cache, pending, on_event)
+
+    def _settle(self, cache, saved: list, on_event):
+        """Once windows are saved, their blocks leave the store: they are read from the files
+        (mapped), so indexing a long document keeps only the windows in flight in memory. Returns
+        the cache, or None when a save failed (nothing more is saved)."""
+        for n, future in saved:
+            if cache is None:
+                break
             try:
                 future.result()
-            except (OSError, sqlite3.Error) as exc:
+                mapped = cache.map_blocks(self._window_key(n), self._seed)
+            except (OSError, sqlite3.Error, BadSegment) as exc:
                 emit(on_event, EngineWarning(f"could not save the document's index to {cache.folder}: {exc}"))
-                break
+                return None
+            indices = range(self._first_block[n], self._first_block[n + 1])
+            tables = [BlockTable([ids[i] for i in indices]) for ids in self.ids]
+            for j, i in enumerate(indices):
+                self.mapped[i] = (mapped, j)
+                for ids in self.ids:
+                    ids[i] = None
+            self.engine.blocks.release(tables)
+        return cache
 
     def _keep(self, ctx: Context, n: int) -> None:
         """Takes a reference to window n's own blocks in the full-attention groups of `ctx`."""

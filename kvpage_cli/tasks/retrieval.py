@@ -52,45 +52,69 @@ class Selection:
         return len(self.blocks) / self.total if self.total else 1.0
 
 
-class Retriever:
-    """The library of one document and what selects its blocks."""
+UNIT_BLOCKS = 4  # blocks chosen together: 256 consecutive tokens read as one passage
+CANDIDATES = 3  # the keys signal scores this many times the budget's passages, the lexical signal's best
 
-    def __init__(self, engine: Engine, library: Library, doc: Document, char_spans: list[tuple[int, int]]) -> None:
+
+class Retriever:
+    """The library of one document and what selects its blocks.
+
+    Blocks are chosen by passages of UNIT_BLOCKS consecutive blocks (a model reads a passage
+    better than scattered 64-token pieces). The lexical signal ranks every passage; the keys
+    signal ranks the lexical signal's best CANDIDATES x budget passages (reading their keys costs
+    memory traffic); the ranks are fused (reciprocal rank fusion)."""
+
+    def __init__(self, engine: Engine, library: Library, doc: Document, char_spans: list[tuple[int, int]],
+                 unit_blocks: int = UNIT_BLOCKS) -> None:
         """char_spans: per library block, the characters of doc.text it holds."""
-        import bm25s
+        import bm25s  # imported here: it loads tqdm, which no engine or task module may bring in at import
         from bm25s.stopwords import STOPWORDS_EN
 
         self.engine = engine
         self.library = library
         self.doc = doc
         self.char_spans = char_spans
+        self.unit_blocks = unit_blocks
+        self.units = [list(range(i, min(i + unit_blocks, library.num_blocks)))
+                      for i in range(0, library.num_blocks, unit_blocks)]
         self.tail: list[int] = []  # tokens read before every question (the document's last, the template's end)
         self.stopwords = frozenset(STOPWORDS_EN)
         self.bm25 = bm25s.BM25()
-        texts = [lexical_terms(doc.text[s:e], self.stopwords) for s, e in char_spans]
+        texts = [lexical_terms(doc.text[char_spans[u[0]][0]:char_spans[u[-1]][1]], self.stopwords) for u in self.units]
         self.bm25.index([t or ["\u0000"] for t in texts], show_progress=False)
 
     def select(self, question: str, question_ids: list[int], budget: int, signals: tuple[str, ...] = ("lexical", "keys"),
                candidates: int | None = None) -> Selection:
-        """The `budget` blocks that matter most to the question, in document order."""
+        """About `budget` blocks that matter most to the question (whole passages), in document order.
+
+        candidates: passages the keys signal scores (default CANDIDATES x the budget's; with the
+        keys signal alone, every passage)."""
         total = self.library.num_blocks
         if total <= budget:
             return Selection(list(range(total)), total)
+        count = len(self.units)
+        wanted = max(1, budget // self.unit_blocks)
         ranks = []
         if "lexical" in signals:
             terms = lexical_terms(question, self.stopwords)
-            scores = torch.as_tensor(self.bm25.get_scores(terms), dtype=torch.float32) if terms else torch.zeros(total)
+            scores = torch.as_tensor(self.bm25.get_scores(terms), dtype=torch.float32) if terms else torch.zeros(count)
             ranks.append(_rank(scores))
         if "keys" in signals:
-            pool = list(range(total))
-            if ranks and candidates is not None and candidates < total:  # exact scores on the lexical candidates
-                pool = sorted(torch.argsort(ranks[0])[:candidates].tolist())
-            scores = torch.full((total,), float("-inf"))
-            scores[pool] = self.library.attention_scores(self._question_queries(question_ids), pool)
+            pool = list(range(count))
+            limit = candidates if candidates is not None else CANDIDATES * wanted
+            if ranks and limit < count:
+                pool = sorted(torch.argsort(ranks[0])[:limit].tolist())
+            blocks = [b for u in pool for b in self.units[u]]
+            per_block = self.library.attention_scores(self._question_queries(question_ids), blocks)
+            scores = torch.full((count,), float("-inf"))
+            offset = 0
+            for u in pool:
+                scores[u] = per_block[offset:offset + len(self.units[u])].sum()
+                offset += len(self.units[u])
             ranks.append(_rank(scores))
         fused = sum(1.0 / (60.0 + r) for r in ranks)  # reciprocal rank fusion
-        chosen = torch.argsort(fused, descending=True, stable=True)[:budget]
-        return Selection(sorted(chosen.tolist()), total)
+        chosen = torch.argsort(fused, descending=True, stable=True)[:wanted].tolist()
+        return Selection(sorted(b for u in chosen for b in self.units[u]), total)
 
     def _question_queries(self, question_ids: list[int]) -> dict[int, tuple[torch.Tensor, int]]:
         """The question's last tokens' queries per layer, asked right after the head."""
