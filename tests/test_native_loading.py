@@ -44,7 +44,7 @@ def plant(home, folder_mode: int = 0o700):
 def test_a_new_home_and_its_native_folder_are_private(tiny_models, tmp_path):
     home = tmp_path / "new" / "home"
     engine, warnings = load_engine(tiny_models["llama"], home)
-    assert engine.backend == "native" and warnings == []
+    assert engine.backend.name == "native" and warnings == []
     for folder in (home, home / "native"):
         assert folder.stat().st_mode & 0o777 == 0o700
     target = native.library_path(home)
@@ -54,7 +54,7 @@ def test_a_new_home_and_its_native_folder_are_private(tiny_models, tmp_path):
 def test_a_library_in_a_group_writable_folder_is_refused(tiny_models, tmp_path):
     target = plant(tmp_path, folder_mode=0o770)
     engine, warnings = load_engine(tiny_models["llama"], tmp_path)
-    assert engine.backend == "torch"
+    assert engine.backend.name == "torch"
     assert len(warnings) == 1 and "native" in warnings[0] and "writable by other users" in warnings[0]
     assert target.read_bytes() == PLANTED  # neither loaded nor replaced
 
@@ -66,7 +66,7 @@ def test_a_library_owned_by_another_user_is_refused(tiny_models, tmp_path, monke
     else:
         monkeypatch.setattr(native.os, "getuid", lambda: os.geteuid() + 1)
     engine, warnings = load_engine(tiny_models["llama"], tmp_path)
-    assert engine.backend == "torch"
+    assert engine.backend.name == "torch"
     assert len(warnings) == 1 and "belongs to another user" in warnings[0]
     assert target.read_bytes() == PLANTED
 
@@ -77,7 +77,7 @@ def test_a_library_that_fails_to_load_falls_back_to_torch(tiny_models, tmp_path,
 
     monkeypatch.setattr(native.ctypes, "CDLL", cannot_load)
     engine, warnings = load_engine(tiny_models["llama"], tmp_path)
-    assert engine.backend == "torch"
+    assert engine.backend.name == "torch"
     assert len(warnings) == 1 and "could not be loaded" in warnings[0] and "torch" in warnings[0]
 
 
@@ -90,5 +90,5 @@ def test_a_library_that_is_not_the_one_built_here_is_rebuilt(tiny_models, tmp_pa
     os.replace(tmp_path / "other.so", target)
     native._LIB = None
     engine, warnings = load_engine(tiny_models["llama"], tmp_path)
-    assert engine.backend == "native" and warnings == []
+    assert engine.backend.name == "native" and warnings == []
     assert target.read_bytes() != PLANTED

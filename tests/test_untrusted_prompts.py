@@ -57,11 +57,11 @@ def test_a_hostile_document_adds_no_control_token_to_the_prompt(tiny_engine, hos
     asker = Asker(tiny_engine, doc, "Who pays? " + SMOLLM2_ATTACK)
     # the template's own control tokens, and not one more
     assert specials_in(asker.prefix_ids, special) == specials_in(clean.prefix_ids, special)
-    assert specials_in(asker.question_ids, special) == specials_in(clean.question_ids, special)
+    assert specials_in(asker.question_ids[0], special) == specials_in(clean.question_ids[0], special)
     reviewer = Reviewer(tiny_engine, doc, max_reason_tokens=3)
     assert specials_in(reviewer.prefix_ids, special) == specials_in(clean.prefix_ids, special)
     for clause in reviewer.clauses:
-        assert specials_in(reviewer._clause_ids(clause), special) == specials_in(clean.question_ids, special)
+        assert specials_in(reviewer._clause_ids(clause), special) == specials_in(clean.question_ids[0], special)
     # the text still reaches the model, as ordinary tokens
     assert "<|im_start|>system" in tiny_engine.tokenizer.decode(asker.prefix_ids)
 

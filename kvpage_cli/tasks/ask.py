@@ -42,6 +42,8 @@ class Asker:
         self.label = label
         self.max_batch = max_batch
         self.retrieval_tokens = retrieval_tokens or engine.config.retrieval_tokens  # retrieval: tokens a question reads
+        if engine.config.mode in ("exact", "selective"):  # before tokenizing; retrieval reads any length
+            refuse_if_too_long(doc.text, engine.tokenizer, engine.max_context)
         self.prompts = PromptBuilder(engine.tokenizer)
         text = doc.text.strip()
         document = render("document", kind=_KINDS.get(doc.kind, doc.kind), source=doc.source, text=text)
@@ -58,8 +60,6 @@ class Asker:
         longest = max(len(ids) for ids in self.question_ids)
         needed = len(self.prefix_ids) + longest + max_new_tokens
         self.mode = engine.config.mode
-        if self.mode in ("exact", "selective"):  # retrieval reads documents of any length
-            refuse_if_too_long(doc.text, engine.tokenizer, engine.max_context)
         if self.mode == "auto":  # the whole document when it fits, else the blocks each question needs
             self.mode = "retrieval" if needed > engine.max_context else "exact"
         if self.mode != "retrieval" and needed > engine.max_context:
