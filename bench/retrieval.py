@@ -57,6 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import REPO, corpus_text, peak_rss_mib, table  # noqa: E402
 
+from kvpage_cli.tasks.retrieval import lexical_terms  # noqa: E402 - the same terms as retrieval mode's BM25
+
 QUESTIONS = Path(__file__).resolve().parent / "retrieval_questions.json"
 DEFAULT_CACHE = Path.home() / ".cache" / "kvpage-bench"
 CUAD_JSONL = REPO.parent / "shared" / "cuad" / "contracts.jsonl"
@@ -222,24 +224,6 @@ class Chunk:
     end: int
     tokens: int
     where: str
-
-
-_WORD = re.compile(r"[A-Za-z0-9]+")
-_CAMEL = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
-
-
-def lexical_terms(text: str, stopwords: frozenset[str]) -> list[str]:
-    """Lower-cased words; identifiers split too (max_redirects -> max, redirects; TooManyRedirects ->
-    too, many, redirects), each compound kept beside its parts."""
-    terms = []
-    for match in re.finditer(r"\w+", text):
-        word = match.group()
-        parts = [p.lower() for piece in _WORD.findall(word) for p in _CAMEL.findall(piece)]
-        whole = word.lower()
-        if len(parts) > 1 and whole not in stopwords:
-            terms.append(whole)
-        terms += [p for p in parts if p not in stopwords and len(p) > 1]
-    return terms
 
 
 def chunk_document(doc, tokenizer, chunk_tokens: int) -> list[Chunk]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.console import Console, RenderableType
 
+from ..engine.home import fsync_dir
 from ..errors import UsageError
 
 _SUFFIX_FORMATS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".md": "markdown", ".markdown": "markdown"}
@@ -116,7 +117,7 @@ class Sink:
                 f.flush()
                 os.fsync(f.fileno())  # the data is on disk before the name points at it
             os.replace(tmp, target)
-            _fsync_folder(folder)
+            fsync_dir(folder)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -126,16 +127,3 @@ class Sink:
         if self._buffer is not None:
             self._buffer = io.StringIO()
 
-
-def _fsync_folder(folder: Path) -> None:
-    """Makes a rename in `folder` durable (where the file system allows opening a folder)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -31,6 +31,20 @@ def private_dir(path: Path) -> Path:
     return Path(path)
 
 
+def fsync_dir(folder: Path) -> None:
+    """Makes a rename in `folder` durable (where the file system allows opening a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 STALE_SECONDS = 24 * 3600
 """A temporary file or folder this old is a leftover whatever its writer's pid says (pids are reused)."""
 

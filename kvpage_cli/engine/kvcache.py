@@ -53,7 +53,7 @@ from filelock import FileLock, Timeout
 from .config import BLOCK_TOKENS, DEFAULT_CACHE_MIB
 from .context import Context
 from .events import EngineWarning, EventCallback, emit
-from .home import default_home, private_dir, writer_gone
+from .home import default_home, fsync_dir, private_dir, writer_gone
 from .store import BlockStore
 
 KV_FORMAT_VERSION = 1
@@ -432,7 +432,7 @@ class KVCache:
     def _commit(self, tmp: Path, path: Path) -> None:
         """The rename that makes a written segment visible (a separate step so tests can fail it)."""
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
     def touch(self, keys: list[str], label: str, on_event: EventCallback | None = None) -> None:
         """Marks segments as used now (for LRU eviction); gives unnamed ones `label`."""
@@ -825,18 +825,6 @@ def _make_private_dir(path: Path) -> None:
     if (path.stat().st_mode & 0o777) != 0o700:  # documents' KV: made private even if it existed
         os.chmod(path, 0o700)
 
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _writer_pid(tmp: Path) -> int | None:
