@@ -170,6 +170,7 @@ class Answer:
     sources: list[str] = field(default_factory=list)  # where the attended text came from (file and lines)
     ranges: list[tuple[int, int]] | None = None  # character ranges of doc.text attended; None: all of it
     index_s: float = 0.0  # of first_token_s, building what the system keeps for the document (0 when reused)
+    indexed_tokens: int = 0  # retrieval: document tokens computed into the index by this question (not mapped)
 
 
 @dataclass
@@ -198,9 +199,11 @@ def retrieval_answer(engine, doc, question: str, state: dict, settings: RunSetti
     asker.mode = "retrieval"
     asker.retriever = state.get("retriever")
     index_s = 0.0
+    indexed = 0
     if asker.retriever is None:
         state["retriever"] = asker.index()
         index_s = time.perf_counter() - started
+        indexed = state["retriever"].library.computed_tokens
     with counting_kv_reads(engine) as kv:
         pieces, first = [], None
         for _, piece in asker.answers():
@@ -213,7 +216,7 @@ def retrieval_answer(engine, doc, question: str, state: dict, settings: RunSetti
     ranges = [retriever.char_spans[i] for i in selection.blocks]
     return Answer("".join(pieces), first if first is not None else time.perf_counter() - started,
                   time.perf_counter() - started, attended, kv["bytes"], [s["where"] for s in asker.sources[0]],
-                  ranges, index_s)
+                  ranges, index_s, indexed)
 
 
 # -- (b) BM25 chunks packed into the budget ------------------------------------------------------
@@ -528,6 +531,8 @@ def summarise(rows: list[dict], systems: list[str]) -> list[dict]:
             "ttft_first_s": median(r["first_token_s"] for r in first) if first else None,
             "ttft_next_s": median(r["first_token_s"] for r in later) if later else None,
             "index_s": median(r["index_s"] for r in first) if first else None,
+            "index_tok_s": (sum(r.get("indexed_tokens", 0) for r in first) / sum(r["index_s"] for r in first)
+                            if first and any(r.get("indexed_tokens") for r in first) else None),
             "kv_first_mib": mean(r["kv_read_bytes"] for r in first) / 2**20 if first else None,
             "kv_next_mib": mean(r["kv_read_bytes"] for r in later) / 2**20 if later else None,
             "attended": int(mean(r["attended_tokens"] for r in ran)) if ran else None,
@@ -539,6 +544,7 @@ def summarise(rows: list[dict], systems: list[str]) -> list[dict]:
 SUMMARY_COLUMNS = [
     ("system", "system"), ("answered", "answered"), ("accuracy_pct", "accuracy %"), ("evidence_pct", "evidence attended %"),
     ("ttft_first_s", "1st token, 1st question s"), ("index_s", "of which indexing s"),
+    ("index_tok_s", "indexing tok/s"),
     ("ttft_next_s", "1st token, next questions s"),
     ("kv_first_mib", "KV read 1st q MiB"), ("kv_next_mib", "KV read next q MiB"),
     ("attended", "tokens attended / q"),
@@ -604,6 +610,11 @@ def main() -> None:
     parser.add_argument("--cuad-jsonl", default=str(CUAD_JSONL))
     parser.add_argument("--home", default=None, help="KVPAGE_HOME for the engine (converted weights)")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--saved-kv-mib", type=float, default=None,
+                        help="index into the saved-KV cache under --home, up to this many MiB: windows leave memory "
+                             "for their files as they are saved (what a long document needs), and a window already "
+                             "saved (the same tokens after the same head) is mapped instead of computed")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--log", default=None, help="JSON lines of measured rows; what is already there is not run again")
     args = parser.parse_args()
@@ -625,7 +636,9 @@ def main() -> None:
         parser.error(f"unknown systems: {', '.join(sorted(unknown))}")
     from kvpage_cli.ingest import load
 
-    engines = Engines(args.model, home=args.home, threads=args.threads)
+    cache_options = {"kv_cache": True, "cache_mib": args.saved_kv_mib} if args.saved_kv_mib else {}
+    ENGINE_OPTIONS["retrieval"] = cache_options  # only retrieval mode's index is saved
+    engines = Engines(args.model, home=args.home, threads=args.threads, dtype=args.dtype)
     settings = RunSettings(args.budget, args.max_new_tokens, args.chunk_tokens)
     journal = Journal(Path(args.log) if args.log else None,
                       f"{args.model}|budget {args.budget}|chunks {args.chunk_tokens}|new {args.max_new_tokens}|seed {args.seed}")

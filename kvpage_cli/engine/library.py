@@ -76,6 +76,7 @@ class Library:
         self.ids: list[list[int | None]] = [[None] * len(self.blocks) for _ in engine.store.groups]
         self.mapped: list[tuple[MappedBlocks, int] | None] = [None] * len(self.blocks)
         self.loaded_windows = 0  # of self.windows, those mapped from the saved-KV cache
+        self.computed_tokens = 0  # document tokens prefilled into the index (the rest were mapped)
         self._seed = ""
         self.on_event: EventCallback | None = None
         self._cache = None  # the saved-KV cache the windows are saved in, if any
@@ -187,6 +188,7 @@ class Library:
                 if cache is not None:
                     pending.append((n, self._save(cache, n, label)))
                 done += self.windows[n].count
+                self.computed_tokens += self.windows[n].count
             emit(on_event, IndexProgress(done, total, engine._clock() - started, cached))
         self._settle(cache, pending, on_event)
 
