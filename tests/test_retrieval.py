@@ -133,3 +133,34 @@ def test_an_index_is_saved_and_a_second_run_maps_it_reading_only_what_it_uses(tm
 
 def _holds(path, mapped) -> bool:
     return mapped.header["key"] in path.name
+
+
+def test_an_unsaved_index_is_kept_in_files_of_its_own_then_removed(tmp_path):
+    """Past the saved-KV cache's limit (or without the cache) a long document's index still leaves
+    memory window by window: its files live in the home's tmp folder until the library is released."""
+    model = tiny_model("llama")
+    head, doc, question = random_prompt(90, seed=6), random_prompt(1600, seed=7), random_prompt(12, seed=8)
+
+    def ask(engine, **build):
+        library = Library.build(engine, head, doc, window=256, overlap=64, **build)
+        ctx = engine.append(library.assemble([3, 11, 20]), library.rest + question)
+        logits = engine.logits(ctx).clone()
+        engine.release(ctx)
+        return library, logits
+
+    saved_engine = Engine.load(model, EngineConfig(home=str(tmp_path / "saved"), backend="native", kv_cache=True))
+    _, expected = ask(saved_engine)
+    engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True, cache_mib=0.01))
+    events = []
+    library, logits = ask(engine, on_event=events.append)
+    assert any("not saved" in getattr(e, "message", "") for e in events)  # past --cache-mib
+    assert not list((tmp_path / "kv" / "segments").glob("*/*.kvb"))
+    scratch = list((tmp_path / "tmp").glob("index-*"))
+    assert len(scratch) == 1 and list(scratch[0].glob("segments/*/*.kvb"))
+    assert all(m is not None for m in library.mapped) and engine.store.bytes_used < library.index_bytes
+    assert torch.equal(logits, expected)
+    library.release()
+    assert not list((tmp_path / "tmp").glob("index-*"))  # removed with the library
+    # and with --no-cache the same
+    library, logits = ask(engine, use_cache=False)
+    assert len(list((tmp_path / "tmp").glob("index-*"))) == 1 and torch.equal(logits, expected)

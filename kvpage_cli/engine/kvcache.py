@@ -457,6 +457,13 @@ class KVCache:
                 self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvpage-kv-writer")
         return self._writer.submit(work)
 
+    def close(self) -> None:
+        """Waits for the writes submitted and stops the writer thread."""
+        with self._thread_lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.shutdown(wait=True)
+
     def path(self, key: str) -> Path:
         return self.segments_dir / key[:2] / f"{key}.kvb"
 

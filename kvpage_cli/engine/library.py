@@ -12,7 +12,10 @@ only the question's own recent window).
 With the saved-KV cache on, every window is saved as it is computed, under a key over the model,
 the head and the window's tokens; a later run maps the saved windows from disk instead of
 computing them and reads only the blocks its questions use (each checked against its own
-checksum when first read; a damaged window is computed again).
+checksum when first read; a damaged window is computed again). A saved window's blocks leave the
+store for its file. An index that is not saved (no cache, or larger than its limit) goes to files
+of its own in the same way, removed when the library is released, so indexing holds only the
+windows in flight in memory whatever the document's length.
 
 Assembly: a question's selected blocks are put, in document order, right after the head, each
 moved to its new place by one rotation of its K rows (`rope.rotate`); nothing is recomputed. The
@@ -22,10 +25,13 @@ result is a context like any other: the question is appended and the answer deco
 from __future__ import annotations
 
 import hashlib
+import os
+import secrets
 import shutil
 import sqlite3
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,7 +40,8 @@ from ..errors import KvpageError
 from .config import BLOCK_TOKENS
 from .context import BlockTable, Context
 from .events import EngineWarning, EventCallback, IndexProgress, emit
-from .kvcache import BadSegment, MappedBlocks
+from .home import private_dir, sweep_leftovers
+from .kvcache import BadSegment, KVCache, MappedBlocks
 from .rope import rotate
 
 
@@ -79,7 +86,8 @@ class Library:
         self.computed_tokens = 0  # document tokens prefilled into the index (the rest were mapped)
         self._seed = ""
         self.on_event: EventCallback | None = None
-        self._cache = None  # the saved-KV cache the windows are saved in, if any
+        self._cache = None  # where the windows are saved: the saved-KV cache, or this index's own files
+        self._remove_scratch = lambda: None  # removes this index's own files
         weakref.finalize(self, _release, engine.blocks, self.ids)
 
     @property
@@ -102,25 +110,28 @@ class Library:
         whole = (len(doc_ids) - align) // BLOCK_TOKENS * BLOCK_TOKENS
         library = cls(engine, head, doc_ids[align:align + whole], doc_ids[align + whole:], window, overlap)
         library.on_event = on_event
-        cache = library._cache = engine._open_cache(on_event) if use_cache else None
-        if cache is not None:
-            free = shutil.disk_usage(cache.folder).free
-            if library.index_bytes > free:
-                library.release()
-                raise KvpageError(
-                    f"indexing this document needs {library.index_bytes / 2**30:.1f} GiB of disk for its KV and "
-                    f"{cache.folder} has {free / 2**30:.1f} GiB free: free some space, set KVPAGE_HOME to a larger "
-                    "disk, or use --dtype bfloat16 (half the bytes)")
+        cache = engine._open_cache(on_event) if use_cache else None
         if cache is not None and library.index_bytes > cache.limit_bytes:
             emit(on_event, EngineWarning(
                 f"the document's index ({library.index_bytes / 2**30:.1f} GiB) is larger than the saved-KV cache's "
                 f"limit ({cache.limit_bytes / 2**30:.1f} GiB): it is not saved (raise --cache-mib to keep it)"))
-            cache = library._cache = None
+            cache = None
+        if cache is None:
+            # not saved: its windows still go to files as they are computed (removed afterwards), so
+            # memory holds only the windows in flight, whatever the document's length
+            cache = _scratch_cache(engine.home / "tmp", library.index_bytes)
+            library._remove_scratch = weakref.finalize(library, _remove_scratch, cache)
+        library._cache = cache
+        free = shutil.disk_usage(cache.folder).free
+        if library.index_bytes > free:
+            library.release()
+            raise KvpageError(
+                f"indexing this document needs {library.index_bytes / 2**30:.1f} GiB of disk for its KV and "
+                f"{cache.folder} has {free / 2**30:.1f} GiB free: free some space, set KVPAGE_HOME to a larger "
+                "disk, or use --dtype bfloat16 (half the bytes)")
         library._seed = hashlib.sha256(f"{engine.cache_seed}|library|{window}|{overlap}|".encode()
                                        + np.asarray(head.tokens, dtype="<i4").tobytes()).hexdigest()
-        todo = list(range(len(library.windows)))
-        if cache is not None:
-            todo = library._map_saved(cache, on_event)
+        todo = library._map_saved(cache, on_event)
         library._compute(todo, cache, on_event, label, max_batch or engine.config.max_batch)
         return library
 
@@ -328,6 +339,23 @@ class Library:
     def release(self) -> None:
         _release(self.engine.blocks, self.ids)
         self.engine.release(self.head)
+        self._remove_scratch()
+
+
+SCRATCH_PREFIX = "index-"
+
+
+def _scratch_cache(folder: Path, index_bytes: int) -> KVCache:
+    """A private cache for one unsaved index, in `folder/index-<pid>-<random>` (what dead processes
+    left there is removed first)."""
+    private_dir(folder)
+    sweep_leftovers(folder, SCRATCH_PREFIX)
+    return KVCache(folder / f"{SCRATCH_PREFIX}{os.getpid()}-{secrets.token_hex(4)}", index_bytes + 2**26)
+
+
+def _remove_scratch(cache: KVCache) -> None:
+    cache.close()
+    shutil.rmtree(cache.folder, ignore_errors=True)
 
 
 def _release(manager, ids: list[list[int | None]]) -> None:
