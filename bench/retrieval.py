@@ -42,6 +42,7 @@ import argparse
 import bisect
 import hashlib
 import json
+import random
 import re
 import subprocess
 import sys
@@ -553,36 +554,72 @@ SUMMARY_COLUMNS = [
 
 # -- pass keys -----------------------------------------------------------------------------------
 
-def passkey_document(tokenizer, haystack_ids: list[int], length: int, depth: float, seed: int, name: str):
-    """A Document of `length` tokens of contract text with one pass key at `depth` (0-1), and the key.
-    Built by bench/longctx.py's generator (its header included), decoded back to text."""
+HAYSTACK_HEADER = "Below is a long text with some important facts hidden in it. Memorize them."
+
+
+def haystack_lines(tokenizer, length: int) -> tuple[list[str], list[int]]:
+    """Lines of contract text (the corpus's, repeated) holding about `length` tokens, and each
+    line's token count on its own."""
+    corpus = [line for line in corpus_text().splitlines() if line.strip()]
+    counts = [len(ids) for ids in tokenizer(corpus, add_special_tokens=False).input_ids]
+    lines, sizes, total = [HAYSTACK_HEADER], [len(tokenizer(HAYSTACK_HEADER, add_special_tokens=False).input_ids)], 0
+    while total < length:
+        for line, count in zip(corpus, counts):
+            lines.append(line)
+            sizes.append(count)
+            total += count + 1
+            if total >= length:
+                break
+    return lines, sizes
+
+
+def passkey_document(tokenizer, lines: list[str], sizes: list[int], depth: float, key_seed: int, name: str):
+    """A Document of the haystack `lines` with one pass key at `depth` (0-1), and the key.
+
+    The needle replaces a line of the same token count (padded with that line's own words), so
+    every haystack of one length has the same tokens but around its needle: a retrieval index of
+    one depth shares every other window with the others (the saved-KV cache maps them)."""
     from kvpage_cli.ingest import Document
     from kvpage_cli.ingest.text import line_spans
-    from longctx import build_prompt
 
-    ids, expected = build_prompt(tokenizer, haystack_ids, "passkey", length, depth, seed)
-    ids = ids[:-len(tokenizer(f"\n\n{_LONGCTX_PASSKEY_QUESTION}", add_special_tokens=False).input_ids)]
-    if ids and ids[0] == getattr(tokenizer, "bos_token_id", None):
-        ids = ids[1:]
-    text = tokenizer.decode(ids)
-    return Document(source=name, kind="text", text=text, spans=line_spans(text, name)), expected
+    key = str(random.Random(key_seed).randint(10000, 99999))
+    needle = f"The pass key is {key}. Remember it. {key} is the pass key."
+    total = sum(sizes)
+    at, seen = 1, 0
+    while at < len(lines) and seen + sizes[at] < depth * total:
+        seen += sizes[at]
+        at += 1
+    def tokens(some: list[str]) -> int:
+        return len(tokenizer("\n".join(some), add_special_tokens=False).input_ids)
 
-
-_LONGCTX_PASSKEY_QUESTION = "What is the pass key? The pass key is"  # longctx's question, cut off here
+    for index in range(at, len(lines) - 2):
+        words = lines[index].split()
+        near = lines[index - 1:index + 2]  # a line break can join tokens of the lines beside it
+        wanted = tokens(near)
+        for cut in range(len(words) + 1):  # the needle, then as many of the line's words as make its count
+            padded = " ".join([needle] + words[:cut])
+            count = tokens([near[0], padded, near[2]])
+            if count == wanted:
+                text = "\n".join(lines[:index] + [padded] + lines[index + 1:])
+                return Document(source=name, kind="text", text=text, spans=line_spans(text, name)), [key]
+            if count > wanted:
+                break
+    raise SystemExit(f"no line after depth {depth:.0%} can hold the pass key")
 
 
 def run_passkey(engines: Engines, systems: list[str], lengths: list[int], depths: list[int], settings: RunSettings,
                 seed: int, log: Callable[[dict], None], journal: Journal) -> list[dict]:
     tokenizer = engines.tokenizer
-    haystack = tokenizer(corpus_text(), add_special_tokens=False).input_ids
     rows = []
     for length in lengths:
+        # the document leaves room for the prompt's template, the question and the answer
+        lines, sizes = haystack_lines(tokenizer, length - 256)
         for depth in depths:
-            # the document leaves room for the prompt's template, the question and the answer
-            doc, expected = passkey_document(tokenizer, haystack, length - 256, depth / 100,
-                                             seed * 1000 + length + depth, f"haystack-{length}-{depth}.txt")
+            # one name per length: the prompt's head is the same for every depth
+            doc, expected = passkey_document(tokenizer, lines, sizes, depth / 100, seed * 1000 + length + depth,
+                                             f"haystack-{length}.txt")
             needle = doc.text.find(f"The pass key is {expected[0]}")
-            assert needle >= 0, "the needle did not survive decoding"
+            assert needle >= 0
             q = {"id": f"passkey-{length}-{depth}", "source": doc.source, "question": PASSKEY_QUESTION,
                  "regexes": [re.escape(e) for e in expected], "evidence_ranges": [(needle, needle + 21)],
                  "tags": {"length": length, "depth": depth, "expected": expected}}

@@ -116,8 +116,9 @@ def run(args) -> dict:
     from kvpage_cli.tasks import Asker, Reviewer
 
     home = Path(args.home or tempfile.mkdtemp(prefix="kvpage-soak-"))
-    exact = Engine.load(args.model, EngineConfig(home=str(home), kv_cache=True))
-    selective = Engine.load(args.model, EngineConfig(home=str(home), kv_cache=True, mode="selective", pool_mib=8))
+    exact = Engine.load(args.model, EngineConfig(home=str(home), kv_cache=True, threads=args.threads))
+    selective = Engine.load(args.model, EngineConfig(home=str(home), kv_cache=True, mode="selective", pool_mib=8,
+                                                     threads=args.threads))
     folder = Path(tempfile.mkdtemp(prefix="kvpage-soak-docs-"))
     docs = documents(folder, exact.tokenizer, exact.max_context)
     plain = [name for name in docs if not name.startswith("adversarial")]
@@ -170,7 +171,7 @@ def run(args) -> dict:
     return {"rows": rows, "samples": samples, "errors": errors, "home": str(home)}
 
 
-def fresh_answers(samples: list[dict], model: str, home: str) -> list[bool]:
+def fresh_answers(samples: list[dict], model: str, home: str, threads: int | None) -> list[bool]:
     """Each sampled question asked again by a new `kvpage ask --json` process: the same answer?"""
     same = []
     for s in samples:
@@ -178,7 +179,8 @@ def fresh_answers(samples: list[dict], model: str, home: str) -> list[bool]:
         kvpage = Path(sys.executable).with_name("kvpage")
         done = subprocess.run([str(kvpage), "ask", s["doc"], s["question"], "--json",
                                "--max-new-tokens", str(NEW_TOKENS), "--mode", s["mode"], "--model", model,
-                               *(["--pool-mib", "8"] if s["mode"] == "selective" else [])],
+                               *(["--pool-mib", "8"] if s["mode"] == "selective" else []),
+                               *(["--threads", str(threads)] if threads else [])],
                               capture_output=True, text=True, env=env)
         answer = json.loads(done.stdout)["answer"] if done.returncode == 0 else f"exit {done.returncode}"
         same.append(answer == s["answer"])
@@ -191,11 +193,12 @@ def main() -> None:
     parser.add_argument("--operations", type=int, default=300)
     parser.add_argument("--sample-every", type=int, default=20, help="ask every N-th operation again in a fresh process")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     parser.add_argument("--home", default=None, help="KVPAGE_HOME (default: a new temporary folder)")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
     result = run(args)
-    result["fresh_same"] = fresh_answers(result["samples"], args.model, result["home"])
+    result["fresh_same"] = fresh_answers(result["samples"], args.model, result["home"], args.threads)
     rows = result["rows"]
     warm = next((r for r in rows if r["operations"] >= 50), rows[0])
     growth = 100 * (rows[-1]["rss_mib"] - warm["rss_mib"]) / warm["rss_mib"]
