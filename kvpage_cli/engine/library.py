@@ -65,6 +65,9 @@ class Window:
     context: int
 
 
+WINDOWS_IN_FLIGHT = 2  # windows prefilled together while the ones before are saved
+
+
 class Library:
     """A document indexed window by window (see the module docstring). Build with `Library.build`."""
 
@@ -103,7 +106,10 @@ class Library:
     def build(cls, engine, head_ids: list[int], doc_ids: list[int], window: int, overlap: int,
               on_event: EventCallback | None = None, label: str | None = None, max_batch: int | None = None,
               use_cache: bool = True) -> "Library":
-        """Indexes `doc_ids` after the prompt head `head_ids`. window, overlap: tokens (multiples of 64)."""
+        """Indexes `doc_ids` after the prompt head `head_ids`. window, overlap: tokens (multiples of 64).
+
+        max_batch: windows prefilled together (default WINDOWS_IN_FLIGHT): a window's prefill
+        chunks are long enough to be compute bound alone, so more at once only holds more KV."""
         assert window % BLOCK_TOKENS == 0 and overlap % BLOCK_TOKENS == 0 and window > 0
         align = min(-len(head_ids) % BLOCK_TOKENS, len(doc_ids))
         head = engine.prefill(head_ids + doc_ids[:align], on_event, label=label, use_cache=use_cache)
@@ -132,7 +138,7 @@ class Library:
         library._seed = hashlib.sha256(f"{engine.cache_seed}|library|{window}|{overlap}|".encode()
                                        + np.asarray(head.tokens, dtype="<i4").tobytes()).hexdigest()
         todo = library._map_saved(cache, on_event)
-        library._compute(todo, cache, on_event, label, max_batch or engine.config.max_batch)
+        library._compute(todo, cache, on_event, label, max_batch or WINDOWS_IN_FLIGHT)
         return library
 
     # -- indexing ----------------------------------------------------------------------------------
