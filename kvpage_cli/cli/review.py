@@ -115,7 +115,8 @@ def review(
         elif fmt == "text":
             sink.write("\n".join(render.review_text(r) for r in results))
         sink.commit()
-        session.print_stats(engine)
+        modes = sorted({r.mode for r in results})
+        session.print_stats(engine, " and ".join(modes) + " mode")
         if failed:
             raise KvpageError(f"{failed} of {len(paths)} documents could not be read (see the warnings above)")
         if fail_on is not None:

@@ -170,15 +170,16 @@ class Reviewer:
                 if part:
                     self._ask([it for i in part for it in chosen[i] if it.play.questions or it.play.values])
                 until = part[-1] + 1 if part and first + group < len(asked) else total
-                findings = []
+                findings = []  # (clause index, finding)
                 for i in range(done, until):
                     finding = self._finding(self.clauses[i], [it for it in chosen.get(i, []) if it.play.finding])
                     if finding is not None:
-                        findings.append(finding)
+                        findings.append((i, finding))
                 if self.explain and findings:
-                    self._commentary([f for f in findings if f.assessments])
-                for finding in findings:
+                    self._commentary([f for _, f in findings if f.assessments])
+                for i, finding in findings:
                     yield finding
+                    self.reviewed = i + 1  # every clause up to this one is done and given
                 done = until
                 self.reviewed = done
                 emit(self.on_event, ReviewProgress(done, total, self.clauses[done - 1].id if done else ""))

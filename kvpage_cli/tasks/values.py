@@ -78,7 +78,7 @@ def candidates(text: str, start: int, end: int, kind: str) -> list[Candidate]:
         spans = [m.span() for m in _DATE.finditer(text, start, end)]
     elif kind == "place":
         spans = [m.span() for m in _PLACE.finditer(text, start, end)]
-        spans += [m.span("place") for m in _LAWS_OF.finditer(text, start, end)]
+        spans += [(m.start("place"), m.end("place") - (m.group("place")[-1] == ".")) for m in _LAWS_OF.finditer(text, start, end)]
     elif kind == "party":
         spans = [_trim_entity(text, *m.span()) for m in _ENTITY.finditer(text, start, end)]
     else:
