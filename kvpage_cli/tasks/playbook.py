@@ -16,7 +16,8 @@ A playbook is a TOML file (the default is prompts/playbook.toml; `--playbook FIL
     "Liability cap" = "Cap On Liability.amount"
 
 A question is answered yes or no by the model; a value is an exact span of the clause (kind:
-duration, money, date, place, party). A rule applies when every condition in `when` holds: a
+duration, money, date, place, party; `near` lists cue words, one of which must stand close to a
+candidate, e.g. near = ["notice"] for a notice period). A rule applies when every condition in `when` holds: a
 question answered yes (`name`) or no (`!name`), a value found (`name`) or not (`!name`), or a
 duration or amount compared (`notice < 90 days`, `amount >= 1000000`); the first rule that
 applies gives the level and the reason, whose `{name}` places take the values found. A category
@@ -69,6 +70,7 @@ class ValueSpec:
     name: str
     kind: str
     ask: str
+    near: tuple[str, ...] = ()  # cue words: a candidate counts only with one of them close by
 
 
 @dataclass(frozen=True)
@@ -175,12 +177,16 @@ class _Parser:
         values = {}
         for value_name, spec in (entry.get("values") or {}).items():
             line = self.line_of(value_name, after=at)
-            if not isinstance(spec, dict) or spec.get("kind") not in VALUE_KINDS or not isinstance(spec.get("ask"), str):
+            if not isinstance(spec, dict) or spec.get("kind") not in VALUE_KINDS or not isinstance(spec.get("ask"), str) \
+                    or set(spec) - {"kind", "ask", "near"}:
                 raise self.fail(f"value {value_name!r} of {name!r} needs kind (one of {', '.join(VALUE_KINDS)}) "
-                                "and ask", value_name, after=line)
+                                "and ask, and may have near", value_name, after=line)
+            near = spec.get("near", [])
+            if not isinstance(near, list) or not all(isinstance(w, str) and w.strip() for w in near):
+                raise self.fail(f"near of value {value_name!r} of {name!r} must be a list of words", value_name, after=line)
             if value_name in questions:
                 raise self.fail(f"{value_name!r} is both a question and a value of {name!r}", value_name, after=at)
-            values[value_name] = ValueSpec(value_name, spec["kind"], spec["ask"])
+            values[value_name] = ValueSpec(value_name, spec["kind"], spec["ask"], tuple(near))
         self.places(reason, values, (), name, at)
         rules = []
         for rule in entry.get("rules", []):
@@ -231,5 +237,5 @@ class _Parser:
 
 
 def fill(reason: str, values: dict[str, str]) -> str:
-    """The rationale with its {name} places filled by the values found."""
-    return _PLACE.sub(lambda m: values[m.group(1)], reason)
+    """The rationale with its {name} places filled by the values found (their words on one line)."""
+    return _PLACE.sub(lambda m: " ".join(values[m.group(1)].split()), reason)

@@ -238,7 +238,7 @@ class Reviewer:
         for it in items:
             clause = self.clauses[it.clause]
             for spec in it.play.values.values():
-                found = candidates(text, clause.start, clause.end, spec.kind)[:MAX_CANDIDATES]
+                found = candidates(text, clause.start, clause.end, spec.kind, spec.near)[:MAX_CANDIDATES]
                 if found:
                     asks.append((it, spec, found))
         if not asks:
@@ -261,6 +261,7 @@ class Reviewer:
         means = [sum(s) / len(s) for s in scores]
         self._null_scores.update(zip(new, means[len(pairs):]))
         at = 0
+        ranked: dict[int, list[tuple[object, list[Value]]]] = {}  # per item: (spec, its candidates best first)
         for it, spec, found in asks:
             scored = []
             for cand in found:
@@ -269,8 +270,23 @@ class Reviewer:
                 scored.append(Value(cand.text, cand.start, cand.end, self.doc.where(cand.start, cand.end),
                                     round(calibrated, 4)))
             scored.sort(key=lambda v: -v.score)
+            ranked.setdefault(id(it), []).append((spec, scored))
+        for it in items:
+            self._assign(it, ranked.get(id(it), []))
+
+    @staticmethod
+    def _assign(it: _Item, ranked: list) -> None:
+        """Each value of a clause its best candidate, two values never the same words: the value
+        with fewer candidates chooses first (then the one whose best scores higher), the other
+        takes its next best (or none)."""
+        taken: set[tuple[int, int]] = set()
+        order = sorted(ranked, key=lambda sv: (len(sv[1]), -sv[1][0].score))
+        for spec, scored in order:
             keep = VALUE_ANSWERS if spec.kind == "party" else 1
-            it.values[spec.name] = sorted(scored[:keep], key=lambda v: v.start)
+            free = [v for v in scored if (v.start, v.end) not in taken][:keep]
+            taken.update((v.start, v.end) for v in free)
+            if free:
+                it.values[spec.name] = sorted(free, key=lambda v: v.start)
 
     def _answer_ids(self, words: str) -> list[int]:
         """A candidate's tokens as the answer's continuation (after "Answer:")."""

@@ -68,8 +68,29 @@ class Candidate:
     text: str
 
 
-def candidates(text: str, start: int, end: int, kind: str) -> list[Candidate]:
-    """The candidate spans of `kind` in text[start:end], in order, none inside another."""
+CUE_REACH = 80  # characters around a candidate where one of its cue words must be
+
+
+def candidates(text: str, start: int, end: int, kind: str, near: tuple[str, ...] = ()) -> list[Candidate]:
+    """The candidate spans of `kind` in text[start:end], in order, none inside another; with
+    `near`, only those with one of these words (case-insensitive, as a word start) within
+    CUE_REACH characters before or after them, in the same sentence."""
+    found = _candidates(text, start, end, kind)
+    if not near:
+        return found
+    cue = re.compile(r"\b(?:" + "|".join(re.escape(w) for w in near) + ")", re.IGNORECASE)
+    kept = []
+    for c in found:
+        before = text[max(start, c.start - CUE_REACH):c.start]
+        after = text[c.end:min(end, c.end + CUE_REACH)]
+        before = re.split(r"[.;](?:\s|$)", before)[-1]
+        after = re.split(r"[.;](?:\s|$)", after)[0]
+        if cue.search(before) or cue.search(after):
+            kept.append(c)
+    return kept
+
+
+def _candidates(text: str, start: int, end: int, kind: str) -> list[Candidate]:
     if kind == "duration":
         spans = [m.span() for m in _DURATION.finditer(text, start, end)]
     elif kind == "money":
