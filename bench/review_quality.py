@@ -219,6 +219,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="smollm2")
     parser.add_argument("--reviews", type=int, default=10, help="development contracts reviewed in full per model")
+    parser.add_argument("--max-chars", type=int, default=None,
+                        help="review only development contracts of at most this many characters (the first --reviews of them)")
     parser.add_argument("--features", action="append", default=[], help="MODEL=PATH of bench/clause_features.py")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--contracts", default=None)
@@ -254,7 +256,8 @@ def main() -> None:
     for model in [m for m in args.models.split(",") if m]:
         engine = Engine.load(model, EngineConfig())
         done = []
-        for contract in dev[:args.reviews]:
+        chosen = [c for c in dev if args.max_chars is None or len(c.text) <= args.max_chars][:args.reviews]
+        for contract in chosen:
             done.append(review(engine, contract, args.batch))
             print(json.dumps(done[-1]), file=sys.stderr, flush=True)
         reviews[model] = done

@@ -298,6 +298,14 @@ def test_a_malformed_playbook_is_one_line_naming_its_line(cli, contract, tmp_pat
     assert [(f["clause_id"], f["risk"], f["rationale"]) for f in findings] == [("3.1", "high", "Not our law.")]
 
 
+def test_explain_drops_commentary_that_fails_its_checks(cli, contract):
+    result = cli("review", contract, "--json", "--explain", "--max-new-tokens", "12")
+    assert result.exit_code == 0, result.stderr
+    findings = json.loads(result.stdout)["findings"]
+    assert findings and all(f["commentary"] is None for f in findings)  # a random model's words never pass
+    assert json.loads(result.stdout)["stats"]["decode_tokens"] > 0  # it was asked
+
+
 def test_encrypted_pdf_reads_with_the_password(cli):
     result = cli("review", CORPUS / "odd/pdf/issue21579.pdf", "--password", "pässwört", "--json", "--all")
     assert result.exit_code == 0, result.stderr

@@ -139,11 +139,9 @@ class Reviewer:
                 f"the document alone is {self.document_tokens} tokens; use --mode auto or retrieval (each clause's "
                 "questions read the blocks chosen for it), or review a shorter part of the document",
             )
-        if self.mode == "retrieval":
-            self._room = self.engine.max_context - self._longest_question() - 2 * BLOCK_TOKENS
-            if self._room < 4 * BLOCK_TOKENS:
-                raise ContextTooLongError(needed, self.engine.max_context,
-                                          "the longest clause leaves no room for the document's blocks")
+        if self.mode == "retrieval" and self.engine.max_context - self._longest_question() < 4 * BLOCK_TOKENS:
+            raise ContextTooLongError(needed, self.engine.max_context,
+                                      "the longest clause leaves no room for the document's blocks")
 
     # -- the review ------------------------------------------------------------------------------
 
@@ -202,7 +200,7 @@ class Reviewer:
         asked = sorted({it.clause for it in items})
         base = self._base_contexts(asked)
         clause_ctx = dict(zip(asked, base))
-        engine.append_many([clause_ctx[i] for i in asked], [self._clause_ids(self.clauses[i]) for i in asked],
+        engine.append_many([clause_ctx[i] for i in asked], [self._lead() + self._clause_ids(self.clauses[i]) for i in asked],
                            on_event=self.on_event, max_batch=self.max_batch)
         # yes/no questions: one fork per (item, question); the content-free clause's once per question
         questions = [(it, name, text) for it in items for name, text in it.play.questions.items()]
@@ -302,37 +300,39 @@ class Reviewer:
             return [engine.fork(self._document()) for _ in asked]
         retriever = self._index()
         definitions = self._definition_blocks(retriever)
-        tail = retriever.tail + self.intro_ids
+        budget = self._budget(retriever)
         contexts = []
-        most = 0
         for i in asked:
             clause = self.clauses[i]
-            own = self._clause_blocks(retriever, clause)
-            budget = max(1, self._room // BLOCK_TOKENS - len(tail) // BLOCK_TOKENS - 1)
-            fixed = sorted(set(own) | set(definitions[:max(0, budget - len(own))]))
-            rest = max(0, budget - len(fixed))
-            picked = retriever.select(clause.text, tail + self._clause_ids(clause), rest).blocks if rest else []
-            blocks = sorted(set(fixed) | set(picked))[:budget] if len(set(fixed) | set(picked)) > budget \
-                else sorted(set(fixed) | set(picked))
-            most = max(most, len(blocks))
-            ctx = retriever.library.assemble(blocks)
-            engine.append(ctx, tail)
-            contexts.append(ctx)
-        self.attended_blocks = most
+            fixed = set(self._clause_blocks(retriever, clause))
+            fixed |= set(definitions[:max(0, budget - len(fixed))])
+            rest = budget - len(fixed)
+            question = self._lead() + self._clause_ids(clause)
+            picked = set(retriever.select(clause.text, question, rest).blocks) if rest > 0 else set()
+            blocks = sorted(fixed | picked)
+            self.attended_blocks = max(self.attended_blocks or 0, len(blocks))
+            contexts.append(retriever.library.assemble(blocks))
         return contexts
+
+    def _lead(self) -> list[int]:
+        """Tokens read after a clause's context and before the clause: in retrieval mode the
+        document's last tokens and the template's end, then the introduction (exact mode has them
+        in the document's prefill)."""
+        return self._index().tail + self.intro_ids if self.mode == "retrieval" else []
+
+    def _budget(self, retriever: Retriever) -> int:
+        """Blocks a clause's questions may read: the configured budget, within the model's context."""
+        head = len(retriever.library.head.tokens)
+        room = self.engine.max_context - head - len(self._lead()) - self._longest_question() - BLOCK_TOKENS
+        return max(1, min(room, self.engine.config.retrieval_tokens) // BLOCK_TOKENS)
 
     def _null_context(self) -> Context:
         """The content-free clause, after the document's head (retrieval) or the whole document (once)."""
         if self._null is not None:
             return self._null
         engine = self.engine
-        if self.mode == "retrieval":
-            ctx = engine.fork(self._index().library.head)
-            ids = self._index().tail + self.intro_ids
-        else:
-            ctx = engine.fork(self._document())
-            ids = []
-        engine.append(ctx, ids + self._clause_ids(None))
+        ctx = engine.fork(self._index().library.head if self.mode == "retrieval" else self._document())
+        engine.append(ctx, self._lead() + self._clause_ids(None))
         self._null = ctx
         return ctx
 
@@ -498,7 +498,7 @@ class Reviewer:
         requests = []
         for n, (finding, ctx) in enumerate(zip(findings, base)):
             clause = by_id[finding.clause_id]
-            requests.append(Request(ctx, self._clause_ids(clause) + self._explain_ids(finding.category),
+            requests.append(Request(ctx, self._lead() + self._clause_ids(clause) + self._explain_ids(finding.category),
                                     self.explain_tokens, stop=engine.stop_ids, tag=n))
         tokens: list[list[int]] = [[] for _ in requests]
         for request, token in engine.run(requests, max_batch=self.max_batch, on_event=self.on_event):
