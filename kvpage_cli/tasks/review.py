@@ -268,21 +268,22 @@ class Reviewer:
                 scored.append(Value(cand.text, cand.start, cand.end, self.doc.where(cand.start, cand.end),
                                     round(calibrated, 4)))
             scored.sort(key=lambda v: -v.score)
-            ranked.setdefault(id(it), []).append((spec, scored))
-        for it in items:
-            self._assign(it, ranked.get(id(it), []))
+            ranked.setdefault(it.clause, []).append((it, spec, scored))
+        for clause_values in ranked.values():
+            self._assign(clause_values)
 
     @staticmethod
-    def _assign(it: _Item, ranked: list) -> None:
-        """Each value of a clause its best candidate, two values never the same words: the value
-        with fewer candidates chooses first (then the one whose best scores higher), the other
-        takes its next best (or none)."""
-        taken: set[tuple[int, int]] = set()
-        order = sorted(ranked, key=lambda sv: (len(sv[1]), -sv[1][0].score))
-        for spec, scored in order:
+    def _assign(ranked: list) -> None:
+        """Each value of a clause its best candidate, two values of different names never the
+        same words (a renewal term is not the notice period; the notice period of two categories
+        may be the same words): the value with fewer candidates chooses first (then the one whose
+        best scores higher), the others take their next best (or none)."""
+        owner: dict[tuple[int, int], str] = {}  # span -> the value name that took it
+        for it, spec, scored in sorted(ranked, key=lambda x: (len(x[2]), -x[2][0].score)):
             keep = VALUE_ANSWERS if spec.kind == "party" else 1
-            free = [v for v in scored if (v.start, v.end) not in taken][:keep]
-            taken.update((v.start, v.end) for v in free)
+            free = [v for v in scored if owner.get((v.start, v.end), spec.name) == spec.name][:keep]
+            for v in free:
+                owner[(v.start, v.end)] = spec.name
             if free:
                 it.values[spec.name] = sorted(free, key=lambda v: v.start)
 
