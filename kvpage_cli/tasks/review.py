@@ -15,8 +15,8 @@
    fails a check.
 
 The document is prefilled once (exact mode); a document longer than the context is indexed
-window by window (retrieval mode) and each clause's questions read the blocks chosen for that
-clause and for the definitions. All model work of a stage (clauses appended, questions,
+window by window (retrieval mode) and each clause's questions read the clause's own blocks, the
+definitions clause's, and the passages BM25 ranks best for the clause's words. All model work of a stage (clauses appended, questions,
 candidates) runs as one batch of `max_batch` sequences; max_batch=1 runs them one at a time and
 gives the same findings.
 """
@@ -309,7 +309,8 @@ class Reviewer:
             fixed |= set(definitions[:max(0, budget - len(fixed))])
             rest = budget - len(fixed)
             question = self._lead() + self._clause_ids(clause)
-            picked = set(retriever.select(clause.text, question, rest).blocks) if rest > 0 else set()
+            # the lexical signal only: the keys signal costs a forward pass of the clause per clause
+            picked = set(retriever.select(clause.text, question, rest, signals=("lexical",)).blocks) if rest > 0 else set()
             blocks = sorted(fixed | picked)
             self.attended_blocks = max(self.attended_blocks or 0, len(blocks))
             contexts.append(retriever.library.assemble(blocks))
