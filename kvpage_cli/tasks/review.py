@@ -104,6 +104,7 @@ class Reviewer:
         self.retriever: Retriever | None = None
         self.attended_blocks: int | None = None
         self._doc_ctx: Context | None = None
+        self._longest: int | None = None
         self._null: Context | None = None
         self._null_odds: dict[str, float] = {}  # question -> its log-odds of yes after the content-free clause
         self._null_scores: dict[tuple[str, str], float] = {}  # (question, candidate) -> its mean log-prob there
@@ -120,6 +121,12 @@ class Reviewer:
     # -- mode ------------------------------------------------------------------------------------
 
     def _longest_question(self) -> int:
+        """Tokens after a clause's context at most: the clause, a question and an answer."""
+        if self._longest is None:
+            self._longest = self._measure_longest()
+        return self._longest
+
+    def _measure_longest(self) -> int:
         longest = max((len(self._clause_ids(c)) for c in self.clauses), default=0)
         asks = [q for p in self.playbook.categories.values() for q in p.questions.values()]
         asks += [v.ask for p in self.playbook.categories.values() for v in p.values.values()]
