@@ -284,9 +284,10 @@ class Reviewer:
         """Each value of a clause its best candidate, two values of different names never the
         same words (a renewal term is not the notice period; the notice period of two categories
         may be the same words): the value with fewer candidates chooses first (then the one whose
-        best scores higher), the others take their next best (or none)."""
+        best scores higher), the others take their next best (or none). The clause's likelier
+        categories choose first."""
         owner: dict[tuple[int, int], str] = {}  # span -> the value name that took it
-        for it, spec, scored in sorted(ranked, key=lambda x: (len(x[2]), -x[2][0].score)):
+        for it, spec, scored in sorted(ranked, key=lambda x: (-x[0].probability, len(x[2]), -x[2][0].score)):
             keep = VALUE_ANSWERS if spec.kind == "party" else 1
             free = [v for v in scored if owner.get((v.start, v.end), spec.name) == spec.name][:keep]
             for v in free:
