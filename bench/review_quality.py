@@ -1,12 +1,21 @@
-"""Review quality against CUAD's expert labels: precision and recall of the categories flagged.
+"""Review quality against CUAD's expert labels, on the development split (bench/cuad.py).
 
-For each contract, the categories the review assigns to at least one clause (mapped to CUAD's
-names; kvpage categories with no CUAD counterpart are left out) are compared with the CUAD
-categories the experts answered "Yes" for (among those with a counterpart). Also reported:
-for each CUAD category found in a contract, whether a finding of that category quotes text that
-overlaps one of the expert-highlighted spans.
+Contract-level presence of the 14 risk categories below (a contract has one when the experts
+marked any of its CUAD categories; a method finds one when it flags any clause with it):
+per-category and micro precision, recall and F1, for every method compared:
+- lexical: the shipped lexical head (the review's detector), over every development contract;
+- values-head: a logistic regression on the model's pooled value vectors of each clause, and
+- zero-shot: today's calibrated zero-shot scoring (single label per clause), both from the
+  features bench/clause_features.py wrote for a model (--features MODEL=PATH), the head fitted
+  here on that file's training contracts with thresholds from their out-of-fold scores;
+- review: the findings of full `Reviewer` runs with each model (--reviews N contracts), which
+  also give the share of true positives whose quote overlaps an expert span, and the accuracy
+  of the key terms against CUAD's normalised answers: Governing Law (case-insensitive
+  containment either way), Renewal Term and Notice Period To Terminate Renewal (the same
+  number and unit as a duration in the answer, or containment).
 
-    python bench/review_quality.py corpus/cuad/01-affiliate-short corpus/cuad/02-ip-short corpus/cuad/03-endorsement-short
+    python bench/review_quality.py --reviews 10 --models smollm2,gemma3-270m \\
+        --features smollm2=/tmp/features-smollm2.npz --json bench/results/review_quality.json
 """
 
 from __future__ import annotations
@@ -18,98 +27,267 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cuad  # noqa: E402
 from common import table  # noqa: E402
 
-# kvpage category -> CUAD categories that count as the same thing
-TO_CUAD = {
-    "governing law": ["Governing Law"],
-    "liability cap": ["Cap On Liability"],
-    "uncapped liability": ["Uncapped Liability"],
-    "termination for convenience": ["Termination For Convenience"],
-    "auto-renewal and renewal notice": ["Renewal Term", "Notice Period To Terminate Renewal"],
-    "non-compete": ["Non-Compete", "No-Solicit Of Customers", "No-Solicit Of Employees"],
-    "exclusivity": ["Exclusivity"],
-    "change of control": ["Change Of Control"],
-    "anti-assignment": ["Anti-Assignment"],
-    "liquidated damages": ["Liquidated Damages"],
-    "audit rights": ["Audit Rights"],
-    "ip assignment": ["Ip Ownership Assignment"],
-    "warranty": ["Warranty Duration"],
-    "insurance": ["Insurance"],
+from kvpage_cli.tasks.taxonomy import CATEGORIES  # noqa: E402
+from kvpage_cli.tasks.values import duration_parts, in_unit  # noqa: E402
+from kvpage_cli.tasks.zero_shot import TO_CUAD as ZERO_SHOT_TO_CUAD  # noqa: E402
+
+# the 14 risk categories compared -> the CUAD categories that count as the same thing
+RISK: dict[str, tuple[str, ...]] = {
+    "governing law": ("Governing Law",),
+    "liability cap": ("Cap On Liability",),
+    "uncapped liability": ("Uncapped Liability",),
+    "termination for convenience": ("Termination For Convenience",),
+    "auto-renewal and renewal notice": ("Renewal Term", "Notice Period To Terminate Renewal"),
+    "non-compete": ("Non-Compete", "No-Solicit Of Customers", "No-Solicit Of Employees"),
+    "exclusivity": ("Exclusivity",),
+    "change of control": ("Change Of Control",),
+    "anti-assignment": ("Anti-Assignment",),
+    "liquidated damages": ("Liquidated Damages",),
+    "audit rights": ("Audit Rights",),
+    "ip assignment": ("Ip Ownership Assignment",),
+    "warranty": ("Warranty Duration",),
+    "insurance": ("Insurance",),
 }
+GROUPS = list(RISK)
+VALUE_TERMS = {"Governing Law": "Governing law", "Renewal Term": "Renewal term",
+               "Notice Period To Terminate Renewal": "Notice to stop renewal"}
 
 
-def labelled(labels: dict) -> dict[str, list[str]]:
-    """kvpage categories the experts marked present -> their highlighted spans."""
-    out = {}
-    for ours, theirs in TO_CUAD.items():
-        spans = []
-        for name in theirs:
-            entry = labels.get(name) or {}
-            answer = str(entry.get("answer", "")).strip().lower()
-            clauses = entry.get("clauses") or []
-            if answer not in ("", "no", "[]") and clauses:
-                spans += [part.strip() for c in clauses for part in c.split("<omitted>") if part.strip()]
-        if spans:
-            out[ours] = spans
+def truth_groups(labels: dict) -> set[str]:
+    return {g for g, names in RISK.items() if any(cuad.present(labels, n) for n in names)}
+
+
+def groups_of(cuad_names) -> set[str]:
+    names = set(cuad_names)
+    return {g for g, members in RISK.items() if names & set(members)}
+
+
+def prf(pred: list[set[str]], truth: list[set[str]]) -> dict:
+    """Micro and per-group precision, recall, F1 of contract-level presence."""
+    def score(tp, fp, fn):
+        p, r = tp / max(1, tp + fp), tp / max(1, tp + fn)
+        return {"tp": tp, "fp": fp, "fn": fn, "precision": round(p, 3), "recall": round(r, 3),
+                "f1": round(2 * p * r / max(1e-9, p + r), 3)}
+
+    per = {}
+    for g in GROUPS:
+        tp = sum(g in p and g in t for p, t in zip(pred, truth))
+        fp = sum(g in p and g not in t for p, t in zip(pred, truth))
+        fn = sum(g not in p and g in t for p, t in zip(pred, truth))
+        per[g] = score(tp, fp, fn)
+    micro = score(*(sum(per[g][k] for g in GROUPS) for k in ("tp", "fp", "fn")))
+    return {"micro": micro, "per_category": per}
+
+
+# -- methods -----------------------------------------------------------------------------------
+
+def lexical(dev) -> list[set[str]]:
+    from kvpage_cli.tasks.classifier import lexical_head
+
+    head = lexical_head()
+    out = []
+    for contract in dev:
+        _, clauses = cuad.read(contract)
+        present = head.present(head.probabilities([c.text for c in clauses])).any(axis=0)
+        out.append(groups_of(c for c, on in zip(head.categories, present) if on))
     return out
 
 
-def normalise(text: str) -> str:
+def from_features(path: str, dev_names: list[str]) -> dict[str, list[set[str]]]:
+    """values-head and zero-shot presence per development contract, from clause_features.py's file."""
+    from sklearn.linear_model import LogisticRegression
+
+    data = np.load(path, allow_pickle=False)
+    X, Y, owner, split = data["features"].astype(np.float32), data["labels"], data["owner"], data["split"]
+    names = data["contracts"].tolist()
+    X = X / np.maximum(1e-6, np.linalg.norm(X, axis=1, keepdims=True))
+    train_rows = np.array([split[o] == "train" for o in owner])
+    categories = list(CATEGORIES)
+    # out-of-fold contract-level thresholds on the training contracts (3 folds by contract)
+    train_contracts = sorted({int(o) for o in owner[train_rows]})
+    fold = {c: i % 3 for i, c in enumerate(train_contracts)}
+    scores = np.zeros(Y.shape)
+    for f in range(3):
+        fit_rows = train_rows & np.array([fold.get(int(o), -1) != f for o in owner])
+        held = train_rows & ~fit_rows
+        for j in range(len(categories)):
+            if Y[fit_rows, j].any() and not Y[fit_rows, j].all():
+                model = LogisticRegression(C=1.0, max_iter=500).fit(X[fit_rows], Y[fit_rows, j])
+                scores[held, j] = model.predict_proba(X[held])[:, 1]
+    thresholds = []
+    for j in range(len(categories)):
+        best, best_f1 = 0.5, -1.0
+        for t in np.linspace(0.05, 0.95, 19):
+            tp = fp = fn = 0
+            for c in train_contracts:
+                rows = owner == c
+                p, y = bool((scores[rows, j] >= t).any()), bool(Y[rows, j].any())
+                tp, fp, fn = tp + (p and y), fp + (p and not y), fn + (not p and y)
+            f1 = 2 * tp / max(1, 2 * tp + fp + fn)
+            if f1 > best_f1:
+                best, best_f1 = t, f1
+        thresholds.append(best)
+    dev_scores = np.zeros(Y.shape)
+    dev_rows = ~train_rows
+    for j in range(len(categories)):
+        if Y[train_rows, j].any() and not Y[train_rows, j].all():
+            model = LogisticRegression(C=1.0, max_iter=500).fit(X[train_rows], Y[train_rows, j])
+            dev_scores[dev_rows, j] = model.predict_proba(X[dev_rows])[:, 1]
+    zero_names = data["zero_shot_categories"].tolist()
+    zero = data["zero_shot"]
+    head_out, zero_out = [], []
+    for name in dev_names:
+        n = names.index(name) if name in names else -1
+        rows = (owner == n) & dev_rows
+        flagged = [c for j, c in enumerate(categories) if (dev_scores[rows, j] >= thresholds[j]).any()]
+        head_out.append(groups_of(flagged))
+        picks = {zero_names[k] for k in zero[rows].argmax(axis=1)} if rows.any() else set()
+        zero_out.append(groups_of(c for p in picks for c in ZERO_SHOT_TO_CUAD.get(p, ())))
+    return {"values-head": head_out, "zero-shot": zero_out,
+            "covered": [name in names for name in dev_names], "train_contracts": len(train_contracts)}
+
+
+# -- full reviews --------------------------------------------------------------------------------
+
+def _norm(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().lower()
+
+
+def value_right(category: str, ours: str | None, answer: str) -> bool:
+    if not ours:
+        return False
+    a, o = _norm(answer), _norm(ours)
+    if o in a or (a and a in o):
+        return True
+    if category == "Governing Law":
+        return False
+    parts = duration_parts(o)
+    if parts is None:
+        return False
+    ours_days = in_unit(o, "day")
+    for piece in re.split(r"[;,]| or ", a):
+        theirs = in_unit(piece, "day")
+        if theirs is not None and abs(theirs - ours_days) <= 5:  # "12 months" and "1 year" are the same term
+            return True
+    return False
+
+
+def review(engine, contract, batch: int | None):
+    from kvpage_cli.tasks import Reviewer
+
+    doc, clauses = cuad.read(contract)
+    started = time.time()
+    reviewer = Reviewer(engine, doc, clauses, max_batch=batch)
+    findings = reviewer.findings()
+    seconds = time.time() - started
+    spans = cuad.expert_spans(doc.text, contract.labels)
+    truth = truth_groups(contract.labels)
+    flagged: dict[str, list] = {}
+    for f in findings:
+        for a in f.assessments:
+            for g in groups_of([a.cuad]):
+                flagged.setdefault(g, []).append(f)
+    pred = set(flagged)
+    overlap = {}
+    for g in pred & truth:
+        ranges = [r for name in RISK[g] for r in spans.get(name, [])]
+        overlap[g] = any(min(f.end, e) > max(f.start, s) for f in flagged[g] for s, e in ranges)
+    terms = {t.label: " and ".join(v.text for v in t.values) for t in reviewer.terms}
+    values = {}
+    for category, label in VALUE_TERMS.items():
+        answer = str((contract.labels.get(category) or {}).get("answer", "")).strip()
+        if answer and cuad.present(contract.labels, category):
+            values[category] = {"answer": answer, "ours": terms.get(label), "right": value_right(category, terms.get(label), answer)}
+    return {"contract": contract.name, "mode": reviewer.mode, "clauses": len(clauses), "findings": len(findings),
+            "seconds": round(seconds, 1), "pred": sorted(pred), "truth": sorted(truth),
+            "quote_overlap": overlap, "values": values}
+
+
+def _fmt(micro: dict) -> dict:
+    return {k: f"{v:.2f}" if isinstance(v, float) else v for k, v in micro.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folders", nargs="+")
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--home", default=None)
+    parser.add_argument("--models", default="smollm2")
+    parser.add_argument("--reviews", type=int, default=10, help="development contracts reviewed in full per model")
+    parser.add_argument("--max-chars", type=int, default=None,
+                        help="review only development contracts of at most this many characters (the first --reviews of them)")
+    parser.add_argument("--features", action="append", default=[], help="MODEL=PATH of bench/clause_features.py")
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--contracts", default=None)
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
 
+    _, dev = cuad.split(cuad.load_contracts(args.contracts))
+    truth = [truth_groups(c.labels) for c in dev]
+    report: dict = {"dev_contracts": len(dev), "methods": {}}
+    rows = []
+    lex = prf(lexical(dev), truth)
+    report["methods"]["lexical"] = lex
+    rows.append({"method": "lexical head (any model)", "contracts": len(dev), **_fmt(lex["micro"])})
+    for item in args.features:
+        model, path = item.split("=", 1)
+        got = from_features(path, [c.name for c in dev])
+        covered = got.pop("covered")
+        train_count = got.pop("train_contracts")
+        keep = [i for i, c in enumerate(covered) if c]
+        for method, pred in got.items():
+            result = prf([pred[i] for i in keep], [truth[i] for i in keep])
+            result["train_contracts"] = train_count
+            report["methods"][f"{method} {model}"] = result
+            rows.append({"method": f"{method} ({model}, trained on {train_count})" if method == "values-head"
+                         else f"{method} ({model})", "contracts": len(keep), **_fmt(result["micro"])})
+            keep_lex = prf([lexical_pred for i, lexical_pred in enumerate(lexical(dev)) if i in keep],
+                           [truth[i] for i in keep]) if len(keep) < len(dev) else None
+            if keep_lex is not None:
+                rows.append({"method": "lexical head, same contracts", "contracts": len(keep), **_fmt(keep_lex["micro"])})
     from kvpage_cli.engine import Engine, EngineConfig
-    from kvpage_cli.ingest import load
-    from kvpage_cli.tasks import Reviewer
 
-    engine = Engine.load(args.model, EngineConfig(home=args.home))
-    rows, totals = [], {"tp": 0, "fp": 0, "fn": 0}
-    for folder in map(Path, args.folders):
-        labels = json.loads((folder / "labels.json").read_text())["labels"]
-        truth = labelled(labels)
-        doc = load(str(folder / "contract.pdf"))
-        started = time.time()
-        findings = list(Reviewer(engine, doc).findings())
-        flagged: dict[str, list] = {}
-        for f in findings:
-            if f.category in TO_CUAD:
-                flagged.setdefault(f.category, []).append(f)
-        tp = sorted(set(flagged) & set(truth))
-        fp = sorted(set(flagged) - set(truth))
-        fn = sorted(set(truth) - set(flagged))
-        located = sum(
-            any(normalise(span)[:60] in normalise(doc.text[f.start - 400:f.end + 400]) for f in flagged[c] for span in truth[c])
-            for c in tp
-        )
-        totals["tp"] += len(tp)
-        totals["fp"] += len(fp)
-        totals["fn"] += len(fn)
-        rows.append({
-            "contract": folder.name, "clauses": len(findings), "seconds": time.time() - started,
-            "precision_pct": 100 * len(tp) / max(1, len(tp) + len(fp)), "recall_pct": 100 * len(tp) / max(1, len(tp) + len(fn)),
-            "tp": ", ".join(tp), "fp": ", ".join(fp), "fn": ", ".join(fn), "quote_near_label": f"{located}/{len(tp)}",
-        })
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    precision = totals["tp"] / max(1, totals["tp"] + totals["fp"])
-    recall = totals["tp"] / max(1, totals["tp"] + totals["fn"])
-    rows.append({"contract": "all", "precision_pct": 100 * precision, "recall_pct": 100 * recall})
-    print(table(rows, [("contract", "contract"), ("clauses", "clauses"), ("seconds", "s"), ("precision_pct", "precision %"),
-                       ("recall_pct", "recall %"), ("quote_near_label", "quote near label"), ("fp", "false positives"),
-                       ("fn", "missed")]))
-    print(f"model {args.model}; categories compared: {len(TO_CUAD)} with a CUAD counterpart")
+    reviews = {}
+    for model in [m for m in args.models.split(",") if m]:
+        engine = Engine.load(model, EngineConfig())
+        done = []
+        chosen = [c for c in dev if args.max_chars is None or len(c.text) <= args.max_chars][:args.reviews]
+        for contract in chosen:
+            done.append(review(engine, contract, args.batch))
+            print(json.dumps(done[-1]), file=sys.stderr, flush=True)
+        reviews[model] = done
+        result = prf([set(d["pred"]) for d in done], [set(d["truth"]) for d in done])
+        tps = [v for d in done for v in d["quote_overlap"].values()]
+        result["quote_overlap"] = {"overlapping": sum(tps), "true_positives": len(tps)}
+        result["values"] = {}
+        for category in VALUE_TERMS:
+            judged = [d["values"][category]["right"] for d in done if category in d["values"]]
+            result["values"][category] = {"right": sum(judged), "contracts": len(judged)}
+        result["seconds"] = [d["seconds"] for d in done]
+        report["methods"][f"review {model}"] = result
+        row = {"method": f"review ({model})", "contracts": len(done), **_fmt(result["micro"]),
+               "quotes": f"{sum(tps)}/{len(tps)}"}
+        for category, short in (("Governing Law", "law"), ("Renewal Term", "renewal"),
+                                ("Notice Period To Terminate Renewal", "notice")):
+            v = result["values"][category]
+            row[short] = f"{v['right']}/{v['contracts']}"
+        row["s_per_contract"] = round(sum(result["seconds"]) / max(1, len(done)), 1)
+        rows.append(row)
+    report["reviews"] = reviews
+    print(table(rows, [("method", "method"), ("contracts", "contracts"), ("precision", "micro P"), ("recall", "micro R"),
+                       ("f1", "micro F1"), ("quotes", "quote overlaps"), ("law", "governing law"),
+                       ("renewal", "renewal term"), ("notice", "renewal notice"), ("s_per_contract", "s / contract")]))
+    per = [{"category": g, **{f"{m} F1": f'{report["methods"][m]["per_category"][g]["f1"]:.2f}' for m in report["methods"]}}
+           for g in GROUPS]
+    print(table(per, [("category", "category")] + [(f"{m} F1", f"{m} F1") for m in report["methods"]]))
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps(rows, indent=1))
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -115,3 +115,23 @@ def test_the_torch_backend_batches_within_tolerance(kv_home):
     assert tokens == alone_tokens
     for a, b in zip(alone_logits, logits):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+
+
+def test_pooled_values_are_the_layers_value_vectors_of_the_appended_tokens(kv_home):
+    """Engine.pooled_values: per layer, the mean of v_proj(input_layernorm(h)) over the tokens
+    appended, as transformers computes them, batched or one at a time."""
+    model = tiny_model("llama")
+    engine = load(model, kv_home)
+    prompt, texts = random_prompt(70, seed=3), [random_prompt(n, seed=90 + n) for n in (1, 33, 80)]
+    doc = engine.prefill(prompt)
+    together = engine.pooled_values([(engine.fork(doc), t) for t in texts])
+    alone = [engine.pooled_values([(engine.fork(doc), t)], max_batch=1)[0] for t in texts]
+    for text, pooled, single in zip(texts, together, alone):
+        assert torch.equal(pooled, single)
+        with torch.no_grad():
+            out = model(torch.tensor([prompt + text]), output_hidden_states=True)
+            expected = torch.stack([
+                layer.self_attn.v_proj(layer.input_layernorm(out.hidden_states[i]))[0, len(prompt):].mean(0)
+                for i, layer in enumerate(model.model.layers)])
+        assert pooled.shape == expected.shape
+        assert torch.allclose(pooled, expected, atol=1e-5)

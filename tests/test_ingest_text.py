@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import SAMPLES
+
 from kvpage_cli.errors import IngestError
 from kvpage_cli.ingest import (
     BinaryDocument,
@@ -168,3 +170,50 @@ def test_text_and_files_past_the_limits_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(document, "MAX_SOURCE_BYTES", 1000)
     with pytest.raises(DocumentTooLarge, match=r"big.txt is too large to read: it is over 1000 bytes"):
         load(str(path))
+
+
+COMMON_PAPER_STYLE = """# Standard Terms
+
+1. <span class="header_2" id="1">Services</span>
+
+    1.1. <span class="header_3" id="1.1">Access.</span> Provider will give Customer access to the **Product** under
+    the [Order Form](#order-form).
+
+    1.2. <span class="header_3" id="1.2">Restrictions.</span> Customer will not resell the Product &amp; will not copy it.
+
+2. <span class="header_2" id="2">Governing Law and Chosen Courts</span>
+
+    <div class="note">This Agreement is governed by the laws of the State of Delaware.</div>
+
+| Term | Value |
+|---|---|
+| Fees | $100 per month |
+"""
+
+
+def test_markdown_gives_the_text_a_reader_sees_with_its_source_lines(tmp_path):
+    from kvpage_cli.ingest import split_clauses
+
+    path = tmp_path / "terms.md"
+    path.write_text(COMMON_PAPER_STYLE, encoding="utf-8")
+    doc = load(str(path))
+    assert "<span" not in doc.text and "class=" not in doc.text and "**" not in doc.text and "](" not in doc.text
+    assert "1.2. Restrictions. Customer will not resell the Product & will not copy it." in doc.text
+    assert "access to the Product under the Order Form." in doc.text  # a line break inside a paragraph: a space
+    assert "Fees | $100 per month" in doc.text
+    at = doc.text.index("Restrictions")
+    assert doc.where(at, at + 12) == "line 8"
+    at = doc.text.index("governed by")
+    assert doc.where(at, at + 11) == "line 12"
+    headings = {c.id: c.heading for c in split_clauses(doc)}
+    assert headings["1.2"] == "Restrictions" and headings["1.1"] == "Access"
+    assert all("<" not in h and "header_" not in h for h in headings.values())
+    assert next(s for s in doc.spans if s.line == 1).kind == "heading"
+
+
+def test_the_sample_contract_in_markdown_reads_like_its_text(tmp_path):
+    from kvpage_cli.ingest import split_clauses
+
+    md = load(str(SAMPLES / "contract.md"))
+    txt = load(str(SAMPLES / "contract.txt"))
+    assert [c.id for c in split_clauses(md)] == [c.id for c in split_clauses(txt)]

@@ -60,6 +60,8 @@ def test_wheel_ships_prompts_kernels_and_native_sources(wheel):
     assert "kvpage_kernels/__init__.py" in wheel
     assert {f"kvpage_kernels/{p.name}" for p in (REPO / "kernels").glob("*.py")} <= wheel
     assert "kvpage_cli/engine/native/attention.c" in wheel
+    assert "kvpage_cli/prompts/playbook.toml" in wheel  # the review's default playbook
+    assert "kvpage_cli/tasks/heads/clauses-lexical.npz" in wheel  # its trained clause head
     assert "kvpage_cli/cli/app.py" in wheel
     assert not any(name.startswith("kernels/") for name in wheel)  # would shadow the `kernels` package
     assert not any(name.startswith(("tests/", "samples/", "corpus/")) for name in wheel)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from kvpage_cli.engine import Engine, EngineConfig
-from kvpage_cli.ingest import load
-from kvpage_cli.tasks import CATEGORIES, RISK_LEVELS, Asker, PromptError, Reviewer, render
+from kvpage_cli.errors import ContextTooLongError
+from kvpage_cli.ingest import load, split_clauses
+from kvpage_cli.tasks import RISK_LEVELS, Asker, PromptError, Reviewer, render
+from kvpage_cli.tasks.taxonomy import BY_NAME
 from kvpage_cli.tasks.chat import PromptBuilder
 from kvpage_cli.tasks.review import _sentences
 
@@ -18,6 +20,7 @@ def test_every_shipped_template_renders_with_its_placeholders():
     text = render("review_clause", clause_id="4.2", heading="Renewal", clause="It renews.")
     assert "4.2" in text and "Renewal" in text and "It renews." in text
     assert "$1,000,000" in render("review_instructions", categories="- other")  # $$ is a literal dollar
+    assert render("review_question", question="Is it capped?") == "Question: Is it capped? Answer yes or no."
 
 
 def test_a_missing_or_unknown_placeholder_is_an_error():
@@ -57,23 +60,94 @@ def test_the_document_prefix_is_shared_and_questions_follow_it(tiny_engine):
     assert whole.rstrip().endswith("assistant")  # the chat template's answer turn opens last
 
 
-def test_review_gives_every_clause_a_valid_finding_with_an_exact_quote(tiny_engine):
+@pytest.fixture(scope="module")
+def sample_review(tiny_engine):
     doc = load(str(SAMPLES / "contract.txt"))
-    reviewer = Reviewer(tiny_engine, doc, max_reason_tokens=4)
-    reviewer.clauses = reviewer.clauses[:6]
-    findings = list(reviewer.findings())
-    assert [f.clause_id for f in findings] == [c.id for c in reviewer.clauses]
+    reviewer = Reviewer(tiny_engine, doc, max_batch=8)
+    return doc, reviewer, reviewer.findings()
+
+
+def check_values(doc, values):
+    for v in values:
+        assert doc.text[v.start:v.end] == v.text and v.source.startswith("line")
+
+
+def test_review_findings_are_categorised_clauses_with_exact_quotes_worst_first(sample_review):
+    doc, reviewer, findings = sample_review
+    assert 0 < len(findings) < len(reviewer.clauses)  # a clause of no category is not a finding
+    assert [RISK_LEVELS.index(f.risk) for f in findings] == sorted(RISK_LEVELS.index(f.risk) for f in findings)
+    ids = [c.id for c in reviewer.clauses]
     for f in findings:
-        assert f.category in CATEGORIES and f.risk in RISK_LEVELS
-        assert doc.text[f.start:f.end] == f.quote and len(f.quote.split()) >= 3
-        assert f.source.startswith("line")
-        assert set(f.category_scores) == set(CATEGORIES) and set(f.risk_scores) == set(RISK_LEVELS)
+        assert f.categories and all(name in BY_NAME for name in f.categories) and f.category == f.categories[0]
+        assert f.risk == f.assessments[0].level and f.rationale == f.assessments[0].reason
+        assert doc.text[f.start:f.end] == f.quote and len(f.quote.split()) >= 3 and f.source.startswith("line")
+        assert f.clause_id in ids and f.commentary is None
+        for a in f.assessments:
+            assert "{" not in a.reason  # every place in a reason was filled
+            for values in a.values.values():
+                check_values(doc, values)
+    by_id = {f.clause_id: f for f in findings}
+    assert "governing law" in by_id["17.1"].categories  # the head, trained on CUAD, finds the obvious ones
+    assert "renewal term" in by_id["4.2"].categories
+
+
+def test_key_terms_are_exact_words_of_the_contract(sample_review):
+    doc, reviewer, _ = sample_review
+    labels = [t.label for t in reviewer.terms]
+    assert "Governing law" in labels and "Parties" in labels
+    for term in reviewer.terms:
+        assert term.values
+        check_values(doc, term.values)
+    law = next(t for t in reviewer.terms if t.label == "Governing law")
+    assert law.values[0].text in ("Delaware", "New Castle County")  # the clause's places; the model picks
+
+
+def test_batched_review_equals_one_at_a_time(tiny_engine, sample_review):
+    doc, _, batched = sample_review
+    alone = Reviewer(tiny_engine, doc, max_batch=1)
+    assert [f.to_dict() for f in alone.findings()] == [f.to_dict() for f in batched]
+
+
+def test_a_contract_longer_than_the_context_is_reviewed_in_retrieval_mode(tiny_cli_model, kv_home):
+    engine = Engine.load(str(tiny_cli_model), EngineConfig(home=str(kv_home), max_context=2048))
+    doc = load(str(SAMPLES / "contract.txt"))
+    reviewer = Reviewer(engine, doc)
+    assert reviewer.mode == "retrieval"
+    findings = reviewer.findings()
+    assert findings and reviewer.total_blocks > 2048 // 64
+    assert 0 < reviewer.attended_blocks < 2048 // 64
+    for f in findings:
+        assert doc.text[f.start:f.end] == f.quote
+    with pytest.raises(ContextTooLongError, match="--mode auto or retrieval"):
+        Reviewer(Engine.load(str(tiny_cli_model), EngineConfig(home=str(kv_home), max_context=2048, mode="exact")), doc)
+
+
+def test_all_lists_the_clauses_of_no_category_too(tiny_engine):
+    doc = load(str(SAMPLES / "contract.txt"))
+    reviewer = Reviewer(tiny_engine, doc, clauses=split_clauses(doc)[:12], include_all=True)
+    findings = reviewer.findings()
+    assert sorted(f.clause_id for f in findings) == sorted(c.id for c in reviewer.clauses)
+    assert any(f.risk == "none" and not f.categories for f in findings)
+
+
+def test_a_commentary_is_kept_only_when_it_passes_the_checks():
+    from kvpage_cli.tasks.review import _passes
+    from kvpage_cli.tasks.schema import Assessment, Finding
+
+    clause = "Either Party may terminate this Agreement on thirty days notice without cause."
+    finding = Finding("5.2", "Termination", "termination for convenience", "medium", "", clause, "line 3", 0, 10,
+                      assessments=[Assessment("termination for convenience", "Termination For Convenience", 0.9,
+                                              "medium", "")])
+    assert _passes("Either party can terminate without cause on thirty days notice.", clause, finding)
+    assert not _passes("The above is a risk of the above the above is a risk of the above.", clause, finding)
+    assert not _passes("The weather is nice today in the city.", clause, finding)  # no word of the clause
+    assert not _passes("Yes.", clause, finding)
 
 
 def test_quotes_come_from_the_clause_body_not_its_heading(tiny_engine):
     doc = load(str(SAMPLES / "contract.txt"))
     reviewer = Reviewer(tiny_engine, doc)
-    starts = {c.id: reviewer._quote(c, "other")[0] for c in reviewer.clauses}
+    starts = {c.id: reviewer._quote(c, None, [])[0] for c in reviewer.clauses}
     assert doc.text[starts["10.1"]:].startswith("Provider shall defend Customer")  # not "10. INDEMNIFICATION 10.1 ..."
     assert doc.text[starts["5.2"]:].startswith("Provider may terminate this Agreement")
     for c in reviewer.clauses:

@@ -58,17 +58,18 @@ def test_a_hostile_document_adds_no_control_token_to_the_prompt(tiny_engine, hos
     # the template's own control tokens, and not one more
     assert specials_in(asker.prefix_ids, special) == specials_in(clean.prefix_ids, special)
     assert specials_in(asker.question_ids[0], special) == specials_in(clean.question_ids[0], special)
-    reviewer = Reviewer(tiny_engine, doc, max_reason_tokens=3)
+    reviewer = Reviewer(tiny_engine, doc)
     assert specials_in(reviewer.prefix_ids, special) == specials_in(clean.prefix_ids, special)
     for clause in reviewer.clauses:
-        assert specials_in(reviewer._clause_ids(clause), special) == specials_in(clean.question_ids[0], special)
+        assert specials_in(reviewer._clause_ids(clause), special) == []  # the clause continues the user's turn
+    assert specials_in(reviewer._question_ids("Who pays?"), special) == specials_in(clean.question_ids[0], special)
     # the text still reaches the model, as ordinary tokens
     assert "<|im_start|>system" in tiny_engine.tokenizer.decode(asker.prefix_ids)
 
 
 def test_review_and_ask_still_work_on_a_hostile_document(tiny_engine, hostile_docx):
     doc = load(str(hostile_docx))
-    findings = list(Reviewer(tiny_engine, doc, max_reason_tokens=3).findings())
+    findings = Reviewer(tiny_engine, doc, include_all=True).findings()
     assert len(findings) >= 4
     for f in findings:
         assert doc.text[f.start:f.end] == f.quote

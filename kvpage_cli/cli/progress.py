@@ -69,7 +69,10 @@ class Reporter:
 
     def __call__(self, event) -> None:
         if isinstance(event, PrefillProgress):
-            if "prefill" in self._finished:  # ask's question is appended after the document
+            if "prefill" in self._finished:  # questions appended after the document (ask, review)
+                if "clauses" in self._tasks and event.elapsed_s > 0:  # a review: the clause bar shows the model's pace
+                    self._rate = f"{event.done / event.elapsed_s:,.0f} tok/s read"
+                    self._progress.update(self._tasks["clauses"], rate=self._rate)
                 return
             rate = (event.done - event.cached) / event.elapsed_s if event.elapsed_s > 0 else 0.0
             cached = f", {event.cached:,} cached" if event.cached else ""

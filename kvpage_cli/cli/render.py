@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..tasks import RISK_LEVELS, SCHEMA_VERSION, AskResult, Finding, ReviewResult
+from ..tasks.schema import Term
 
 RISK_STYLES = {"high": "bold red", "medium": "yellow", "low": "cyan", "none": "dim"}
 MODE_NOTES = {
@@ -46,33 +47,68 @@ def shorten(text: str, limit: int) -> str:
 
 
 def _summary(result: ReviewResult) -> str:
-    clauses = f"{len(result.findings)} of {result.clauses_total} clauses" if not result.complete \
+    clauses = f"{result.clauses_reviewed} of {result.clauses_total} clauses" if not result.complete \
         else f"{result.clauses_total} clauses"
-    return f"{result.document}: {clauses}, {result.document_tokens:,} tokens, model {result.model}, {mode_note(result.mode)}"
+    mode = mode_note(result.mode, result.attended_blocks, result.total_blocks)
+    if result.mode == "retrieval" and result.total_blocks:
+        mode = (f"retrieval mode: each clause read at most {result.attended_blocks:,} of {result.total_blocks:,} "
+                "blocks of the document")
+    return (f"{result.document}: {clauses}, {len(result.findings)} findings, {result.document_tokens:,} tokens, "
+            f"model {result.model}, {mode}")
 
 
 def _counts(result: ReviewResult) -> str:
-    return ", ".join(f"{len(group)} {level}" for level, group in by_risk(result.findings))
+    counts = ", ".join(f"{len(group)} {level}" for level, group in by_risk(result.findings))
+    return f"findings: {counts}" if counts else "findings: none"
+
+
+def _term_value(term: Term) -> str:
+    return "; ".join(" ".join(v.text.split()) for v in term.values)
+
+
+def _term_source(term: Term) -> str:
+    sources = list(dict.fromkeys(v.source for v in term.values))
+    return ", ".join(sources)
+
+
+def _categories(f: Finding) -> str:
+    return ", ".join(f.categories) if f.categories else f.category
+
+
+def _reasons(f: Finding) -> list[str]:
+    """One reason per category of the finding (the first sets the risk)."""
+    return [a.reason for a in f.assessments] if f.assessments else ([f.rationale] if f.rationale else [])
 
 
 # -- review ------------------------------------------------------------------------------------
 
 def review_table(result: ReviewResult) -> RenderableType:
-    """One rich table per risk level, high first."""
+    """The key terms, then one rich table per risk level, high first."""
     parts: list[RenderableType] = [Text(_summary(result), style="bold")]
+    if result.terms:
+        terms = Table(title=Text("Key terms", style="bold"), title_justify="left", show_lines=False)
+        terms.add_column("term", no_wrap=True)
+        terms.add_column("value (exact words)")
+        terms.add_column("clause", no_wrap=True)
+        terms.add_column("source", min_width=7, max_width=14)
+        for t in result.terms:
+            terms.add_row(t.label, _term_value(t), t.clause_id, _term_source(t))
+        parts += [Text(""), terms]
     for level, group in by_risk(result.findings):
         style = RISK_STYLES.get(level, "")
         table = Table(title=Text(f"{level.upper()} risk ({len(group)})", style=style), title_justify="left",
                       show_lines=True)
         table.add_column("id", no_wrap=True)
         table.add_column("heading", min_width=8, max_width=22)
-        table.add_column("category", min_width=11, max_width=20, overflow="fold")
-        table.add_column("risk", no_wrap=True)
+        table.add_column("category", min_width=11, max_width=22, overflow="fold")
         table.add_column("reason", min_width=12)
         table.add_column("quote", min_width=14)
         table.add_column("source", min_width=7, max_width=14)
         for f in group:
-            table.add_row(f.clause_id, f.heading, f.category, Text(f.risk, style=style), f.rationale,
+            reason = Text("\n".join(_reasons(f)))
+            if f.commentary:
+                reason.append(f"\nmodel's commentary: {f.commentary}", style="italic dim")
+            table.add_row(f.clause_id, f.heading, _categories(f), reason,
                           "\u201c" + shorten(f.quote, TABLE_QUOTE_CHARS) + "\u201d", f.source)
         parts.append(Text(""))
         parts.append(table)
@@ -83,37 +119,49 @@ def review_table(result: ReviewResult) -> RenderableType:
 def review_markdown(result: ReviewResult) -> str:
     lines = [f"# Contract review: {result.document}", "",
              f"- Model: {result.model}",
-             f"- Engine: {mode_note(result.mode)}",
+             f"- Engine: {mode_note(result.mode, result.attended_blocks, result.total_blocks)}",
              f"- Document: {result.document_kind}, {result.document_tokens:,} tokens, {result.clauses_total} clauses",
-             f"- Findings: {_counts(result)}"]
+             f"- {_counts(result).capitalize()}"]
     if not result.complete:
-        lines.append(f"- **Incomplete**: {len(result.findings)} of {result.clauses_total} clauses reviewed")
+        lines.append(f"- **Incomplete**: {result.clauses_reviewed} of {result.clauses_total} clauses reviewed")
+    if result.terms:
+        lines += ["", "## Key terms", "", "| term | value (exact words) | clause | source |", "|---|---|---|---|"]
+        lines += [f"| {t.label} | {_term_value(t)} | {t.clause_id} | {_term_source(t)} |" for t in result.terms]
     for level, group in by_risk(result.findings):
         lines += ["", f"## {level.capitalize()} risk ({len(group)})"]
         for f in group:
             quote = " ".join(f.quote.split())
             lines += ["", f"### {f.clause_id} {f.heading}".rstrip(), "",
-                      f"- **Category:** {f.category}",
-                      f"- **Risk:** {f.risk}",
-                      f"- **Reason:** {f.rationale}",
-                      f"- **Source:** {f.source}",
-                      "", f"> {quote}"]
+                      f"- **Category:** {_categories(f)}",
+                      f"- **Risk:** {f.risk}"]
+            lines += [f"- **Reason:** {reason}" for reason in _reasons(f)]
+            if f.commentary:
+                lines.append(f"- **Model's commentary:** _{f.commentary}_")
+            lines += [f"- **Source:** {f.source}", "", f"> {quote}"]
     return "\n".join(lines) + "\n"
 
 
 def finding_text(f: Finding) -> str:
     quote = " ".join(f.quote.split())
-    return (f"{f.clause_id} {f.heading}".rstrip() + "\n"
-            f"  category: {f.category}\n"
-            f"  risk:     {f.risk}\n"
-            f"  reason:   {f.rationale}\n"
-            f"  quote:    \"{quote}\"\n"
-            f"  source:   {f.source}\n")
+    lines = [f"{f.clause_id} {f.heading}".rstrip(),
+             f"  category: {_categories(f)}",
+             f"  risk:     {f.risk}"]
+    lines += [f"  reason:   {reason}" for reason in _reasons(f)]
+    if f.commentary:
+        lines.append(f"  model's commentary: {f.commentary}")
+    lines += [f"  quote:    \"{quote}\"", f"  source:   {f.source}"]
+    return "\n".join(lines) + "\n"
 
 
 def review_text(result: ReviewResult) -> str:
-    """Plain text for pipes: a header line, then one block per finding in document order."""
-    blocks = [_summary(result) + "\n"] + [finding_text(f) for f in result.findings]
+    """Plain text for pipes: a header line, the key terms, then one block per finding, worst first."""
+    blocks = [_summary(result) + "\n"]
+    if result.terms:
+        width = max(len(t.label) for t in result.terms)
+        blocks.append("Key terms\n" + "".join(f"  {t.label + ':':<{width + 1}} {_term_value(t)} "
+                                                f"(clause {t.clause_id}, {_term_source(t)})\n" for t in result.terms))
+    blocks += [finding_text(f) for f in result.findings]
+    blocks.append(_counts(result) + "\n")
     return "\n".join(blocks)
 
 
@@ -123,12 +171,19 @@ def review_json(result: ReviewResult) -> str:
     return json.dumps(ordered, ensure_ascii=False, indent=2) + "\n"
 
 
+def reviews_json(results: list[ReviewResult]) -> str:
+    """Several documents: a list of reviews."""
+    data = [{"schema_version": r.schema_version, **{k: v for k, v in r.to_dict().items() if k != "schema_version"}}
+            for r in results]
+    return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
+
+
 def finding_jsonl(f: Finding) -> str:
     return json.dumps({"type": "finding", "schema_version": SCHEMA_VERSION, **f.to_dict()}, ensure_ascii=False) + "\n"
 
 
 def summary_jsonl(result: ReviewResult) -> str:
-    """The last --jsonl line, written only when every clause was reviewed."""
+    """The last --jsonl line of a document, written only when every clause was reviewed."""
     data = result.to_dict()
     del data["findings"]
     ordered = {"type": "summary", "schema_version": data.pop("schema_version"), **data}

@@ -1,44 +1,70 @@
-"""`kvpage review FILE`: a clause-by-clause risk review of a contract."""
+"""`kvpage review FILE...`: the clauses of a contract that matter, their risk, and its key terms."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
 
 from ..engine import PrefillProgress
-from ..errors import ModelError
+from ..engine.config import default
+from ..errors import KvpageError, ModelError, UsageError
+from ..ingest.loader import DOCX_SUFFIXES, TEXT_SUFFIXES
 from ..tasks import RISK_LEVELS, Finding, Reviewer, ReviewProgress, ReviewResult
+from ..tasks.playbook import Playbook
 from . import render
 from .options import GENERATION, MODEL, OUTPUT, RUN, Options, Password, shared_options
 from .output import Sink, check_out_path, choose_format
 from .session import Interrupted, Session, document_label, stats_dict
 
 FORMATS = ("table", "text", "markdown", "json", "jsonl")
-DEFAULT_REASON_TOKENS = 40
 EXIT_FAIL_ON = 3
+CONTRACT_SUFFIXES = {".pdf"} | DOCX_SUFFIXES | (TEXT_SUFFIXES - {".rst"})
+_SHARD = re.compile(r"^(\d+)/(\d+)$")
 
 
 @shared_options(MODEL, GENERATION, OUTPUT, RUN)
 def review(
-    file: Annotated[str, typer.Argument(metavar="FILE", show_default=False,
-                                        help="The contract: a PDF, DOCX, TXT or MD file; - reads stdin.")],
+    files: Annotated[list[str], typer.Argument(metavar="FILE...", show_default=False,
+                                               help="Contracts: PDF, DOCX, TXT or MD files, folders of them; - reads stdin.")],
     jsonl: Annotated[bool, typer.Option("--jsonl", rich_help_panel=OUTPUT,
-                                        help="One JSON finding per line as each clause is done, then a summary line.")] = False,
+                                        help="One JSON finding per line as its clause is done (with its document), "
+                                             "then a summary line per document.")] = False,
     fail_on: Annotated[Literal["high", "medium", "low"] | None, typer.Option(
         "--fail-on", rich_help_panel=OUTPUT, metavar="LEVEL",
         help="Exit with code 3 when a finding reaches this risk level (high, medium, low).")] = None,
+    playbook: Annotated[Path | None, typer.Option(
+        "--playbook", metavar="FILE", dir_okay=False, rich_help_panel="Review",
+        help="A TOML playbook to judge the risk with, instead of the default one (prompts/playbook.toml).")] = None,
+    all_clauses: Annotated[bool, typer.Option(
+        "--all", rich_help_panel="Review", help="Also list the clauses of no category (risk none).")] = False,
+    explain: Annotated[bool, typer.Option(
+        "--explain", rich_help_panel="Review",
+        help="Add the model's own one-sentence commentary to each finding, labelled as such; "
+             "a commentary that fails the checks (repetition, no word of the clause or the category) is dropped.")] = False,
+    batch: Annotated[int, typer.Option(
+        "--batch", min=1, max=1024, rich_help_panel="Review",
+        help="Clause questions run together in one forward pass; 1 runs them one at a time.")] = default("max_batch"),
+    shard: Annotated[str | None, typer.Option(
+        "--shard", metavar="I/N", rich_help_panel="Review",
+        help="Review only every N-th document from the I-th (0-based), for job arrays: --shard 0/4 ... 3/4.")] = None,
     password: Password = None,
     *,
     opts: Options,
 ) -> None:
-    """Review a contract clause by clause: category, risk, reason and the exact quote.
+    """Review contracts: the clauses that matter, their risk from a playbook, and the key terms.
 
-    Every clause gets a category (indemnification, liability cap, auto-renewal, ...), a risk level
-    (high, medium, low, none), a one-sentence reason, and the exact quote with its source: the
-    page of a PDF, the paragraph of a DOCX, the line of a text file. The document is prefilled
-    once; each clause is a question on a fork of it. The output says which engine mode produced
-    it. On a terminal the review is a table grouped by risk; in a pipe it is plain text.
+    Each clause gets its categories from a head trained on CUAD's expert labels (governing law,
+    cap on liability, renewal term, anti-assignment, ...); a clause of no category is not a
+    finding (--all lists it). For each category the playbook's questions are put to the model
+    (yes/no, or a value such as a notice period, copied word for word from the clause) and its
+    rules give the risk level (high, medium, low) and the reason. Every quote and value is an
+    exact piece of the document with its source: the page of a PDF, the paragraph of a DOCX,
+    the line of a text file. The review opens with the key terms (parties, dates, renewal,
+    governing law, liability cap). A contract longer than the model's context is reviewed
+    whole in retrieval mode: each clause's questions read the blocks chosen for it.
 
     Examples:
 
@@ -47,58 +73,117 @@ def review(
     kvpage review contract.docx --format markdown --out review.md
     kvpage review contract.pdf --json | jq '.findings[] | select(.risk == "high")'
     kvpage review contract.txt --jsonl --fail-on high      # exit 3 on a high-risk clause
-    cat contract.txt | kvpage review - --mode selective --pool-mib 16
+    kvpage review contracts/ other.pdf --jsonl             # several documents; each line names its document
+    kvpage review dataroom/ --shard 2/8 --jsonl            # the third of eight jobs of an array
+    kvpage review contract.pdf --playbook ours.toml --explain
     KVPAGE_PDF_PASSWORD=secret kvpage review locked.pdf   # or: asked for on a terminal
     ```
     """
     fmt = choose_format(opts.json_out, opts.fmt, opts.out, FORMATS, jsonl=jsonl)
     check_out_path(opts.out)
+    paths = _documents(files, shard)
+    book = Playbook.load(playbook) if playbook is not None else Playbook.default()
     sink = Sink(opts.out, opts.no_color)
+    results: list[ReviewResult] = []
+    failed = 0
     with Session(opts) as session:
-        doc = session.read_document(file, password=password, allow_directory=False)
-        engine = session.load_engine()
-        clause_bar = _ClauseBarAfterPrefill(session)
-        try:
-            reviewer = Reviewer(engine, doc, max_reason_tokens=opts.max_new_tokens or DEFAULT_REASON_TOKENS,
-                                on_event=clause_bar, label=document_label(file))
-        except ValueError as exc:  # a model without a tokenizer
-            raise ModelError(f"{opts.model}: {exc}") from None
-        total = clause_bar.total = len(reviewer.clauses)
-        session.reporter.note(f"{doc.source}: {total} clauses, {reviewer.document_tokens:,} tokens with the instructions")
-        findings: list[Finding] = []
-        try:
-            for finding in reviewer.findings():
-                findings.append(finding)
-                session.reporter.note(f"clause {finding.clause_id} ({len(findings)}/{total}): {finding.risk} risk, "
-                                      f"{finding.category}")
-                if fmt == "jsonl":
-                    if sink.is_terminal:
-                        session.reporter.stop_bars()
-                    sink.write(render.finding_jsonl(finding))
-        except KeyboardInterrupt:
-            sink.discard()
-            raise Interrupted(_interrupted_note(len(findings), total, fmt, opts)) from None
-        result = ReviewResult(
-            document=doc.source, document_kind=doc.kind, model=engine.name,
-            mode="exact" if engine.config.mode == "auto" else engine.config.mode,
-            findings=findings, complete=True, document_tokens=reviewer.document_tokens, clauses_total=total,
-            warnings=list(doc.warnings), stats=stats_dict(engine, session.elapsed()),
-        )
+        engine = None
+        for path in paths:
+            try:
+                doc = session.read_document(path, password=password, allow_directory=False)
+            except KvpageError as exc:
+                if len(paths) == 1:
+                    raise
+                session.reporter.stop_bars()
+                session.warn(f"{path} skipped: {exc}")
+                failed += 1
+                continue
+            if engine is None:
+                engine = session.load_engine()
+            result = _review_one(session, engine, doc, path, book, fmt, sink, opts, batch, all_clauses, explain)
+            results.append(result)
         session.reporter.stop_bars()
-        if fmt == "jsonl":
-            sink.write(render.summary_jsonl(result))
-        elif fmt == "json":
-            sink.write(render.review_json(result))
+        if not results:
+            raise KvpageError(f"none of the {len(paths)} documents could be read")
+        if fmt == "json":
+            sink.write(render.review_json(results[0]) if len(results) == 1 else render.reviews_json(results))
         elif fmt == "markdown":
-            sink.write(render.review_markdown(result))
+            sink.write("\n".join(render.review_markdown(r) for r in results))
         elif fmt == "table":
-            sink.render(render.review_table(result))
-        else:
-            sink.write(render.review_text(result))
+            for result in results:
+                sink.render(render.review_table(result))
+        elif fmt == "text":
+            sink.write("\n".join(render.review_text(r) for r in results))
         sink.commit()
-        session.print_stats(engine)
+        modes = sorted({r.mode for r in results})
+        session.print_stats(engine, " and ".join(modes) + " mode")
+        if failed:
+            raise KvpageError(f"{failed} of {len(paths)} documents could not be read (see the warnings above)")
         if fail_on is not None:
-            _check_fail_on(findings, fail_on, session)
+            _check_fail_on([f for r in results for f in r.findings], fail_on, session)
+
+
+def _review_one(session: Session, engine, doc, path: str, book: Playbook, fmt: str, sink: Sink, opts: Options,
+                batch: int, all_clauses: bool, explain: bool) -> ReviewResult:
+    clause_bar = _ClauseBarAfterPrefill(session)
+    try:
+        reviewer = Reviewer(engine, doc, playbook=book, max_batch=batch, explain=explain, include_all=all_clauses,
+                            explain_tokens=opts.max_new_tokens or 48, on_event=clause_bar, label=document_label(path))
+    except ValueError as exc:  # a model without a tokenizer
+        raise ModelError(f"{opts.model}: {exc}") from None
+    total = clause_bar.total = len(reviewer.clauses)
+    session.reporter.note(f"{doc.source}: {total} clauses, {reviewer.document_tokens:,} tokens with the instructions, "
+                          f"{reviewer.mode} mode")
+    findings: list[Finding] = []
+    try:
+        for finding in reviewer.review():
+            findings.append(finding)
+            session.reporter.note(f"clause {finding.clause_id}: {finding.risk} risk, {', '.join(finding.categories)}")
+            if fmt == "jsonl":
+                if sink.is_terminal:
+                    session.reporter.stop_bars()
+                sink.write(render.finding_jsonl(finding))
+    except KeyboardInterrupt:
+        sink.discard()
+        raise Interrupted(_interrupted_note(reviewer.reviewed, total, fmt, opts)) from None
+    findings.sort(key=lambda f: RISK_LEVELS.index(f.risk) if f.risk in RISK_LEVELS else len(RISK_LEVELS))
+    result = ReviewResult(
+        document=doc.source, document_kind=doc.kind, model=engine.name, mode=reviewer.mode,
+        findings=findings, complete=True, document_tokens=reviewer.document_tokens, clauses_total=total,
+        terms=reviewer.terms, clauses_reviewed=reviewer.reviewed, detector=reviewer.detector,
+        playbook=book.source, attended_blocks=reviewer.attended_blocks, total_blocks=reviewer.total_blocks,
+        warnings=list(doc.warnings), stats=stats_dict(engine, session.elapsed()),
+    )
+    if fmt == "jsonl":
+        sink.write(render.summary_jsonl(result))
+    return result
+
+
+def _documents(files: list[str], shard: str | None) -> list[str]:
+    """The documents named: files as given, folders as the contracts in them (sorted, recursively),
+    then every N-th from the I-th with --shard I/N."""
+    paths: list[str] = []
+    for name in files:
+        p = Path(name)
+        if name != "-" and p.is_dir():
+            found = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix.lower() in CONTRACT_SUFFIXES
+                           and not any(part.startswith(".") for part in f.relative_to(p).parts))
+            if not found:
+                raise KvpageError(f"{name} holds no contract (PDF, DOCX, TXT or MD files)")
+            paths += found
+        else:
+            paths.append(name)
+    if paths.count("-") > 1:
+        raise UsageError("stdin (-) can be read only once")
+    if shard is not None:
+        m = _SHARD.match(shard.strip())
+        if not m or int(m.group(2)) < 1 or int(m.group(1)) >= int(m.group(2)):
+            raise UsageError(f"--shard {shard}: expected I/N with 0 <= I < N, e.g. 0/4")
+        index, count = int(m.group(1)), int(m.group(2))
+        paths = paths[index::count]
+        if not paths:
+            raise UsageError(f"--shard {shard}: no document falls to this shard ({len(files)} given)")
+    return paths
 
 
 class _ClauseBarAfterPrefill:
@@ -121,7 +206,7 @@ def _interrupted_note(done: int, total: int, fmt: str, opts: Options) -> str:
     if opts.out is not None:
         return f"{note}; {opts.out} was not written"
     if fmt == "jsonl":
-        return f"{note}; the {done} lines printed are partial (no summary line)"
+        return f"{note}; the lines printed are partial (no summary line)"
     return f"{note}; no review printed"
 
 

@@ -46,7 +46,8 @@ class Request:
     """One sequence to advance with `Engine.run`: `token_ids` appended to `ctx`, then up to
     `max_new_tokens` decoded (stopping after a token in `stop`; None: the model's end tokens).
 
-    all_logits: keep the logits after every appended token (for `score`). The context grows as it
+    all_logits: keep the logits after every appended token (for `score`). pool_values: keep the sum
+    of the appended tokens' value vectors per layer (for `pooled_values`). The context grows as it
     runs (fork first to keep the original). `generated` and `done` say how far it got."""
 
     ctx: Context
@@ -58,7 +59,9 @@ class Request:
     seed: int | None = None
     all_logits: bool = False
     tag: object = None  # the caller's: e.g. which question this is
+    pool_values: bool = False  # sum the value vectors of the appended tokens, per layer (`pooled_values`)
     generated: list[int] = field(default_factory=list)
+    value_sums: torch.Tensor | None = None  # pool_values: [layers, Hkv * D] fp32, over the appended tokens
     logits: list[torch.Tensor] = field(default_factory=list)  # all_logits: [t, V] per chunk
     done: bool = False
     _todo: list[int] = field(default_factory=list)
@@ -365,6 +368,18 @@ class Engine:
             results[request.tag] += [float(log_probs[i, t]) for i, t in enumerate(request.token_ids[1:])]
         return results
 
+    def pooled_values(self, pairs: list[tuple[Context, list[int]]], max_batch: int | None = None) -> list[torch.Tensor]:
+        """Appends each token list to its context (together, as `append_many`) and returns, per
+        pair, the mean of those tokens' value vectors in every layer: [layers, Hkv * D] fp32.
+
+        V is a linear map of each layer's normalised hidden state, so the result is a summary of
+        the text's hidden states across the model's depth, computed by the pass that stores its KV
+        (a trained head reads it; tasks/classifier.py)."""
+        requests = [Request(ctx, list(ids), pool_values=True) for ctx, ids in pairs]
+        for _ in self.run(requests, max_batch=max_batch):
+            pass
+        return [r.value_sums / max(1, len(r.token_ids)) for r in requests]
+
     def run(self, requests: Iterable[Request], max_batch: int | None = None, on_event: EventCallback | None = None,
             restored: int = 0, after_chunk=None) -> Iterator[tuple[Request, int]]:
         """Advances the requests together, yielding (request, token) for every decoded token.
@@ -489,7 +504,7 @@ class Engine:
         started = self._clock()
         logits = self.runner.forward(
             torch.tensor(token_ids, dtype=torch.int64, device=self.device), torch.cat(positions).to(self.device),
-            Rows.of(counts), lambda layer, k, v, rope: self.blocks.write(layer, k, v, rope, plans),
+            Rows.of(counts), self._writer(plans, work, segments),
             lambda layer, q: self.dispatch.attend(layer, q, step), torch.cat(logit_rows).to(self.device),
             Rows.of(logit_counts))
         seconds = self._clock() - started
@@ -503,6 +518,22 @@ class Engine:
                 request.logits.append(logits[first:first + kept])
             first += kept
         return seconds
+
+    def _writer(self, plans, work, segments):
+        """The step's KV write callback; it also sums the value rows of requests that pool them."""
+        pooling = [(request, segment.rows) for (_, _, _, request), segment in zip(work, segments)
+                   if request is not None and request.pool_values]
+        if not pooling:
+            return lambda layer, k, v, rope: self.blocks.write(layer, k, v, rope, plans)
+
+        def write(layer: int, k: torch.Tensor, v: torch.Tensor, rope) -> None:
+            self.blocks.write(layer, k, v, rope, plans)
+            for request, rows in pooling:
+                if request.value_sums is None:
+                    request.value_sums = torch.zeros(self.spec.num_layers, v.shape[1] * v.shape[2])
+                request.value_sums[layer] += v[rows].float().sum(0).flatten().cpu()
+
+        return write
 
     def _take_scores(self, ctx: Context) -> None:
         """In selective mode, keeps the final queries of the prompt just run (a prefill, or tokens

@@ -11,6 +11,7 @@ from pathlib import Path
 from kvpage_cli.errors import IngestError
 from kvpage_cli.ingest.document import Document, read_stream
 from kvpage_cli.ingest.docx import read_docx
+from kvpage_cli.ingest.markdown import read_markdown
 from kvpage_cli.ingest.errors import (
     BrokenDocument,
     DirectoryNotAllowed,
@@ -22,6 +23,7 @@ from kvpage_cli.ingest.repo import read_repo
 from kvpage_cli.ingest.text import read_text
 
 TEXT_SUFFIXES = {".txt", ".md", ".markdown", ".text", ".rst"}
+MARKDOWN_SUFFIXES = {".md", ".markdown"}
 DOCX_SUFFIXES = {".docx", ".docm", ".dotx", ".dotm"}
 _CONVERT = "save it as PDF or DOCX first"
 _UNSUPPORTED = {
@@ -88,6 +90,8 @@ def load(
         for magic, what in _MAGIC:
             if head.startswith(magic):
                 raise UnsupportedDocument(path, f"it is a {what}")
+    if suffix in MARKDOWN_SUFFIXES:
+        return read_markdown(p, display=path)
     return read_text(p, display=path)
 
 

@@ -4,49 +4,69 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-SCHEMA_VERSION = 1
-
-# The review taxonomy, based on CUAD's clause categories. Each has a one-line description the
-# prompt shows the model; "other" takes every clause that fits none of the rest.
-CATEGORIES: dict[str, str] = {
-    "governing law": "which jurisdiction's law governs the contract, and where disputes are heard",
-    "liability cap": "a limit or cap on the amount of damages a party can be liable for",
-    "uncapped liability": "liability that is not limited: exclusions from a cap, unlimited damages",
-    "indemnification": "one party must defend, indemnify or hold harmless the other against claims or losses",
-    "termination for convenience": "a party may terminate without cause, at will, on notice",
-    "auto-renewal and renewal notice": "the term renews automatically unless notice of non-renewal is given",
-    "non-compete": "a party may not compete, or solicit the other's employees or customers",
-    "exclusivity": "a party must deal exclusively with the other, or may not deal with others",
-    "change of control": "rights triggered by a merger, acquisition or change of control of a party",
-    "anti-assignment": "a party may not assign the contract without consent",
-    "liquidated damages": "a fixed sum or fee payable on breach or early termination",
-    "audit rights": "a party may audit or inspect the other's books, records or compliance",
-    "ip assignment": "intellectual property created under the contract is assigned to or owned by a party",
-    "confidentiality": "information must be kept confidential and not disclosed",
-    "payment": "fees, prices, invoices, payment terms, interest on late payment",
-    "warranty": "promises about quality or performance, and disclaimers of warranties",
-    "insurance": "a party must maintain insurance",
-    "other": "none of the above: definitions, notices, boilerplate, recitals, signatures",
-}
+SCHEMA_VERSION = 2
 
 RISK_LEVELS = ("high", "medium", "low", "none")
 
 
 @dataclass
+class Value:
+    """A value copied from the document: its exact words, where they are, and the model's score."""
+
+    text: str
+    start: int  # offsets in the document text: text == document[start:end]
+    end: int
+    source: str  # "page 3", "line 40"
+    score: float = 0.0  # calibrated log-probability of these words as the answer
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Assessment:
+    """One category of a clause, judged by the playbook: the answers, the values, the level."""
+
+    category: str  # readable name ("cap on liability")
+    cuad: str  # CUAD's name ("Cap On Liability")
+    probability: float  # the head's probability that the clause is of this category
+    level: str
+    reason: str  # the playbook's rationale, filled with the values found
+    answers: dict[str, bool] = field(default_factory=dict)  # question name -> yes
+    answer_scores: dict[str, float] = field(default_factory=dict)  # calibrated log-odds of yes
+    values: dict[str, list[Value]] = field(default_factory=dict)
+
+
+@dataclass
 class Finding:
-    """One clause of a reviewed contract: what it is about, how risky it is, and the exact quote."""
+    """A clause that matters: its categories, the worst level among them, the reason and the exact quote."""
 
     clause_id: str
     heading: str
-    category: str
+    category: str  # the category that sets the risk (readable name)
     risk: str
-    rationale: str
-    quote: str
+    rationale: str  # that category's reason from the playbook
+    quote: str  # the clause's sentence that shows it, exact
     source: str  # where the quote is: "page 3", "paragraph 12", "line 40"
     start: int  # offsets of the quote in the document text
     end: int
-    category_scores: dict[str, float] = field(default_factory=dict)  # calibrated log-probabilities
-    risk_scores: dict[str, float] = field(default_factory=dict)
+    categories: list[str] = field(default_factory=list)  # every category of the clause, worst first
+    assessments: list[Assessment] = field(default_factory=list)
+    commentary: str | None = None  # --explain: the model's own words, checked (None: not asked, or dropped)
+    document: str = ""  # the document it is in (several documents per run)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Term:
+    """A key term of the contract (parties, dates, renewal, governing law, ...), copied from the text."""
+
+    label: str
+    values: list[Value]
+    clause_id: str
+    category: str
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -62,6 +82,12 @@ class ReviewResult:
     complete: bool  # False when the run stopped early (Ctrl-C): findings are partial
     document_tokens: int
     clauses_total: int
+    terms: list[Term] = field(default_factory=list)
+    clauses_reviewed: int = 0  # of clauses_total, those done (all of them unless interrupted)
+    detector: str = ""  # which head decided the categories
+    playbook: str = ""
+    attended_blocks: int | None = None  # retrieval mode: blocks read per clause, at most
+    total_blocks: int | None = None
     warnings: list[str] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
@@ -69,6 +95,7 @@ class ReviewResult:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["findings"] = [f.to_dict() for f in self.findings]
+        data["terms"] = [t.to_dict() for t in self.terms]
         return data
 
 

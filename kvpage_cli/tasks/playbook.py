@@ -1,0 +1,241 @@
+"""The review's playbook: per category, the questions that decide the risk, and what follows.
+
+A playbook is a TOML file (the default is prompts/playbook.toml; `--playbook FILE` replaces it):
+
+    [categories."Cap On Liability"]
+    level = "medium"                                  # when no rule applies
+    reason = "Liability is capped."
+    questions.carve_outs = "Are some claims excluded from the cap on liability?"
+    values.amount = { kind = "money", ask = "What is the most a party can be liable for?" }
+    rules = [
+      { when = ["carve_outs", "amount"], level = "high",
+        reason = "Liability is capped at {amount}, but some claims are carved out of the cap." },
+    ]
+
+    [terms]                                          # the key terms a review opens with
+    "Liability cap" = "Cap On Liability.amount"
+
+A question is answered yes or no by the model; a value is an exact span of the clause (kind:
+duration, money, date, place, party; `near` lists cue words, one of which must stand close to a
+candidate, e.g. near = ["notice"] for a notice period). A rule applies when every condition in `when` holds: a
+question answered yes (`name`) or no (`!name`), a value found (`name`) or not (`!name`), or a
+duration or amount compared (`notice < 90 days`, `amount >= 1000000`); the first rule that
+applies gives the level and the reason, whose `{name}` places take the values found. A category
+with `finding = false` gives values (key terms) but no finding.
+
+A malformed playbook is a PlaybookError naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from ..errors import KvpageError
+from .taxonomy import CATEGORIES
+
+LEVELS = ("high", "medium", "low", "none")
+VALUE_KINDS = ("duration", "money", "date", "place", "party")
+_CONDITION = re.compile(r"^(?P<not>!)?\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
+                        r"(?:\s*(?P<op><=|>=|<|>|==)\s*(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>days?|weeks?|months?|years?)?)?$")
+_PLACE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+DEFAULT_PLAYBOOK = "playbook.toml"
+
+
+class PlaybookError(KvpageError):
+    """The playbook cannot be used: the message names the file and the line."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    name: str
+    negated: bool = False
+    op: str | None = None
+    number: float | None = None
+    unit: str | None = None  # a duration's unit, singular ("day"); None for amounts
+
+
+@dataclass(frozen=True)
+class Rule:
+    when: tuple[Condition, ...]
+    level: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ValueSpec:
+    name: str
+    kind: str
+    ask: str
+    near: tuple[str, ...] = ()  # cue words: a candidate counts only with one of them close by
+
+
+@dataclass(frozen=True)
+class CategoryPlay:
+    category: str  # CUAD name
+    level: str
+    reason: str
+    questions: dict[str, str] = field(default_factory=dict)
+    values: dict[str, ValueSpec] = field(default_factory=dict)
+    rules: tuple[Rule, ...] = ()
+    finding: bool = True
+
+
+@dataclass(frozen=True)
+class Playbook:
+    source: str
+    categories: dict[str, CategoryPlay]
+    terms: dict[str, tuple[str, str]]  # label -> (category, value name)
+
+    @classmethod
+    def default(cls) -> "Playbook":
+        text = resources.files("kvpage_cli.prompts").joinpath(DEFAULT_PLAYBOOK).read_text(encoding="utf-8")
+        return cls.parse(text, f"prompts/{DEFAULT_PLAYBOOK}")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Playbook":
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise PlaybookError(f"playbook {path} not found") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PlaybookError(f"playbook {path} cannot be read: {exc}") from None
+        return cls.parse(text, str(path))
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> "Playbook":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise PlaybookError(f"playbook {source} is not valid TOML: {exc}") from None
+        return _Parser(text, source).playbook(data)
+
+
+class _Parser:
+    """Checks a parsed playbook, naming the line of whatever is wrong."""
+
+    def __init__(self, text: str, source: str) -> None:
+        self.lines = text.splitlines()
+        self.source = source
+
+    def fail(self, message: str, *needles: str, after: int = 0) -> PlaybookError:
+        line = self.line_of(*needles, after=after)
+        where = f" (line {line})" if line else ""
+        return PlaybookError(f"playbook {self.source}{where}: {message}")
+
+    def line_of(self, *needles: str, after: int = 0) -> int:
+        """The first line (1-based) at or after `after` holding every needle, else 0."""
+        for i in range(max(0, after - 1), len(self.lines)):
+            if all(n in self.lines[i] for n in needles):
+                return i + 1
+        return 0
+
+    def playbook(self, data: dict) -> Playbook:
+        unknown = set(data) - {"format", "categories", "terms"}
+        if unknown:
+            key = sorted(unknown)[0]
+            raise self.fail(f"unknown key {key!r} (expected format, categories, terms)", key)
+        if data.get("format", 1) != 1:
+            raise self.fail(f"format {data.get('format')!r} is not one this kvpage reads (1)", "format")
+        categories = data.get("categories")
+        if not isinstance(categories, dict) or not categories:
+            raise self.fail("no [categories.\"...\"] table", "categories")
+        plays = {name: self.category(name, entry) for name, entry in categories.items()}
+        terms = {}
+        for label, ref in (data.get("terms") or {}).items():
+            at = self.line_of(label, after=self.line_of("[terms]"))
+            if not isinstance(ref, str) or "." not in ref:
+                raise self.fail(f"term {label!r} must be \"Category.value\"", label, after=at)
+            category, value = ref.rsplit(".", 1)
+            if category not in plays or value not in plays[category].values:
+                raise self.fail(f"term {label!r} names {ref!r}, which is no value of the playbook's categories",
+                                label, after=at)
+            terms[label] = (category, value)
+        return Playbook(self.source, plays, terms)
+
+    def category(self, name: str, entry) -> CategoryPlay:
+        at = self.line_of(f'"{name}"') or self.line_of(name)
+        if name not in CATEGORIES:
+            raise PlaybookError(f"playbook {self.source} (line {at}): unknown category {name!r} (the CUAD "
+                                f"categories are {', '.join(list(CATEGORIES)[:4])}, ...)")
+        if not isinstance(entry, dict):
+            raise self.fail(f"categories.{name!r} must be a table", name)
+        allowed = {"level", "reason", "questions", "values", "rules", "finding"}
+        for key in entry:
+            if key not in allowed:
+                raise self.fail(f"unknown key {key!r} in {name!r} (expected {', '.join(sorted(allowed))})", key, after=at)
+        level = self.level(entry.get("level", "low"), name, at)
+        reason = entry.get("reason", "")
+        if not isinstance(reason, str):
+            raise self.fail(f"the reason of {name!r} must be a string", "reason", after=at)
+        questions = entry.get("questions", {})
+        if not isinstance(questions, dict) or not all(isinstance(q, str) and q.strip() for q in questions.values()):
+            raise self.fail(f"the questions of {name!r} must be name = \"question\"", "questions", after=at)
+        values = {}
+        for value_name, spec in (entry.get("values") or {}).items():
+            line = self.line_of(value_name, after=at)
+            if not isinstance(spec, dict) or spec.get("kind") not in VALUE_KINDS or not isinstance(spec.get("ask"), str) \
+                    or set(spec) - {"kind", "ask", "near"}:
+                raise self.fail(f"value {value_name!r} of {name!r} needs kind (one of {', '.join(VALUE_KINDS)}) "
+                                "and ask, and may have near", value_name, after=line)
+            near = spec.get("near", [])
+            if not isinstance(near, list) or not all(isinstance(w, str) and w.strip() for w in near):
+                raise self.fail(f"near of value {value_name!r} of {name!r} must be a list of words", value_name, after=line)
+            if value_name in questions:
+                raise self.fail(f"{value_name!r} is both a question and a value of {name!r}", value_name, after=at)
+            values[value_name] = ValueSpec(value_name, spec["kind"], spec["ask"], tuple(near))
+        self.places(reason, values, (), name, at)
+        rules = []
+        for rule in entry.get("rules", []):
+            if not isinstance(rule, dict) or set(rule) - {"when", "level", "reason"} or "reason" not in rule:
+                raise self.fail(f"a rule of {name!r} needs when, level and reason", "when", after=at)
+            line = self.line_of(str(rule.get("reason"))[:40], after=at) or at
+            when = rule.get("when", [])
+            if isinstance(when, str):
+                when = [when]
+            conditions = tuple(self.condition(c, questions, values, name, line) for c in when)
+            self.places(rule["reason"], values, conditions, name, line)
+            rules.append(Rule(conditions, self.level(rule.get("level"), name, line), rule["reason"]))
+        finding = entry.get("finding", True)
+        if not isinstance(finding, bool):
+            raise self.fail(f"finding of {name!r} must be true or false", "finding", after=at)
+        return CategoryPlay(name, level, reason, dict(questions), values, tuple(rules), finding)
+
+    def level(self, level, name: str, at: int) -> str:
+        if level not in LEVELS:
+            raise PlaybookError(f"playbook {self.source} (line {self.line_of('level', after=at) or at}): level "
+                                f"{level!r} of {name!r} is not one of {', '.join(LEVELS)}")
+        return level
+
+    def condition(self, text, questions: dict, values: dict, name: str, line: int) -> Condition:
+        m = _CONDITION.match(text.strip()) if isinstance(text, str) else None
+        if not m:
+            raise PlaybookError(f"playbook {self.source} (line {line}): condition {text!r} of {name!r} is not "
+                                "NAME, !NAME or NAME < NUMBER [days|months|years]")
+        cond = Condition(m["name"], bool(m["not"]), m["op"], float(m["number"]) if m["number"] else None,
+                         (m["unit"] or "").rstrip("s") or None)
+        if cond.name not in questions and cond.name not in values:
+            raise PlaybookError(f"playbook {self.source} (line {line}): condition {text!r} of {name!r} names no "
+                                "question or value of the category")
+        if cond.op is not None:
+            kind = values[cond.name].kind if cond.name in values else None
+            if kind not in ("duration", "money") or cond.negated or (kind == "duration") != (cond.unit is not None):
+                raise PlaybookError(f"playbook {self.source} (line {line}): condition {text!r} of {name!r} compares "
+                                    "what is not a duration (with its unit) or an amount")
+        return cond
+
+    def places(self, reason: str, values: dict, conditions: tuple[Condition, ...], name: str, line: int) -> None:
+        """Every {name} in a reason is a value that the rule requires to be found."""
+        required = {c.name for c in conditions if not c.negated and c.name in values}
+        for place in _PLACE.findall(reason):
+            if place not in required:
+                raise PlaybookError(f"playbook {self.source} (line {line}): the reason of {name!r} uses {{{place}}}, "
+                                    "which must be a value named in the rule's `when`")
+
+
+def fill(reason: str, values: dict[str, str]) -> str:
+    """The rationale with its {name} places filled by the values found (their words on one line)."""
+    return _PLACE.sub(lambda m: " ".join(values[m.group(1)].split()), reason)

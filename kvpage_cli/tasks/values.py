@@ -1,0 +1,188 @@
+"""Candidate values in a clause: the exact spans of text that could answer a value question.
+
+Each kind has patterns for the ways contracts write it (durations "one hundred eighty (180)
+days", amounts "$1,000,000", dates "April 1, 2025", places "the laws of the State of Delaware",
+parties "Quillfeather Analytics, Inc."). The candidates are offsets into the document's text,
+never rewritten; the model chooses among them (review.py). Durations and amounts are also read
+as numbers, for a playbook's comparisons ("notice < 90 days").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_UNITS = {"day": 1, "business day": 1, "week": 7, "month": 30, "year": 365}
+_NUMBER_WORDS = {
+    "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10,
+    "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15, "sixteen": 16, "seventeen": 17,
+    "eighteen": 18, "nineteen": 19, "twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60,
+    "seventy": 70, "eighty": 80, "ninety": 90, "hundred": 100, "thousand": 1000, "a": 1, "an": 1,
+}
+_WORDS = r"(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen" \
+         r"|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred|thousand)"
+_DURATION = re.compile(
+    rf"(?i)\b(?:(?P<words>{_WORDS}(?:[\s-]+(?:and[\s-]+)?{_WORDS})*)(?:\s*\((?P<n1>\d{{1,4}})\))?|(?P<n2>\d{{1,4}})"
+    rf"|(?P<article>an?))[\s-]+(?:(?:calendar|business|consecutive|full)[\s-]+)?"
+    rf"(?P<unit>days?|weeks?|months?|years?)\b")
+_MONEY = re.compile(
+    r"(?i)(?:US\s?|U\.S\.\s?)?(?:\$|USD\s?|EUR\s?|€|£)\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:million|billion|thousand))?"
+    r"|\b\d[\d,]*(?:\.\d+)?\s?(?:million\s|billion\s)?(?:dollars|euros|USD|EUR)\b")
+_PAID = re.compile(
+    r"(?i)\b(?:the\s+)?(?:total\s+|aggregate\s+)?(?:amounts?|fees|charges|sums)\s+(?:actually\s+)?(?:paid|payable)"
+    r"[^.;]{0,160}?\b(?:months?|years?|period)\b(?:\s+(?:immediately\s+)?(?:preceding|prior\s+to|before)\b[^.;,]{0,80})?")
+_MONTH = r"(?:January|February|March|April|May|June|July|August|September|October|November|December" \
+         r"|Jan\.?|Feb\.?|Mar\.?|Apr\.?|Jun\.?|Jul\.?|Aug\.?|Sep\.?|Sept\.?|Oct\.?|Nov\.?|Dec\.?)"
+_DATE = re.compile(
+    rf"\b{_MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?,?\s+\d{{4}}\b"
+    rf"|\b\d{{1,2}}(?:st|nd|rd|th)?\s+(?:day\s+of\s+)?{_MONTH},?\s+\d{{4}}\b"
+    rf"|\b\d{{1,2}}/\d{{1,2}}/\d{{2,4}}\b")
+_PLACES = (
+    "Alabama", "Alaska", "Arizona", "Arkansas", "California", "Colorado", "Connecticut", "Delaware", "Florida",
+    "Georgia", "Hawaii", "Idaho", "Illinois", "Indiana", "Iowa", "Kansas", "Kentucky", "Louisiana", "Maine",
+    "Maryland", "Massachusetts", "Michigan", "Minnesota", "Mississippi", "Missouri", "Montana", "Nebraska", "Nevada",
+    "New Hampshire", "New Jersey", "New Mexico", "New York", "North Carolina", "North Dakota", "Ohio", "Oklahoma",
+    "Oregon", "Pennsylvania", "Rhode Island", "South Carolina", "South Dakota", "Tennessee", "Texas", "Utah",
+    "Vermont", "Virginia", "Washington", "West Virginia", "Wisconsin", "Wyoming", "District of Columbia",
+    "Ontario", "Quebec", "British Columbia", "Alberta", "Manitoba", "Nova Scotia", "Saskatchewan",
+    "England and Wales", "England", "Scotland", "Ireland", "Northern Ireland", "Canada", "Australia", "New Zealand",
+    "Germany", "France", "Switzerland", "Netherlands", "Belgium", "Luxembourg", "Sweden", "Denmark", "Norway",
+    "Finland", "Spain", "Portugal", "Italy", "Austria", "Israel", "India", "China", "Hong Kong", "Singapore",
+    "Japan", "Korea", "Taiwan", "Mexico", "Brazil", "Argentina", "Chile", "Cayman Islands", "Bermuda",
+    "British Virgin Islands", "United Kingdom", "United States", "Puerto Rico", "South Africa", "Philippines",
+    "Malaysia", "Thailand", "Indonesia", "Vietnam", "Hungary", "Poland", "Cyprus", "Greece", "Turkey",
+)
+_PLACE = re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, _PLACES), key=len, reverse=True)) + r")\b")
+_LAWS_OF = re.compile(r"\blaws?\s+(?:in\s+force\s+in\s+|of\s+)(?:the\s+)?(?:(?:State|Commonwealth|Province|Republic"
+                      r"|Kingdom|People's Republic)\s+of\s+)?(?P<place>[A-Z][\w.'-]*(?:\s+(?:of\s+)?[A-Z][\w.'-]*){0,3})")
+_ENTITY = re.compile(
+    r"\b(?:[A-Z0-9][\w&'.\-]*[ \t]+(?:(?:and|of|&|de|la|du)[ \t]+)?){0,6}?[A-Z0-9][\w&'.\-]*,?[ \t]+"
+    r"(?:Inc\.|Inc\b|Incorporated|LLC|L\.L\.C\.|Ltd\.|Ltd\b|Limited|Corp\.|Corporation|Company|Co\.|LLP|L\.L\.P\.|L\.P\."
+    r"|LP\b|PLC|plc|GmbH|AG\b|S\.A\.|N\.V\.|B\.V\.|Pty\.? Ltd\.?|S\.p\.A\.|Trust|Bank|N\.A\.)")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    start: int  # offsets in the document's text
+    end: int
+    text: str
+
+
+CUE_REACH = 80  # characters around a candidate where one of its cue words must be
+
+
+def candidates(text: str, start: int, end: int, kind: str, near: tuple[str, ...] = ()) -> list[Candidate]:
+    """The candidate spans of `kind` in text[start:end], in order, none inside another; with
+    `near`, only those with one of these words (case-insensitive, as a word start) within
+    CUE_REACH characters before or after them, in the same sentence."""
+    found = _candidates(text, start, end, kind)
+    if not near:
+        return found
+    cue = re.compile(r"\b(?:" + "|".join(re.escape(w) for w in near) + ")", re.IGNORECASE)
+    kept = []
+    for c in found:
+        before = text[max(start, c.start - CUE_REACH):c.start]
+        after = text[c.end:min(end, c.end + CUE_REACH)]
+        before = re.split(r"[.;](?:\s|$)", before)[-1]
+        after = re.split(r"[.;](?:\s|$)", after)[0]
+        if cue.search(before) or cue.search(after):
+            kept.append(c)
+    return kept
+
+
+def _candidates(text: str, start: int, end: int, kind: str) -> list[Candidate]:
+    if kind == "duration":
+        spans = [m.span() for m in _DURATION.finditer(text, start, end)]
+    elif kind == "money":
+        spans = [m.span() for m in _MONEY.finditer(text, start, end)] + [m.span() for m in _PAID.finditer(text, start, end)]
+    elif kind == "date":
+        spans = [m.span() for m in _DATE.finditer(text, start, end)]
+    elif kind == "place":
+        spans = [m.span() for m in _PLACE.finditer(text, start, end)]
+        spans += [(m.start("place"), m.end("place") - (m.group("place")[-1] == ".")) for m in _LAWS_OF.finditer(text, start, end)]
+    elif kind == "party":
+        spans = [_trim_entity(text, *m.span()) for m in _ENTITY.finditer(text, start, end)]
+    else:
+        raise ValueError(f"unknown value kind {kind!r}")
+    spans = sorted({(s, e) for s, e in spans if e > s}, key=lambda se: (se[0], -se[1]))
+    kept: list[tuple[int, int]] = []
+    for s, e in spans:
+        if kept and s < kept[-1][1]:  # inside (or across) the one before: keep the longer
+            if e - s > kept[-1][1] - kept[-1][0]:
+                kept[-1] = (s, e)
+            continue
+        kept.append((s, e))
+    seen, out = set(), []
+    for s, e in kept:
+        key = text[s:e].lower()
+        if key not in seen:  # the same words twice: the first place they occur
+            seen.add(key)
+            out.append(Candidate(s, e, text[s:e]))
+    return out
+
+
+def _trim_entity(text: str, s: int, e: int) -> tuple[int, int]:
+    """An entity name without the sentence words a match may start with ("between Acme Inc.")."""
+    words = text[s:e].split()
+    lead = 0
+    for word in words[:-1]:
+        if word[:1].isupper() and word.lower() not in ("the", "this", "by", "and", "between", "among", "whereas"):
+            break
+        lead += 1
+    if lead:
+        s = text.index(words[lead], s)
+    return s, e
+
+
+def days(value: str) -> float | None:
+    """A duration in days ("three (3) years" -> 1095), or None when it is not one."""
+    m = _DURATION.search(value)
+    if not m:
+        return None
+    number = _number(m)
+    unit = m["unit"].lower().rstrip("s")
+    return None if number is None else number * _UNITS[unit]
+
+
+def duration_parts(value: str) -> tuple[float, str] | None:
+    """(number, singular unit) of a duration: "one hundred eighty (180) days" -> (180, "day")."""
+    m = _DURATION.search(value)
+    if not m:
+        return None
+    number = _number(m)
+    return None if number is None else (number, m["unit"].lower().rstrip("s"))
+
+
+def in_unit(value: str, unit: str) -> float | None:
+    """A duration converted to `unit` (day, week, month, year), by 30-day months and 365-day years."""
+    d = days(value)
+    return None if d is None else d / _UNITS[unit]
+
+
+def amount(value: str) -> float | None:
+    """An amount of money as a number ("$1.5 million" -> 1500000), or None."""
+    m = re.search(r"(\d[\d,]*(?:\.\d+)?)\s?(million|billion|thousand)?", value)
+    if not m or not _MONEY.search(value):
+        return None
+    number = float(m.group(1).replace(",", ""))
+    return number * {"million": 1e6, "billion": 1e9, "thousand": 1e3}.get((m.group(2) or "").lower(), 1)
+
+
+def _number(m: re.Match) -> float | None:
+    if m["n1"] or m["n2"]:
+        return float(m["n1"] or m["n2"])
+    if m["article"]:
+        return 1.0
+    total, current = 0, 0
+    for word in re.split(r"[\s-]+", m["words"].lower()):
+        if word == "and" or not word:
+            continue
+        n = _NUMBER_WORDS[word]
+        if n == 100:
+            current = max(1, current) * 100
+        elif n == 1000:
+            total += max(1, current) * 1000
+            current = 0
+        else:
+            current += n
+    return float(total + current) or None

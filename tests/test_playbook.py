@@ -1,0 +1,78 @@
+"""The review's playbook: the default parses, a malformed one is a one-line error naming its line,
+and rules turn answers and values into a level and a reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpage_cli.tasks.playbook import Playbook, PlaybookError, fill
+from kvpage_cli.tasks.taxonomy import CATEGORIES
+
+GOOD = '''format = 1
+
+[terms]
+"Renewal" = "Renewal Term.renewal"
+
+[categories."Renewal Term"]
+level = "medium"
+reason = "It can be renewed."
+questions.automatic = "Does it renew automatically?"
+values.renewal = { kind = "duration", ask = "For how long does it renew?" }
+values.notice = { kind = "duration", ask = "How much notice stops it?" }
+rules = [
+  { when = ["automatic", "notice >= 90 days", "renewal"], level = "high", reason = "Renews for {renewal}; notice {notice}." },
+  { when = ["!automatic"], level = "low", reason = "Renews only if agreed." },
+]
+'''
+
+
+def test_the_default_playbook_covers_every_category_and_its_terms():
+    book = Playbook.default()
+    assert set(book.categories) == set(CATEGORIES)
+    assert book.terms["Governing law"] == ("Governing Law", "law")
+    renewal = book.categories["Renewal Term"]
+    assert renewal.questions and renewal.values and renewal.rules
+    assert not book.categories["Parties"].finding
+
+
+def test_a_playbook_is_read_with_its_rules():
+    book = Playbook.parse(GOOD, "mine.toml")
+    play = book.categories["Renewal Term"]
+    first = play.rules[0]
+    assert [c.name for c in first.when] == ["automatic", "notice", "renewal"]
+    assert first.when[1].op == ">=" and first.when[1].number == 90 and first.when[1].unit == "day"
+    assert play.rules[1].when[0].negated
+    assert fill(first.reason, {"renewal": "three (3) years", "notice": "180 days"}) == \
+        "Renews for three (3) years; notice 180 days."
+
+
+@pytest.mark.parametrize("change, line, words", [
+    (('level = "medium"', 'level = "severe"'), 7, "level 'severe'"),
+    (('"Renewal Term"]', '"Renewal Terms"]'), 6, "unknown category"),
+    (('"notice >= 90 days"', '"notice >= ninety"'), 13, "condition"),
+    (('"!automatic"', '"!automatc"'), 14, "names no question or value"),
+    (('Renews for {renewal}', 'Renews for {term}'), 13, "{term}"),
+    (('"Renewal Term.renewal"', '"Renewal Term.length"'), 4, "no value"),
+    (('kind = "duration", ask = "For', 'kind = "length", ask = "For'), 10, "kind"),
+    (('questions.automatic', 'question.automatic'), 9, "unknown key 'question'"),
+    (('rules = [', 'rules = ['), 0, ""),  # unchanged: parses
+])
+def test_a_malformed_playbook_names_the_line(change, line, words):
+    text = GOOD.replace(*change)
+    if not words:
+        Playbook.parse(text, "mine.toml")
+        return
+    with pytest.raises(PlaybookError) as info:
+        Playbook.parse(text, "mine.toml")
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("playbook mine.toml (line ")
+    assert f"(line {line})" in message and words in message
+
+
+def test_bad_toml_names_the_line_too(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text(GOOD.replace('level = "medium"', 'level = medium'))
+    with pytest.raises(PlaybookError, match=r"broken.toml is not valid TOML: .*line 7"):
+        Playbook.load(path)
+    with pytest.raises(PlaybookError, match="not found"):
+        Playbook.load(tmp_path / "missing.toml")
