@@ -62,6 +62,28 @@ def test_small_pool_is_bit_identical_to_a_pool_holding_everything(arch, backend,
     assert small.stats().pool_bytes < large.stats().pool_bytes
 
 
+def test_the_stats_are_the_events_the_caller_was_given(kv_home):
+    """One stats object, fed by the events the engine emits: a caller's callback sees every pool
+    copy and step, and the stats are their sum."""
+    from kvpage_cli.engine.events import BlocksMoved, StepDone
+
+    model = tiny_model("llama")
+    engine = engine_with_slots(model, kv_home, 3, backend="native", kv_path="pool")
+    seen = []
+    ctx = engine.prefill(random_prompt(9 * BLOCK_TOKENS + 5, seed=4), on_event=seen.append)
+    list(engine.generate(ctx, max_new_tokens=4, stop=(), on_event=seen.append))
+    stats = engine.stats()
+    moved = [e for e in seen if isinstance(e, BlocksMoved)]
+    steps = [e for e in seen if isinstance(e, StepDone)]
+    assert stats.blocks_moved == sum(e.blocks for e in moved) > 0
+    assert stats.bytes_moved == sum(e.bytes for e in moved)
+    assert stats.pool_hit_rate == sum(e.hits for e in moved) / sum(e.lookups for e in moved)
+    assert stats.kv_read_bytes == sum(e.kv_read_bytes for e in steps) > 0
+    assert stats.prefill_tokens + stats.decode_tokens == sum(e.prefill_tokens + e.decode_tokens for e in steps)
+    engine.reset_stats()
+    assert engine.stats().blocks_moved == engine.stats().kv_read_bytes == 0
+
+
 def test_pool_size_does_not_depend_on_context_length(kv_home):
     model = tiny_model("llama")
     engine = engine_with_slots(model, kv_home, 4, kv_path="pool")

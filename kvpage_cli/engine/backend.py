@@ -4,11 +4,12 @@ One interface, chosen once when the engine loads:
 
 | backend | decode states (one token per sequence) | merge | prefill (a chunk of one sequence) |
 |---|---|---|---|
-| torch  | the reference: `attention.block_states` | `attention.merge_states` | per-block states merged, or `range_attention` over store views |
-| native | C kernels over an address table (store or pool) | C, in logical order | as torch, the pool path folded in C |
+| torch  | the reference: `attention.block_states` | `attention.merge_states` | `store_prefill` (one causal flash pass, or per-block states over store views), `pool_prefill` (per-block states pass after pass) |
+| native | C kernels over an address table (store or pool) | C, in logical order | as torch, the pool path's states folded in C |
 | triton | `paged_decode_attention` over pool slots | `merge_attention_states` | `paged_prefill_attention` over pool slots |
 
-What is bit-identical (DESIGN.md section 2): every backend computes each (block, query) state on
+Dispatch only decides which blocks a step reads and from where; every attention computation is
+behind this interface. What is bit-identical (README, "Exactness, precisely"): every backend computes each (block, query) state on
 its own and merges a query's states in logical block order, so results do not depend on which
 slots or passes held the blocks. With the native backend a decode query's state also does not
 depend on the other queries of its step: batched decoding gives each sequence the bits it gets
@@ -143,9 +144,32 @@ class TorchBackend:
         """Folds per-block states, pass after pass, in logical order."""
         return Accumulator(qh)
 
-    def range_attention(self, qh, row_pos, runs, seq_end: int, window: int) -> torch.Tensor:
-        """Store path: rows over runs of consecutive blocks read in place -> merged [Hkv, R, D]."""
-        return reference.range_attention(qh, row_pos, runs, seq_end, window, self.scale)[0]
+    def store_prefill(self, q: torch.Tensor, q_start: int, runs, window: int) -> torch.Tensor:
+        """Store path: a chunk's queries [T, Hq, D] at positions q_start.. over runs of consecutive
+        blocks read in place (runs: (k, v [Hkv, n*64, D] views, first block's position)) -> [T, Hq, D].
+        When the keys are every position from 0 (a full-attention layer), one causal flash-attention
+        pass, exact to rounding; else per-block states merged in logical order."""
+        if not window and runs and runs[0][2] == 0:
+            out = reference.causal_attention(q, runs, q_start, self.scale)
+            if out is not None:
+                return out
+        seq_end = q_start + q.shape[0]
+        qh, row_pos = reference.rows(q, torch.arange(q_start, seq_end, device=q.device), self.num_kv_heads)
+        merged = reference.range_attention(qh, row_pos, runs, seq_end, window, self.scale)[0]
+        return reference.rows_to_tokens(merged, q.shape[0])
+
+    def pool_prefill(self, q: torch.Tensor, q_start: int, blocks: LayerBlocks, passes, window: int) -> torch.Tensor:
+        """Pool path: a chunk's queries [T, Hq, D] at positions q_start.. over the blocks loaded into
+        the pool pass after pass (passes: (slots, their blocks' positions), in logical order; each
+        pass is loaded when it is reached) -> [T, Hq, D]. Any pool size gives the same bits."""
+        seq_end = q_start + q.shape[0]
+        qh, row_pos = reference.rows(q, torch.arange(q_start, seq_end, device=q.device), self.num_kv_heads)
+        accumulator = self.accumulator(qh)
+        for slots, positions in passes:
+            k, v = blocks.gather(slots)
+            out, lse = self.block_states(qh, row_pos, k, v, torch.tensor(positions, device=q.device), seq_end, window)
+            accumulator.add(out, lse)
+        return reference.rows_to_tokens(accumulator.result(), q.shape[0])
 
 
 class Accumulator:
@@ -248,14 +272,18 @@ class TritonBackend(TorchBackend):
                                                      dim=0)[0]
         return out
 
-    def pass_prefill(self, q, q_pos, blocks: LayerBlocks, slots, positions, window: int):
-        """Chunk queries [T, Hq, D] over one pass of slots -> (out [T, Hq, D], lse [T, Hq])."""
-        return self.ops.paged_prefill_attention(
-            q.contiguous(), q_pos, blocks.k_slots, blocks.v_slots, blocks.valid,
-            torch.tensor(slots, dtype=torch.int32, device=q.device),
-            torch.tensor(positions, dtype=torch.int32, device=q.device), scale=self.scale, window=window)
-
-    def merge_passes(self, outs, lses) -> torch.Tensor:
+    def pool_prefill(self, q, q_start, blocks, passes, window) -> torch.Tensor:
+        q_pos = torch.arange(q_start, q_start + q.shape[0], dtype=torch.int32, device=q.device)
+        outs, lses = [], []
+        for slots, positions in passes:
+            out, lse = self.ops.paged_prefill_attention(
+                q.contiguous(), q_pos, blocks.k_slots, blocks.v_slots, blocks.valid,
+                torch.tensor(slots, dtype=torch.int32, device=q.device),
+                torch.tensor(positions, dtype=torch.int32, device=q.device), scale=self.scale, window=window)
+            outs.append(out)
+            lses.append(lse)
+        if not outs:
+            return torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         if len(outs) == 1:
             return outs[0]
         return self.ops.merge_attention_states(torch.stack(outs), torch.stack(lses), dim=0)[0]

@@ -96,15 +96,52 @@ class BlockManager:
                 table.ids.extend(group.allocate(missing))
                 table.changed()
 
-    def copy_moved(self, group, target: list[int], deltas: list[int], rope: dict, layer_specs, read) -> None:
-        """Fills blocks `target` of a group with blocks read elsewhere (`read(layer_pos)` -> K, V
-        [n, Hkv, 64, D]), each moved by `deltas` positions: its K rows rotated once more (RoPE is
-        baked in, so a move is a rotation), V as it is. rope: rope key -> RopeParams;
-        layer_specs: the model's LayerSpec per layer."""
+    def share(self, group, block_ids: list[int]) -> None:
+        """One more reference to blocks of a group (held outside any table, e.g. by an index;
+        given back with `release` of tables that list them)."""
+        group.allocator.incref(block_ids)
+
+    def restore(self, tables: list[BlockTable], first_block: int, count: int,
+                saved: list[tuple[list[int], torch.Tensor]]) -> None:
+        """Appends logical blocks first_block .. first_block+count-1 to every table, filled with
+        saved K (already rotated) and V: per group, (the logical blocks saved, data
+        [layers, 2, n, Hkv, 64, D]). A sliding-window group keeps only the blocks a query after
+        them can still see. Watchers are told of every restored K as of a written one."""
+        end = (first_block + count) * BLOCK_TOKENS
+        for group, table, (indices, data) in zip(self.store.groups, tables, saved):
+            first_visible = max(0, end - group.window + 1) // BLOCK_TOKENS if group.window else 0
+            wanted = [(row, b) for row, b in enumerate(indices) if b >= first_visible]
+            ids = group.allocate(len(wanted))
+            where = dict(zip((b for _, b in wanted), ids))
+            table.ids.extend(where.get(b) for b in range(first_block, first_block + count))
+            for pos, layer in enumerate(group.layers):
+                for (row, _), block_id in zip(wanted, ids):
+                    group.k_block(pos, block_id).copy_(data[pos, 0, row])
+                    group.v_block(pos, block_id).copy_(data[pos, 1, row])
+                    for watcher in self.watchers:
+                        watcher.written(layer, block_id, group.k_block(pos, block_id), True)
+            if group.window:
+                self._free(group, group.allocator.decref(table.drop_before(first_visible)))
+            table.changed()
+
+    def append_moved(self, tables: list[BlockTable], deltas: list[int], rope: dict, layer_specs, read) -> None:
+        """Appends len(deltas) blocks to every table. Full-attention groups get blocks read
+        elsewhere (`read(group, layer_pos)` -> K, V [n, Hkv, 64, D]), each moved by `deltas`
+        positions: its K rows rotated once more (RoPE is baked in, so a move is a rotation), V as
+        it is. Sliding-window groups get holes: their layers see only what follows.
+        rope: rope key -> RopeParams; layer_specs: the model's LayerSpec per layer."""
+        for group, table in zip(self.store.groups, tables):
+            if group.window:
+                table.ids.extend([None] * len(deltas))
+            elif deltas:
+                moved = group.allocate(len(deltas))
+                self._copy_moved(group, moved, deltas, rope, layer_specs, lambda pos: read(group, pos))
+                table.ids.extend(moved)
+            table.changed()
+
+    def _copy_moved(self, group, target: list[int], deltas: list[int], rope: dict, layer_specs, read) -> None:
         from .rope import rotate
 
-        if not target:
-            return
         delta = torch.tensor(deltas, dtype=torch.int64).repeat_interleave(BLOCK_TOKENS)  # [n*64]
         num_kv_heads, _, head_dim = group.block_shape
         for pos, layer in enumerate(group.layers):

@@ -14,7 +14,6 @@ of the pass). The backend computes the states; what is bit-identical is said in 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -72,8 +71,7 @@ class AttentionDispatch:
         self.capture_rows = capture_rows
         self.observer = observer
         self.selector = None
-        self.copy_seconds = 0.0
-        self.kv_read_bytes = 0  # K/V bytes attention read: each block once per layer and step
+        self.kv_read_bytes = 0  # this step's K/V bytes attention read: each block once per layer
         self.captured: dict[int, dict[int, tuple[torch.Tensor, int]]] = {}  # ctx id -> layer -> (q rows, first position)
         self.capture_ids: set[int] = set()  # contexts whose prompt queries are kept whatever the mode
 
@@ -145,8 +143,6 @@ class AttentionDispatch:
         first = max(0, q_start - group.window + 1) // BLOCK_TOKENS if group.window else 0
         ids, positions = ctx.tables[group.index].live(first)
         self.kv_read_bytes += len(ids) * group.block_bytes_per_layer
-        if self.kv_path == "pool" and self.backend.name == "triton":
-            return self._triton_prefill(layer, q, q_start, seq_end, group, ids, positions)
         if self.kv_path == "store":
             pos = self.store.layer_pos[layer]
             runs, index = [], 0
@@ -154,33 +150,9 @@ class AttentionDispatch:
                 k, v = group.run_view(pos, run)
                 runs.append((k, v, positions[index]))
                 index += run.count
-            if not group.window and positions and positions[0] == 0:  # every key from 0 on: causal attention
-                out = reference.causal_attention(q, runs, q_start, self.spec.attn_scale)
-                if out is not None:
-                    return out
-        qh, row_pos = reference.rows(q, torch.arange(q_start, seq_end, device=q.device), self.spec.num_kv_heads)
-        if self.kv_path == "store":
-            merged = self.backend.range_attention(qh, row_pos, runs, seq_end, group.window)
-        else:
-            accumulator = self.backend.accumulator(qh)
-            for slots, pass_pos in self._passes(layer, group, ids, positions, seq_end):
-                k, v = self.pool.slots(layer, slots)
-                out, lse = self.backend.block_states(qh, row_pos, k, v, torch.tensor(pass_pos, device=q.device),
-                                                     seq_end, group.window)
-                accumulator.add(out, lse)
-            merged = accumulator.result()
-        return reference.rows_to_tokens(merged, q.shape[0])
-
-    def _triton_prefill(self, layer, q, q_start, seq_end, group, ids, positions) -> torch.Tensor:
-        q_pos = torch.arange(q_start, seq_end, dtype=torch.int32, device=q.device)
-        outs, lses = [], []
-        for slots, pass_pos in self._passes(layer, group, ids, positions, seq_end):
-            out, lse = self.backend.pass_prefill(q, q_pos, self._pool_blocks(layer), slots, pass_pos, group.window)
-            outs.append(out)
-            lses.append(lse)
-        if not outs:
-            return torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        return self.backend.merge_passes(outs, lses)
+            return self.backend.store_prefill(q, q_start, runs, group.window)
+        return self.backend.pool_prefill(q, q_start, self._pool_blocks(layer),
+                                         self._passes(layer, group, ids, positions, seq_end), group.window)
 
     # -- where blocks are read ---------------------------------------------------------------------
 
@@ -190,6 +162,7 @@ class AttentionDispatch:
 
     def _pool_blocks(self, layer: int) -> LayerBlocks:
         pool = self.pool
+        pool.allocate()  # the slots' tensors exist from the first load on
         return LayerBlocks(pool.k_addr[layer], pool.v_addr[layer], lambda slots: pool.slots(layer, slots),
                            pool.k[layer], pool.v[layer], pool.valid[layer])
 
@@ -231,10 +204,8 @@ class AttentionDispatch:
         pos = self.store.layer_pos[layer]
 
         def copy_in(block_id: int, k_slot: torch.Tensor, v_slot: torch.Tensor, tokens: int) -> None:
-            started = time.perf_counter()
             k_slot[:, :tokens].copy_(group.k_block(pos, block_id)[:, :tokens], non_blocking=True)
             v_slot[:, :tokens].copy_(group.v_block(pos, block_id)[:, :tokens], non_blocking=True)
-            self.copy_seconds += time.perf_counter() - started
 
         return copy_in
 
@@ -251,6 +222,14 @@ class AttentionDispatch:
         self.pool.prefetch(layer, blocks, self._copier(layer, group))
 
     # -- the scores policy -------------------------------------------------------------------------
+
+    def take_step_counts(self) -> tuple[int, int, int]:
+        """What the step just run read: (K/V bytes, selective mode's chosen blocks, their
+        candidates), each counted per layer; the counters start again from zero."""
+        read, self.kv_read_bytes = self.kv_read_bytes, 0
+        if self.selector is None:
+            return read, 0, 0
+        return read, *self.selector.take_counts()
 
     def take_captured(self, ctx: Context) -> dict[int, tuple[torch.Tensor, int]] | None:
         """The final queries of the prompt `ctx` just ran (layer -> (q [t, Hq, D], first position))."""
@@ -271,8 +250,7 @@ class AttentionDispatch:
             ids, positions = [b for b, _ in kept], [p for _, p in kept]
             k, v = group.gather(self.store.layer_pos[layer], ids)
             qh, row_pos = reference.rows(q, torch.arange(start, end), self.spec.num_kv_heads)
-            _, lse = reference.block_states(qh, row_pos, k, v, torch.tensor(positions), end, group.window,
-                                            self.spec.attn_scale)  # [n, Hkv, R]
+            _, lse = self.backend.block_states(qh, row_pos, k, v, torch.tensor(positions), end, group.window)  # [n, Hkv, R]
             share = torch.softmax(lse, dim=0).sum(dim=(1, 2))  # [n]
             table = torch.zeros(num_blocks)
             table[torch.tensor(positions, dtype=torch.int64)] = share

@@ -23,7 +23,7 @@ from .block_manager import BlockManager, Write
 from .config import BLOCK_TOKENS, EngineConfig
 from .context import Context
 from .dispatch import SCORE_QUERY_TOKENS, AttentionDispatch, Segment, Step
-from .events import DecodeProgress, EngineWarning, EventCallback, PrefillProgress, StepDone, emit
+from .events import DecodeProgress, EngineWarning, EventCallback, KVRestored, PrefillProgress, StepDone, emit
 from .home import default_home
 from .kvcache import CachedPrefill, KVCache, chain_seed, model_fingerprint, segment_tokens_for
 from .metrics import EngineStats, Metrics
@@ -102,8 +102,9 @@ class Engine:
         selective = config.mode == "selective"
         mover = Mover(device) if selective and kv_path == "pool" else None
         self.metrics = Metrics()
+        self._listener: EventCallback | None = None  # the callback of the step running now
         self.pool = SlotPool(spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, self.dtype, device, mover,
-                             self.metrics.on_event)
+                             self._relay)
         # selective mode keeps each block's key min/max (the quest policy, and retrieval's first stage)
         self.key_bounds = QuestPolicy(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.group_size) if selective else None
         bake = backend.ops.rope_bake_store if backend.name == "triton" else None
@@ -225,14 +226,13 @@ class Engine:
             return ctx
         self._check_length(len(token_ids))
         started = self._clock()
-        cached = CachedPrefill(cache, self.store, self.cache_seed, self.name, token_ids, self.segment_tokens, label, on_event)
+        cached = CachedPrefill(cache, self.blocks, self.cache_seed, self.name, token_ids, self.segment_tokens, label, on_event)
         restored = cached.restore(ctx)
         if ctx.draft is not None and restored:
             self.draft.append(ctx.draft, token_ids[:restored])
         elapsed = self._clock() - started
-        self.metrics.add_cached(restored, elapsed)
+        self._emit(on_event, KVRestored(restored, elapsed))
         if restored:
-            self._bound_restored_keys(ctx)
             emit(on_event, PrefillProgress(restored, len(token_ids), elapsed, restored))
         try:
             self._append_one(ctx, token_ids[restored:], on_event, restored, cached.after_chunk)
@@ -283,16 +283,6 @@ class Engine:
         if self._kv_cache is None and self.config.kv_cache:
             self._kv_cache = KVCache(self.home / "kv", int(self.config.cache_mib * 2**20))
         return self._kv_cache
-
-    def _bound_restored_keys(self, ctx: Context) -> None:
-        """Selective mode keeps each block's key min/max as blocks are written; restored blocks
-        were not written here, so they get theirs now."""
-        if self.key_bounds is None:
-            return
-        for layer in range(self.spec.num_layers):
-            group, pos = self.store.group_of(layer), self.store.layer_pos[layer]
-            for block_id in ctx.tables[group.index].live()[0]:
-                self.key_bounds.written(layer, block_id, group.k_block(pos, block_id), True)
 
     def _open_cache(self, on_event: EventCallback | None) -> KVCache | None:
         try:
@@ -409,10 +399,14 @@ class Engine:
                 break
             work = [(request, self._next_rows(request)) for request in active]
             prompt = [bool(request._todo) or not request.generated for request, _ in work]
-            seconds = self._step([(r.ctx, rows, _keep(r, p), r) for (r, rows), p in zip(work, prompt)])
+            self._listener = on_event
+            try:
+                seconds = self._step([(r.ctx, rows, _keep(r, p), r) for (r, rows), p in zip(work, prompt)])
+            finally:
+                self._listener = None
             prefill_rows = sum(len(rows) for (_, rows), p in zip(work, prompt) if p)
             decode_rows = sum(len(rows) for (_, rows), p in zip(work, prompt) if not p)
-            self.metrics.on_event(StepDone(prefill_rows, decode_rows, seconds))
+            self._emit(on_event, StepDone(prefill_rows, decode_rows, seconds, *self.dispatch.take_step_counts()))
             progress.decode_seconds += seconds * decode_rows / (prefill_rows + decode_rows)
             progress.done += prefill_rows
             if prefill_rows:
@@ -565,10 +559,19 @@ class Engine:
 
     # -- reporting -----------------------------------------------------------------------------
 
+    def _emit(self, on_event: EventCallback | None, event) -> None:
+        """An event of the engine's: folded into its stats, then passed to the caller's callback."""
+        self.metrics.on_event(event)
+        emit(on_event, event)
+
+    def _relay(self, event) -> None:
+        """The pool's events (BlocksMoved), emitted during the step that runs now."""
+        self._emit(self._listener, event)
+
     def stats(self) -> EngineStats:
+        """What was measured since the engine was loaded (or since `reset_stats`)."""
         pool = self.pool
         m = self.metrics
-        selector = self.dispatch.selector
         return EngineStats(
             backend=self.backend.name,
             kv_path=self.kv_path,
@@ -580,11 +583,11 @@ class Engine:
             weight_bytes=self.runner.weight_bytes,
             blocks_moved=m.blocks_moved,
             bytes_moved=m.bytes_moved,
-            pool_hit_rate=pool.hits / pool.lookups if pool.lookups else None,
-            copy_seconds=self.dispatch.copy_seconds,
+            pool_hit_rate=m.pool_hit_rate,
+            copy_seconds=m.copy_seconds,
             copy_wait_seconds=m.copy_wait_seconds,
-            blocks_attended=selector.selected if selector else 0,
-            blocks_candidate=selector.candidates if selector else 0,
+            blocks_attended=m.blocks_attended,
+            blocks_candidate=m.blocks_candidate,
             prefill_tokens=m.prefill_tokens,
             prefill_seconds=m.prefill_seconds,
             decode_tokens=m.decode_tokens,
@@ -592,16 +595,11 @@ class Engine:
             store_disk_bytes=self.store.bytes_on_disk,
             cached_tokens=m.cached_tokens,
             cache_load_seconds=m.cache_load_seconds,
-            kv_read_bytes=self.dispatch.kv_read_bytes,
+            kv_read_bytes=m.kv_read_bytes,
         )
 
     def reset_stats(self) -> None:
         self.metrics.reset()
-        self.pool.hits = self.pool.lookups = 0
-        self.dispatch.copy_seconds = 0.0
-        self.dispatch.kv_read_bytes = 0
-        if self.dispatch.selector is not None:
-            self.dispatch.selector.selected = self.dispatch.selector.candidates = 0
 
     def kv_bytes_per_token(self) -> int:
         element = torch.empty(0, dtype=self.dtype).element_size()

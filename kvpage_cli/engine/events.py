@@ -50,11 +50,24 @@ class DecodeProgress:
 
 @dataclass(frozen=True)
 class BlocksMoved:
-    """Blocks copied into the pool (or read back from disk) during one step."""
+    """One load (or prefetch) of a layer's pool slots: `blocks` copied in (`bytes`), taking
+    `copy_s` on the compute path (a prefetch copies on the copy engine: not counted); `waited_s`
+    spent waiting for prefetched copies; `lookups` blocks asked for, `hits` already resident."""
 
     blocks: int
     bytes: int
     waited_s: float = 0.0
+    lookups: int = 0
+    hits: int = 0
+    copy_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class KVRestored:
+    """`tokens` of a prompt's KV were loaded from the saved-KV cache in `seconds`."""
+
+    tokens: int
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,9 @@ class StepDone:
     prefill_tokens: int
     decode_tokens: int
     seconds: float
+    kv_read_bytes: int = 0  # K/V bytes attention read (a block shared by several queries once)
+    blocks_attended: int = 0  # selective mode: per-layer blocks its decode rows read ...
+    blocks_candidate: int = 0  # ... of the live blocks they could have read
 
 
 @dataclass(frozen=True)
@@ -74,7 +90,8 @@ class EngineWarning:
     message: str
 
 
-Event = Union[ModelLoading, PrefillProgress, IndexProgress, DecodeProgress, BlocksMoved, StepDone, EngineWarning]
+Event = Union[ModelLoading, PrefillProgress, IndexProgress, DecodeProgress, BlocksMoved, KVRestored, StepDone,
+              EngineWarning]
 EventCallback = Callable[[Event], None]
 
 

@@ -54,7 +54,7 @@ from .config import BLOCK_TOKENS, DEFAULT_CACHE_MIB
 from .context import Context
 from .events import EngineWarning, EventCallback, emit
 from .home import default_home, fsync_dir, private_dir, writer_gone
-from .store import BlockStore
+from .block_manager import BlockManager
 
 KV_FORMAT_VERSION = 1
 """Version of kvpage's KV layout (what a block holds, RoPE baked into K, the segment file format).
@@ -597,7 +597,7 @@ class CachedPrefill:
     """One prefill's use of the cache: the prefix it restores into a fresh context and the
     segments it saves as the prefill goes.
 
-        cached = CachedPrefill(cache, store, seed, model, token_ids, segment_tokens, label, on_event)
+        cached = CachedPrefill(cache, blocks, seed, model, token_ids, segment_tokens, label, on_event)
         restored = cached.restore(ctx)        # ctx.num_cached == ctx.cached_prefix == restored
         ... prefill the rest, calling cached.after_chunk(ctx) after every chunk ...
         cached.finish()                       # waits for the writes
@@ -607,10 +607,11 @@ class CachedPrefill:
     a fresh prefill's chunk starts, and the logits are the same bits).
     """
 
-    def __init__(self, cache: KVCache, store: BlockStore, seed: str, model: str, token_ids: list[int],
+    def __init__(self, cache: KVCache, blocks: BlockManager, seed: str, model: str, token_ids: list[int],
                  segment_tokens: int, label: str | None = None, on_event: EventCallback | None = None) -> None:
         self.cache = cache
-        self.store = store
+        self.blocks = blocks
+        self.store = store = blocks.store
         self.seed = seed
         self.model = model
         self.token_ids = token_ids
@@ -648,9 +649,7 @@ class CachedPrefill:
             count += 1
         if count == 0:
             return 0
-        for group in self.store.groups:
-            if not group.window:
-                group.reserve(-(-len(self.token_ids) // BLOCK_TOKENS) + 1)
+        self.blocks.reserve(ctx.tables, len(self.token_ids))
         done = 0
         for index in range(count):
             key = self.keys[index]
@@ -799,24 +798,10 @@ class CachedPrefill:
                 raise BadSegment("incomplete (blocks missing)")
 
     def _place(self, ctx: Context, segment: Segment, index: int) -> None:
-        """Copies a checked segment's blocks into new blocks of the context."""
+        """Appends a checked segment's blocks to the context (through the block manager)."""
         per_segment = self.segment_tokens // BLOCK_TOKENS
-        end = (index + 1) * self.segment_tokens
-        for group, table, desc, data in zip(self.store.groups, ctx.tables, segment.header["groups"], segment.groups):
-            first_needed = _first_visible_block(end, group.window)
-            wanted = [(i, b) for i, b in enumerate(desc["blocks"]) if b >= first_needed]
-            ids = group.allocate(len(wanted))
-            slot = dict(zip((b for _, b in wanted), ids))
-            table.ids.extend(slot.get(b) for b in range(index * per_segment, (index + 1) * per_segment))
-            for pos in range(len(group.layers)):
-                for (row, _), block_id in zip(wanted, ids):
-                    group.k_block(pos, block_id).copy_(data[pos, 0, row])
-                    group.v_block(pos, block_id).copy_(data[pos, 1, row])
-            if group.window:
-                dropped = table.drop_before(first_needed)
-                if dropped:
-                    group.allocator.decref(dropped)
-            table.changed()
+        saved = [(desc["blocks"], data) for desc, data in zip(segment.header["groups"], segment.groups)]
+        self.blocks.restore(ctx.tables, index * per_segment, per_segment, saved)
 
     def _warn(self, message: str) -> None:
         emit(self.on_event, EngineWarning(message))

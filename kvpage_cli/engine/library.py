@@ -1,6 +1,6 @@
 """A library: a document longer than the model's context, indexed once into blocks.
 
-Indexing (DESIGN.md section 2, retrieval): the prompt's head (the instructions and the document's
+Indexing (README, "The modes": retrieval): the prompt's head (the instructions and the document's
 first tokens, up to a block boundary) is prefilled once. The rest of the document is cut into
 windows of `window` tokens (but its last tokens, less than a block, which every question reads
 again); each window is prefilled on a fork of the head, after the `overlap` tokens before it
@@ -237,7 +237,7 @@ class Library:
             position = self.blocks[index].position
             for group, table, ids in zip(self.engine.store.groups, ctx.tables, self.ids):
                 if not group.window:
-                    group.allocator.incref([table.ids[position]])
+                    self.engine.blocks.share(group, [table.ids[position]])
                     ids[index] = table.ids[position]
             self.mapped[index] = None
 
@@ -295,16 +295,9 @@ class Library:
         for index in order:
             tokens += self.tokens[self.blocks[index].first:self.blocks[index].first + BLOCK_TOKENS]
         deltas = [(self.base + n - self.blocks[i].position) * BLOCK_TOKENS for n, i in enumerate(order)]
-        for group, table in zip(engine.store.groups, ctx.tables):
-            if group.window:  # sliding-window layers: nothing from the document
-                table.ids.extend([None] * len(order))
-                table.changed()
-                continue
-            moved = group.allocate(len(order))
-            engine.blocks.copy_moved(group, moved, deltas, engine.runner.rope, engine.spec.layers,
-                                     lambda pos: self._kv(group, pos, order))
-            table.ids.extend(moved)
-            table.changed()
+        # sliding-window layers get nothing from the document: they see the question's own window
+        engine.blocks.append_moved(ctx.tables, deltas, engine.runner.rope, engine.spec.layers,
+                                   lambda group, pos: self._kv(group, pos, order))
         ctx.tokens = ctx.tokens + tokens
         ctx.num_cached += len(tokens)
         ctx.last_logits = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .events import BlocksMoved, StepDone
+from .events import BlocksMoved, KVRestored, StepDone
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,10 @@ class EngineStats:
 
 
 class Metrics:
-    """Counters folded from the events the engine emits: steps (StepDone), blocks copied into the
-    pool (BlocksMoved), and the saved-KV loads. A step that runs prompt rows and decode rows together is one measurement: its
-    seconds are split between prefill and decode by their rows."""
+    """The engine's one stats object: counters folded from the events it emits. Steps (StepDone:
+    rows, seconds, KV read, selective mode's choices), pool loads (BlocksMoved: copies, hits) and
+    saved-KV loads (KVRestored). A step that runs prompt rows and decode rows together is one
+    measurement: its seconds are split between prefill and decode by their rows."""
 
     def __init__(self) -> None:
         self.reset()
@@ -65,21 +66,35 @@ class Metrics:
         self.cache_load_seconds = 0.0
         self.blocks_moved = 0
         self.bytes_moved = 0
+        self.copy_seconds = 0.0
         self.copy_wait_seconds = 0.0
+        self.lookups = 0
+        self.hits = 0
+        self.kv_read_bytes = 0
+        self.blocks_attended = 0
+        self.blocks_candidate = 0
 
     def on_event(self, event) -> None:
         if isinstance(event, BlocksMoved):
             self.blocks_moved += event.blocks
             self.bytes_moved += event.bytes
+            self.copy_seconds += event.copy_s
             self.copy_wait_seconds += event.waited_s
+            self.lookups += event.lookups
+            self.hits += event.hits
         elif isinstance(event, StepDone):
             rows = event.prefill_tokens + event.decode_tokens
             self.prefill_tokens += event.prefill_tokens
             self.decode_tokens += event.decode_tokens
             self.prefill_seconds += event.seconds * event.prefill_tokens / rows if rows else 0.0
             self.decode_seconds += event.seconds * event.decode_tokens / rows if rows else 0.0
+            self.kv_read_bytes += event.kv_read_bytes
+            self.blocks_attended += event.blocks_attended
+            self.blocks_candidate += event.blocks_candidate
+        elif isinstance(event, KVRestored):
+            self.cached_tokens += event.tokens
+            self.cache_load_seconds += event.seconds
 
-    def add_cached(self, tokens: int, seconds: float) -> None:
-        self.cached_tokens += tokens
-        self.cache_load_seconds += seconds
-
+    @property
+    def pool_hit_rate(self) -> float | None:
+        return self.hits / self.lookups if self.lookups else None

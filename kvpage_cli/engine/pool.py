@@ -9,6 +9,7 @@ by the mover run asynchronously; `load` waits for any that an attention step nee
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -48,8 +49,6 @@ class SlotPool:
         element = torch.empty(0, dtype=dtype).element_size()
         self.slot_bytes = 2 * num_kv_heads * BLOCK_TOKENS * head_dim * element
         self.on_event = on_event
-        self.hits = 0
-        self.lookups = 0
         self.mover = mover
 
     @property
@@ -85,20 +84,22 @@ class SlotPool:
         slots: list[int | None] = []
         wanted: set[int] = set()
         for block_id, generation, filled in blocks:
-            self.lookups += 1
             slot = self._resident(layer, block_id, generation, filled)
             if slot is not None:
-                self.hits += 1
                 wanted.add(slot)
             slots.append(slot)
+        hits = len(wanted)
         victims = self._victims(layer, wanted)
         moved = moved_bytes = 0
+        copy_s = 0.0
         for index, (block_id, generation, filled) in enumerate(blocks):
             if slots[index] is None:
                 slot = next(victims)
                 moved_bytes += self._assign(layer, slot, block_id, generation, filled)
                 moved += 1
+                started = time.perf_counter()
                 copy_in(block_id, self.k[layer][slot], self.v[layer][slot], filled)
+                copy_s += time.perf_counter() - started
                 self.valid[layer][slot] = 1
                 slots[index] = slot
                 wanted.add(slot)
@@ -110,8 +111,8 @@ class SlotPool:
                 holder.pending = None
             assert int(self.valid[layer][slot]) == 1, "attention would read a slot whose copy is not done"
             self.recency[layer].move_to_end(slot)
-        if self.on_event is not None and (moved or waited):
-            self.on_event(BlocksMoved(moved, moved_bytes, waited))
+        if self.on_event is not None:
+            self.on_event(BlocksMoved(moved, moved_bytes, waited, len(blocks), hits, copy_s))
         return slots  # type: ignore[return-value]
 
     def slots(self, layer: int, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,9 +22,13 @@ class Selector:
         self.budget = budget
         self.recent_blocks = recent_blocks
         self.draft_layers = policy.draft_layers if isinstance(policy, DraftPolicy) else 0
-        self.selected = 0
-        self.candidates = 0
+        self.selected = 0  # blocks chosen by decode steps since the last take_counts (per layer)
+        self.candidates = 0  # the live blocks they were chosen from
 
+    def take_counts(self) -> tuple[int, int]:
+        counts = (self.selected, self.candidates)
+        self.selected = self.candidates = 0
+        return counts
 
     def exact_layer(self, layer: int) -> bool:
         """Layers that always read every block: sliding-window layers and the draft layers."""
