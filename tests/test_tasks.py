@@ -122,6 +122,40 @@ def test_a_contract_longer_than_the_context_is_reviewed_in_retrieval_mode(tiny_c
         Reviewer(Engine.load(str(tiny_cli_model), EngineConfig(home=str(kv_home), max_context=2048, mode="exact")), doc)
 
 
+def test_the_clause_bar_shows_the_reading_pace_while_the_questions_run(tiny_engine):
+    """The clause questions and values report their progress, and the review's clause bar shows
+    the tokens read per second before the first clauses are done."""
+    import io
+
+    from rich.console import Console
+
+    from kvpage_cli.cli.progress import Reporter
+    from kvpage_cli.engine.events import PrefillProgress
+    from kvpage_cli.tasks.events import ReviewProgress
+
+    doc = load(str(SAMPLES / "contract.txt"))
+    events = []
+    tiny_engine.reset_stats()
+    reporter = Reporter(Console(file=io.StringIO(), force_terminal=True, width=120), bars=True)
+    with reporter:
+        def both(event):
+            events.append(event)
+            reporter(event)
+        reviewer = Reviewer(tiny_engine, doc, clauses=split_clauses(doc)[:30], on_event=both)
+        rates = []
+        for _ in reviewer.review():
+            rates.append(reporter._progress.tasks[reporter._tasks["clauses"]].fields["rate"])
+    started = next(i for i, e in enumerate(events) if isinstance(e, ReviewProgress))
+    first_done = next(i for i, e in enumerate(events) if isinstance(e, ReviewProgress) and e.done)
+    assert any(isinstance(e, PrefillProgress) for e in events[started:first_done])
+    # the tokens the review computed were reported (the question and value batches are most of
+    # them): each batch's last event has done == total
+    reported = sum(e.total - e.cached for e in events if isinstance(e, PrefillProgress) and e.done == e.total)
+    computed = tiny_engine.stats().prefill_tokens
+    assert abs(reported - computed) <= 0.02 * computed
+    assert rates and all(r.endswith("tok/s read") for r in rates)
+
+
 def test_all_lists_the_clauses_of_no_category_too(tiny_engine):
     doc = load(str(SAMPLES / "contract.txt"))
     reviewer = Reviewer(tiny_engine, doc, clauses=split_clauses(doc)[:12], include_all=True)

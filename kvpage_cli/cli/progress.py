@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from ..engine.events import BlocksMoved, DecodeProgress, EngineWarning, IndexProgress, ModelLoading, PrefillProgress
+from ..engine.events import DecodeProgress, EngineWarning, IndexProgress, ModelLoading, PrefillProgress
 from ..tasks.events import ReviewProgress
 
 
@@ -30,8 +30,6 @@ class Reporter:
         self.bars = (sys.stderr.isatty() and not quiet) if bars is None else bars
         self.verbose = verbose
         self.quiet = quiet
-        self.blocks_moved = 0
-        self.bytes_moved = 0
         self._progress: Progress | None = None
         self._tasks: dict[str, TaskID] = {}
         self._finished: set[str] = set()
@@ -96,9 +94,6 @@ class Reporter:
                 self._update("decode", event.generated, None, f"{event.generated:,} tok", self._rate)
         elif isinstance(event, ReviewProgress):
             self._update("clauses", event.done, event.total, f"{event.done}/{event.total}", self._rate)
-        elif isinstance(event, BlocksMoved):
-            self.blocks_moved += event.blocks
-            self.bytes_moved += event.bytes
         elif isinstance(event, ModelLoading):
             self.note(f"{event.source}: {event.stage}")
             if self._progress is not None and "load" in self._tasks:

@@ -338,7 +338,8 @@ class Engine:
         for _ in self.run(requests, max_batch=max_batch, on_event=on_event):
             pass
 
-    def score_many(self, pairs: list[tuple[Context, list[int]]], max_batch: int | None = None) -> list[list[float]]:
+    def score_many(self, pairs: list[tuple[Context, list[int]]], max_batch: int | None = None,
+                   on_event: EventCallback | None = None) -> list[list[float]]:
         """`score` of many (context, continuation) pairs, run together. Each context grows by its
         continuation (fork first to keep it)."""
         requests, results = [], []
@@ -350,7 +351,7 @@ class Engine:
             first = float(torch.log_softmax(self.logits(ctx), dim=-1)[ids[0]])
             requests.append(Request(ctx, ids, all_logits=True, tag=len(results)))
             results.append([first])
-        for _ in self.run(requests, max_batch=max_batch):
+        for _ in self.run(requests, max_batch=max_batch, on_event=on_event):
             pass
         for request in requests:
             every = torch.cat(request.logits)  # [T, V]

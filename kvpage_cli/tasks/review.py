@@ -227,7 +227,8 @@ class Reviewer:
         if not questions:
             return []
         forks = [self.engine.fork(ctx) for ctx in contexts]
-        self.engine.append_many(forks, [self._question_ids(q) for q in questions], max_batch=self.max_batch)
+        self.engine.append_many(forks, [self._question_ids(q) for q in questions], on_event=self.on_event,
+                                max_batch=self.max_batch)
         yes = [self.prompts.continuation(w)[0] for w in (" Yes", " yes")]
         no = [self.prompts.continuation(w)[0] for w in (" No", " no")]
         out = []
@@ -250,17 +251,17 @@ class Reviewer:
             return
         asked = [engine.fork(clause_ctx[it.clause]) for it, _, _ in asks]
         engine.append_many(asked, [self._question_ids(spec.ask, "review_value") for _, spec, _ in asks],
-                           max_batch=self.max_batch)
+                           on_event=self.on_event, max_batch=self.max_batch)
         # the same question and words after the content-free clause, once per review
         new = sorted({(spec.ask, c.text) for _, spec, found in asks for c in found} - self._null_scores.keys())
         null_asked = {}
         for ask in sorted({ask for ask, _ in new}):
             null_asked[ask] = engine.fork(null)
         engine.append_many(list(null_asked.values()), [self._question_ids(a, "review_value") for a in null_asked],
-                           max_batch=self.max_batch)
+                           on_event=self.on_event, max_batch=self.max_batch)
         pairs = [(engine.fork(ctx), self._answer_ids(c.text)) for (_, _, found), ctx in zip(asks, asked) for c in found]
         null_pairs = [(engine.fork(null_asked[ask]), self._answer_ids(words)) for ask, words in new]
-        scores = engine.score_many(pairs + null_pairs, max_batch=self.max_batch)
+        scores = engine.score_many(pairs + null_pairs, max_batch=self.max_batch, on_event=self.on_event)
         for ctx in [p[0] for p in pairs + null_pairs] + asked + list(null_asked.values()):
             engine.release(ctx)
         means = [sum(s) / len(s) for s in scores]
