@@ -2,8 +2,10 @@
 
 B questions over one document: kvpage prefills the document once, forks it B times and decodes
 all B answers in one batch (`Engine.run`, shared blocks read once per step for every sequence);
-transformers runs its batched greedy decoding over the same B prompts (document + question,
-left-padded, one DynamicCache, SDPA), with the same weights and dtype. Reported per (prefix,
+transformers runs batched greedy decoding over the same B prompts (document + question; the
+questions have the same token count, so the batch needs no padding; one forward pass over the
+batch, then one step per token over one DynamicCache, SDPA; what `generate` does greedily,
+without its per-step overheads), with the same weights and dtype. Reported per (prefix,
 batch): decode tokens/s over all sequences, kvpage's ratio to its own batch 1 and to
 transformers at the same batch, whether every sequence's tokens are equal, peak RSS and store
 MiB. Each system runs in its own process.
