@@ -10,6 +10,8 @@ from .constants import BLOCK_TOKENS
 from .merge_states import (
     merge_attention_states,
     merge_attention_states_ref,
+    merge_ragged_states,
+    merge_ragged_states_ref,
     merge_two_states,
     merge_two_states_ref,
 )
@@ -20,6 +22,7 @@ from .paged_decode_attention import (
 )
 from .paged_prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
 from .rope_bake_store import rope_bake_store, rope_bake_store_ref, rope_k_ref
+from .shared_decode_states import shared_decode_states, shared_decode_states_ref
 
 __all__ = [
     "BLOCK_TOKENS",
@@ -28,6 +31,8 @@ __all__ = [
     "default_num_splits",
     "merge_attention_states",
     "merge_attention_states_ref",
+    "merge_ragged_states",
+    "merge_ragged_states_ref",
     "merge_two_states",
     "merge_two_states_ref",
     "paged_decode_attention",
@@ -37,4 +42,6 @@ __all__ = [
     "rope_bake_store",
     "rope_bake_store_ref",
     "rope_k_ref",
+    "shared_decode_states",
+    "shared_decode_states_ref",
 ]

@@ -1,4 +1,4 @@
-"""Log-sum-exp merge of partial attention states (split-KV results, streamed blocks)."""
+"""Log-sum-exp merge of partial attention states (split-KV results, streamed blocks, ragged groups)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ._checks import check_same_device, check_tensor, next_power_of_2
+from ._checks import check_same_device, check_tensor, check_unit_last_stride, next_power_of_2
 from ._triton import jit, require_launchable, tl
 
 _BLOCK_N = 16
@@ -86,6 +86,58 @@ def _merge_two_states_kernel(
     merged_lse = tl.where(seen, m + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
     tl.store(merged_out_ptr + offs, merged, mask=mask)
     tl.store(merged_lse_ptr + rows, merged_lse, mask=r_mask)
+
+
+@jit
+def _merge_ragged_states_kernel(
+    out_ptr, lse_ptr, offsets_ptr, indices_ptr, merged_out_ptr, merged_lse_ptr,
+    num_heads, head_dim,
+    stride_on, stride_oh,
+    stride_ln, stride_lh,
+    stride_mj, stride_mh,
+    stride_kj, stride_kh,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # One program: one group j, one head h, merged over the states indices[offsets[j]:offsets[j+1]].
+    j = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < head_dim
+    first = tl.load(offsets_ptr + j)
+    last = tl.load(offsets_ptr + j + 1)
+    out_head = out_ptr + h.to(tl.int64) * stride_oh
+    lse_head = lse_ptr + h.to(tl.int64) * stride_lh
+
+    # Two passes, as the torch and C merges do: the largest lse, then the weights relative to it.
+    m = tl.full([1], float("-inf"), dtype=tl.float32)
+    for n0 in range(first, last, BLOCK_N):
+        n = n0 + offs_n
+        index = tl.load(indices_ptr + n, mask=n < last, other=0).to(tl.int64)
+        lse = tl.load(lse_head + index * stride_ln, mask=n < last, other=float("-inf"))
+        m = tl.maximum(m, tl.max(lse, axis=0))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.zeros([1], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for n0 in range(first, last, BLOCK_N):
+        n = n0 + offs_n
+        index = tl.load(indices_ptr + n, mask=n < last, other=0).to(tl.int64)
+        lse = tl.load(lse_head + index * stride_ln, mask=n < last, other=float("-inf"))
+        w = tl.exp(lse - m_safe)  # [BLOCK_N], 0 for empty states
+        # An empty state's out is never read, so garbage there cannot leak.
+        o = tl.load(
+            out_head + index[:, None] * stride_on + offs_d[None, :],
+            mask=(lse > float("-inf"))[:, None] & d_mask[None, :], other=0.0,
+        )
+        total += tl.sum(w, axis=0)
+        acc += tl.sum(w[:, None] * o, axis=0)
+
+    seen = total > 0
+    merged = acc / tl.where(seen, total, 1.0)
+    merged_lse = tl.where(seen, m + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
+    tl.store(merged_out_ptr + j.to(tl.int64) * stride_mj + h * stride_mh + offs_d, merged, mask=d_mask)
+    tl.store(merged_lse_ptr + j.to(tl.int64) * stride_kj + h * stride_kh + tl.arange(0, 1), merged_lse)
 
 
 def _check_state(fn: str, out, lse, suffix: str = ""):
@@ -177,6 +229,52 @@ def merge_two_states(
     return merged_out, merged_lse
 
 
+def _check_ragged(fn: str, out, lse, offsets, indices):
+    _check_state(fn, out, lse)
+    if out.dim() != 3:
+        raise ValueError(f"{fn}: out must be [N, H, D], got {tuple(out.shape)}")
+    check_unit_last_stride(fn, "out", out)
+    for name, t in (("offsets", offsets), ("indices", indices)):
+        check_tensor(fn, name, t, ndim=1, dtypes=(torch.int32,))
+        check_unit_last_stride(fn, name, t)
+    if offsets.shape[0] < 1:
+        raise ValueError(f"{fn}: offsets must be [G+1] (at least one entry), got {tuple(offsets.shape)}")
+    return check_same_device(fn, out=out, lse=lse, offsets=offsets, indices=indices)
+
+
+def merge_ragged_states(
+    out: torch.Tensor, lse: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge ragged groups of attention states, one launch for all the groups.
+
+    out: [N, H, D] fp32 (last-dim stride 1), lse: [N, H] fp32 natural-log sum-exp; offsets:
+    [G+1] int32, indices: [M] int32: group j merges the states indices[offsets[j]:offsets[j+1]]
+    (a decode query's pairs in logical block order). An empty state (lse = -inf) contributes
+    nothing and its out is not read. Returns merged out [G, H, D] and lse [G, H] fp32; a group with
+    no state, or only empty ones, gets out 0 and lse -inf.
+    """
+    fn = "merge_ragged_states"
+    device = _check_ragged(fn, out, lse, offsets, indices)
+    require_launchable(_merge_ragged_states_kernel, fn, device)
+    num_groups = offsets.shape[0] - 1
+    num_heads, head_dim = out.shape[1], out.shape[2]
+    merged_out = torch.empty(num_groups, num_heads, head_dim, dtype=torch.float32, device=device)
+    merged_lse = torch.empty(num_groups, num_heads, dtype=torch.float32, device=device)
+    if merged_lse.numel() == 0:
+        return merged_out, merged_lse
+    _merge_ragged_states_kernel[(num_groups, num_heads)](
+        out, lse, offsets, indices, merged_out, merged_lse,
+        num_heads, head_dim,
+        out.stride(0), out.stride(1),
+        lse.stride(0), lse.stride(1),
+        merged_out.stride(0), merged_out.stride(1),
+        merged_lse.stride(0), merged_lse.stride(1),
+        BLOCK_N=_BLOCK_N,
+        BLOCK_D=next_power_of_2(head_dim),
+    )
+    return merged_out, merged_lse
+
+
 def merge_attention_states_ref(
     out: torch.Tensor, lse: torch.Tensor, dim: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,9 +305,25 @@ def merge_two_states_ref(
     )
 
 
+def merge_ragged_states_ref(
+    out: torch.Tensor, lse: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 torch reference of `merge_ragged_states` (one group at a time)."""
+    _check_ragged("merge_ragged_states_ref", out, lse, offsets, indices)
+    merged = [
+        merge_attention_states_ref(out[chosen], lse[chosen], dim=0)
+        for chosen in (indices[int(a):int(b)].long() for a, b in zip(offsets[:-1], offsets[1:]))
+    ]
+    if not merged:
+        return out.new_zeros(0, *out.shape[1:]), lse.new_zeros(0, lse.shape[1])
+    return torch.stack([m[0] for m in merged]), torch.stack([m[1] for m in merged])
+
+
 __all__ = [
     "merge_attention_states",
     "merge_attention_states_ref",
+    "merge_ragged_states",
+    "merge_ragged_states_ref",
     "merge_two_states",
     "merge_two_states_ref",
 ]

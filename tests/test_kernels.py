@@ -487,6 +487,37 @@ def test_launchers_reject_bad_inputs(device):
         kk.rope_bake_store(k, k, positions.float(), inv_freq, k_pool, v_pool, ids, ids)
 
 
+def test_shared_and_ragged_launchers_reject_bad_inputs(device):
+    k_pool, v_pool, valid = (t.to(device) for t in shared_pool(6, 2, 64, torch.float32, seed=0))
+    plan = shared_plan(SHARED_LISTS, SHARED_POSITIONS)
+    item_slots, item_pos, item_off, pair_query, q_pos, q_end = plan_args(plan, device)
+    q = torch.randn(4, 4, 64, device=device)
+
+    def shared(q=q, item_slots=item_slots, item_off=item_off, q_end=q_end, **kw):
+        return kk.shared_decode_states(q, k_pool, v_pool, valid, item_slots, item_pos, item_off, pair_query,
+                                       q_pos, q_end, scale=0.125, **kw)
+
+    states = torch.zeros(plan.num_pairs, 4, 64, device=device)
+    lse = torch.zeros(plan.num_pairs, 4, device=device)
+    cases = [
+        (dict(q=q[:, :3]), ValueError, "multiple of the pool's KV heads"),
+        (dict(q=q.half()), TypeError, "q must have dtype"),
+        (dict(item_slots=item_slots.long()), TypeError, "item_slots must have dtype"),
+        (dict(item_off=item_off[:-1]), ValueError, "item_off"),
+        (dict(q_end=q_end[:2]), ValueError, "q_end must be"),
+        (dict(out=states), ValueError, "pass both out and lse"),
+        (dict(out=states[:-1], lse=lse[:-1]), ValueError, "out and lse must be"),
+        (dict(window=-1), ValueError, "window"),
+    ]
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            shared(**kwargs)
+    with pytest.raises(TypeError, match="offsets must have dtype"):
+        kk.merge_ragged_states(states, lse, plan.q_off.long().to(device), plan.q_pairs.to(device))
+    with pytest.raises(ValueError, match="indices must have stride 1"):
+        kk.merge_ragged_states(states, lse, plan.q_off.to(device), plan.q_pairs.repeat(2).to(device)[::2])
+
+
 def test_package_imports_without_triton():
     code = """
 import sys
@@ -507,6 +538,138 @@ except kk.TritonUnavailableError as e:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+# ---------------------------------------------------------------- shared-prefix (cascade) decode
+
+
+def shared_pool(num_slots, num_kv_heads, head_dim, dtype, seed, invalid=()):
+    """A pool of random blocks; the `invalid` slots hold NaN and have their valid bit clear."""
+    g = torch.Generator().manual_seed(seed)
+    k_pool = torch.randn(num_slots, num_kv_heads, BLOCK_TOKENS, head_dim, generator=g)
+    v_pool = torch.randn(num_slots, num_kv_heads, BLOCK_TOKENS, head_dim, generator=g)
+    valid = torch.ones(num_slots, dtype=torch.int8)
+    for slot in invalid:
+        k_pool[slot] = v_pool[slot] = NAN
+        valid[slot] = 0
+    return k_pool.to(dtype), v_pool.to(dtype), valid
+
+
+def shared_plan(lists, positions):
+    """A DecodePlan whose ids are slots: lists[j] = [(slot, logical block index), ...] of query j."""
+    from kvpage_cli.engine.backend import DecodePlan
+
+    blocks = [(torch.tensor([s for s, _ in entries], dtype=torch.int32),
+               torch.tensor([b for _, b in entries], dtype=torch.int32)) for entries in lists]
+    return DecodePlan.build(blocks, positions)
+
+
+def plan_args(plan, device):
+    return tuple(t.to(device) for t in (plan.item_ids, plan.item_pos, plan.item_off, plan.pair_query, plan.q_pos,
+                                        plan.q_end))
+
+
+# Forks of one document (slots 0, 1) reading its blocks together: a query at 63 (its block 1,
+# positions 64.., shows it nothing), at 64 (one key of block 1) and 65 (two keys) sharing slot 1,
+# and a query at 150 whose third block (slot 5) is invalid. Window 70 cuts the 150 query's
+# block 1 at key 81 and leaves block 0 out; window 1 keeps only the query's own key.
+SHARED_LISTS = [[(0, 0), (1, 1)], [(0, 0), (1, 1)], [(0, 0), (1, 1), (2, 2)], [(0, 0), (3, 1), (5, 2)]]
+SHARED_POSITIONS = [63, 64, 65, 150]
+SHARED_CASES = [
+    # (num_kv_heads, group, head_dim, pool dtype, window)
+    (2, 1, 64, torch.float32, 0),
+    (1, 3, 64, torch.float32, 70),
+    (1, 3, 128, torch.bfloat16, 0),
+    (2, 1, 64, torch.float32, 1),
+]
+
+
+@pytest.mark.parametrize("num_kv_heads,group,head_dim,dtype,window", SHARED_CASES)
+def test_shared_decode_states_matches_reference(device, num_kv_heads, group, head_dim, dtype, window):
+    # fp32 products either way (a bf16 pool is upcast exactly): fp32 tolerance 1e-5 abs+rel
+    k_pool, v_pool, valid = (t.to(device) for t in shared_pool(6, num_kv_heads, head_dim, dtype, seed=head_dim,
+                                                                invalid=(5,)))
+    plan = shared_plan(SHARED_LISTS, SHARED_POSITIONS)
+    assert plan.item_ids.numel() < plan.num_pairs  # blocks are shared
+    q = torch.randn(4, num_kv_heads * group, head_dim, generator=torch.Generator().manual_seed(8)).to(device)
+    args = (q, k_pool, v_pool, valid, *plan_args(plan, device))
+    scale = head_dim**-0.5
+    out, lse = kk.shared_decode_states(*args, scale=scale, window=window)
+    ref_out, ref_lse = kk.shared_decode_states_ref(*args, scale=scale, window=window)
+    assert out.shape == (plan.num_pairs, num_kv_heads * group, head_dim) and out.dtype == torch.float32
+    assert not out.isnan().any() and not lse.isnan().any()
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+    empty = torch.isneginf(lse)
+    assert torch.equal(empty, torch.isneginf(ref_lse)) and (out[empty] == 0).all()
+    # the invalid slot's pair and the 63 query's pair over block 1 see nothing
+    item_of_pair = torch.repeat_interleave(torch.arange(plan.item_ids.numel()), plan.item_off.diff().long())
+    nothing = (plan.item_ids[item_of_pair] == 5) | ((plan.pair_query == 0) & (plan.item_pos[item_of_pair] == 1))
+    assert empty[nothing].all() and nothing.sum() == 2
+
+    # written into given buffers, only the pairs of the items passed (a pass through the pool)
+    first, last = 1, plan.item_ids.numel() - 1
+    part = plan.items(first, last)
+    given_out = torch.full_like(out, 7.0)
+    given_lse = torch.full_like(lse, 7.0)
+    kk.shared_decode_states(q, k_pool, v_pool, valid, *plan_args(part, device), scale=scale, window=window,
+                            out=given_out, lse=given_lse)
+    written = torch.zeros(plan.num_pairs, dtype=torch.bool)
+    written[int(plan.item_off[first]):int(plan.item_off[last])] = True
+    assert torch.equal(given_out[written], out[written]) and torch.equal(given_lse[written], lse[written])
+    assert (given_out[~written] == 7.0).all() and (given_lse[~written] == 7.0).all()
+
+
+def test_merge_ragged_states_matches_reference(device):
+    out, lse = random_states((40, 3), 64, device, seed=11)
+    g = torch.Generator().manual_seed(12)
+    # groups of 0, 1, 20 (> one 16-state chunk) and 5 states, picked in a shuffled order
+    sizes = [0, 1, 20, 5, 0]
+    indices = torch.randperm(40, generator=g)[:sum(sizes)].to(torch.int32)
+    offsets = torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()], dtype=torch.int32)
+    indices, offsets = indices.to(device), offsets.to(device)
+    got, got_lse = kk.merge_ragged_states(out, lse, offsets, indices)
+    ref, ref_lse = kk.merge_ragged_states_ref(out, lse, offsets, indices)
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got_lse, ref_lse, atol=1e-6, rtol=1e-5)
+    assert not got.isnan().any()
+    assert (got[[0, 4]] == 0).all() and torch.isneginf(got_lse[[0, 4]]).all()  # no states: 0, -inf
+    for j in (1, 2, 3):  # as merge_attention_states over the group's states
+        chosen = indices[offsets[j]:offsets[j + 1]].long()
+        expected = kk.merge_attention_states(out[chosen], lse[chosen], dim=0)
+        torch.testing.assert_close(got[j], expected[0], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [0, 70])
+def test_triton_backend_shared_decode_equals_torch(window):
+    """TritonBackend's states and merge against TorchBackend's on one plan, in two pool passes."""
+    from kvpage_cli.engine.backend import LayerBlocks, TorchBackend, TritonBackend
+
+    num_kv_heads, group, head_dim, scale = 1, 3, 64, 0.125
+    k_slots, v_slots, valid = shared_pool(5, num_kv_heads, head_dim, torch.float32, seed=13)
+    blocks = LayerBlocks(None, None, lambda slots: (k_slots[slots], v_slots[slots]), k_slots, v_slots, valid)
+    lists = SHARED_LISTS[:3] + [[(0, 0), (3, 1), (4, 2)]]  # the pool never lists an invalid slot
+    plan = shared_plan(lists, SHARED_POSITIONS)
+    q = torch.randn(4, num_kv_heads * group, head_dim, generator=torch.Generator().manual_seed(14))
+    results = {}
+    for backend in (TorchBackend(num_kv_heads * group, num_kv_heads, head_dim, scale),
+                    TritonBackend(kk, num_kv_heads * group, num_kv_heads, head_dim, scale)):
+        states, lse = backend.states(plan.num_pairs, q.device)
+        middle = 2
+        for part in (plan.items(0, middle), plan.items(middle, plan.item_ids.numel())):
+            backend.decode_states(q, part, blocks, window, states, lse)
+        results[backend.name] = (states, lse, backend.merge(states, lse, plan))
+    # fp32 both ways; they differ in summation order and exp2 vs exp: 1e-5 abs+rel
+    for got, expected in zip(results["triton"], results["torch"]):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+    # a query gets the same bits decoded alone as batched with the queries sharing its blocks
+    triton = TritonBackend(kk, num_kv_heads * group, num_kv_heads, head_dim, scale)
+    for j in range(4):
+        alone = shared_plan([lists[j]], [SHARED_POSITIONS[j]])
+        states, lse = triton.states(alone.num_pairs, q.device)
+        triton.decode_states(q[j:j + 1], alone, blocks, window, states, lse)
+        assert torch.equal(triton.merge(states, lse, alone)[0], results["triton"][2][j])
 
 
 # -- the engine's triton backend, end to end (interpreter on CPU, compiled on CUDA) --------------

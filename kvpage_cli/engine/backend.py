@@ -6,15 +6,16 @@ One interface, chosen once when the engine loads:
 |---|---|---|---|
 | torch  | the reference: `attention.block_states` | `attention.merge_states` | `store_prefill` (one causal flash pass, or per-block states over store views), `pool_prefill` (per-block states pass after pass) |
 | native | C kernels over an address table (store or pool) | C, in logical order | as torch, the pool path's states folded in C |
-| triton | `paged_decode_attention` over pool slots | `merge_attention_states` | `paged_prefill_attention` over pool slots |
+| triton | `shared_decode_states` over pool slots (each block read once for its queries) | `merge_ragged_states`, in logical order | `paged_prefill_attention` over pool slots |
 
 Dispatch only decides which blocks a step reads and from where; every attention computation is
-behind this interface. What is bit-identical (README, "Exactness, precisely"): every backend computes each (block, query) state on
-its own and merges a query's states in logical block order, so results do not depend on which
-slots or passes held the blocks. With the native backend a decode query's state also does not
-depend on the other queries of its step: batched decoding gives each sequence the bits it gets
-alone. The store path's prefill (one flash-attention call over the blocks every row sees whole)
-is exact to rounding, within 1e-5 of the per-block path, not bit-identical to it (tested).
+behind this interface. What is bit-identical (README, "Exactness, precisely"): every backend
+computes each (block, query) state on its own and merges a query's states in logical block order,
+so results do not depend on which slots or passes held the blocks. With the native and Triton
+backends a decode query's state also does not depend on the other queries of its step: batched
+decoding gives each sequence the bits it gets alone. The store path's prefill (one
+flash-attention call over the blocks every row sees whole) is exact to rounding, within 1e-5 of
+the per-block path, not bit-identical to it (tested).
 """
 
 from __future__ import annotations
@@ -233,44 +234,16 @@ class TritonBackend(TorchBackend):
         self.ops = ops
 
     def decode_states(self, q, plan, blocks, window, states, lse) -> None:
-        # one split per entry: each sequence's list names its pairs' slots, so every split is one
-        # (block, query) state
+        # one launch: each item's block is read once from its slot for all the queries that share it
         device = q.device
-        counts = (plan.item_off[1:] - plan.item_off[:-1]).to(torch.int64)
-        first_pair = int(plan.item_off[0])
-        pairs = torch.arange(first_pair, first_pair + int(counts.sum()))
-        queries = plan.pair_query[pairs].to(torch.int64)
-        slots = torch.repeat_interleave(plan.item_ids, counts)
-        positions = torch.repeat_interleave(plan.item_pos, counts)
-        width = int(torch.bincount(queries, minlength=plan.num_queries).max()) if pairs.numel() else 0
-        if width == 0:
-            return
-        table = torch.full((plan.num_queries, width), -1, dtype=torch.int32)
-        block_pos = torch.zeros((plan.num_queries, width), dtype=torch.int32)
-        column = torch.zeros(plan.num_queries, dtype=torch.int64)
-        where = torch.empty(pairs.numel(), dtype=torch.int64)
-        for n, query in enumerate(queries.tolist()):  # pairs come item by item: columns in logical order
-            where[n] = column[query]
-            column[query] += 1
-        table[queries, where] = slots
-        block_pos[queries, where] = positions
-        out, l = self.ops.paged_decode_attention(
-            q.to(blocks.k_slots.dtype).contiguous(), blocks.k_slots, blocks.v_slots, blocks.valid, table.to(device),
-            block_pos.to(device), (plan.q_pos + 1).to(torch.int32).to(device), scale=self.scale, window=window,
-            num_splits=width)
-        states[pairs] = out[queries, where].to(states.device)
-        lse[pairs] = l[queries, where].to(lse.device)
+        self.ops.shared_decode_states(
+            q.contiguous(), blocks.k_slots, blocks.v_slots, blocks.valid, plan.item_ids.to(device),
+            plan.item_pos.to(device), plan.item_off.to(device), plan.pair_query.to(device), plan.q_pos.to(device),
+            plan.q_end.to(device), scale=self.scale, window=window, out=states, lse=lse)
 
     def merge(self, states, lse, plan) -> torch.Tensor:
-        out = torch.empty(plan.num_queries, self.num_heads, self.head_dim, device=states.device)
-        for j in range(plan.num_queries):
-            pairs = plan.q_pairs[int(plan.q_off[j]):int(plan.q_off[j + 1])].to(torch.int64)
-            if pairs.numel() == 0:
-                out[j] = 0.0
-                continue
-            out[j] = self.ops.merge_attention_states(states[pairs.to(states.device)], lse[pairs.to(states.device)],
-                                                     dim=0)[0]
-        return out
+        device = states.device
+        return self.ops.merge_ragged_states(states, lse, plan.q_off.to(device), plan.q_pairs.to(device))[0]
 
     def pool_prefill(self, q, q_start, blocks, passes, window) -> torch.Tensor:
         q_pos = torch.arange(q_start, q_start + q.shape[0], dtype=torch.int32, device=q.device)
