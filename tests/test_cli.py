@@ -93,6 +93,18 @@ def stats_only(stderr: str) -> None:
 
 # -- help ---------------------------------------------------------------------------------------
 
+def test_the_cli_defaults_are_the_engine_configs():
+    """Every option that feeds EngineConfig shows and uses EngineConfig's own default."""
+    from kvpage_cli.cli.options import SHARED
+    from kvpage_cli.engine import EngineConfig
+
+    config = EngineConfig()
+    fed = [s for s in SHARED if isinstance(s.config, str) and s.name != "model"]
+    assert {s.name for s in fed} >= {"mode", "pool_mib", "dtype", "device", "backend", "policy", "cache_mib"}
+    for shared in fed:
+        assert shared.default == getattr(config, shared.config), shared.name
+
+
 def test_help_lists_the_commands(cli):
     result = cli("--help", model=False)
     assert result.exit_code == 0
