@@ -118,7 +118,7 @@ def hostile_repo(folder: Path) -> Path:
 def fork_and_release(engine, asker) -> bool:
     """Prefills the asker's document, forks it once per question, decodes a few tokens of each
     answer, releases the forks: are the store's bytes in use what they were before the forks?"""
-    base = engine.prefill(asker.prefix_ids, use_cache=False)
+    base = engine.prefill(asker.prefix_ids)  # a saved-KV hit when the document was asked before
     gc.collect()  # contexts dropped earlier must not be finalized between the two readings
     before = engine.store.bytes_used
     forks = [engine.fork(base) for _ in asker.question_ids]
