@@ -46,7 +46,7 @@ from common import CUAD, REPO, table  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 
-from tests import hostile as hostile_files  # noqa: E402  (stdlib only: builds the hostile DOCX files)
+from tests import hostile as hostile_files  # noqa: E402  (stdlib only: builds the hostile files)
 
 NEW_TOKENS = 12
 FORKS = 4
@@ -93,26 +93,8 @@ def documents(folder: Path, tokenizer, limit: int) -> dict[str, Path]:
         path = folder / f"{name}.docx"
         path.write_bytes(data)
         docs[f"adversarial-{name}"] = path
-    docs["adversarial-repo"] = hostile_repo(folder)
+    docs["adversarial-repo"] = hostile_files.hostile_repo(folder)
     return docs
-
-
-def hostile_repo(folder: Path) -> Path:
-    """A repository with a '!' and a '\\' line in .gitignore, a link to a file outside it, a
-    directory link loop, a FIFO and a link to a gitignored .env (as tests/test_ingest_repo.py)."""
-    outside = folder / "outside-secret.txt"
-    outside.write_text("the password outside the repository\n")
-    repo = folder / "hostile-repo"
-    (repo / "src").mkdir(parents=True)
-    (repo / ".gitignore").write_text("!\n.env\n\\\n*.log\n")
-    (repo / ".env").write_text("API_KEY=ignored-secret\n")
-    (repo / "debug.log").write_text("ignored by the valid line after the invalid ones\n")
-    (repo / "src" / "app.py").write_text("RATE = 0.2\n")
-    (repo / "outside.txt").symlink_to(outside)
-    (repo / "settings.txt").symlink_to(repo / ".env")
-    (repo / "src" / "loop").symlink_to(repo / "src", target_is_directory=True)
-    os.mkfifo(repo / "pipe.txt")
-    return repo
 
 
 def fork_and_release(engine, asker) -> bool:

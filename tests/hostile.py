@@ -1,11 +1,12 @@
 """Hostile inputs built in code (nothing big is committed): DOCX files that amplify, inflate or
-nest without end, and a helper that reads a document in a fresh interpreter and reports its peak
-memory."""
+nest without end, a repository full of traps, and a helper that reads a document in a fresh
+interpreter and reports its peak memory."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -88,6 +89,25 @@ def nesting_bomb(depth: int = 1500) -> bytes:
     run = '<w:r><w:t>deep text</w:t></w:r>'
     body = "<w:p>" + "<w:hyperlink>" * depth + run + "</w:hyperlink>" * depth + "</w:p>"
     return docx_bytes(document_xml(paragraph("1. Scope. The supplier delivers.") + body))
+
+
+def hostile_repo(folder: Path) -> Path:
+    """A repository under `folder` with a '!' and a '\\' line in .gitignore, a link to a file
+    outside it (folder/outside-secret.txt), a directory link loop, a FIFO and a link to its
+    gitignored .env."""
+    outside = folder / "outside-secret.txt"
+    outside.write_text("the password outside the repository\n")
+    repo = folder / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / ".gitignore").write_text("!\n.env\n\\\n*.log\n")
+    (repo / ".env").write_text("API_KEY=ignored-secret\n")
+    (repo / "debug.log").write_text("ignored by the valid line after the invalid ones\n")
+    (repo / "src" / "app.py").write_text("RATE = 0.2\n")
+    (repo / "outside.txt").symlink_to(outside)
+    (repo / "settings.txt").symlink_to(repo / ".env")
+    (repo / "src" / "loop").symlink_to(repo / "src", target_is_directory=True)
+    os.mkfifo(repo / "pipe.txt")
+    return repo
 
 
 def read_in_child(path: Path) -> dict:

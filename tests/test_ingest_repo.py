@@ -7,6 +7,8 @@ import pytest
 
 from kvpage_cli.ingest import NothingReadable, load, read_repo
 
+from .hostile import hostile_repo
+
 
 def build_tree(root):
     files = {
@@ -97,22 +99,10 @@ def test_a_hostile_repository_is_read_warned_and_nothing_followed_out(tmp_path):
     """Invalid .gitignore lines, a link to a file outside, a directory link loop, a FIFO and a
     link to a gitignored .env: the rest is read, each is warned about, nothing outside is read
     and nothing blocks (a FIFO opened for reading waits for a writer forever)."""
-    import os
     import subprocess
     import sys
 
-    outside = tmp_path / "outside-secret.txt"
-    outside.write_text("the password outside the repository\n")
-    repo = tmp_path / "repo"
-    (repo / "src").mkdir(parents=True)
-    (repo / ".gitignore").write_text("!\n.env\n\\\n*.log\n")
-    (repo / ".env").write_text("API_KEY=ignored-secret\n")
-    (repo / "debug.log").write_text("ignored by the valid line after the invalid ones\n")
-    (repo / "src" / "app.py").write_text("RATE = 0.2\n")
-    (repo / "outside.txt").symlink_to(outside)
-    (repo / "settings.txt").symlink_to(repo / ".env")
-    (repo / "src" / "loop").symlink_to(repo / "src", target_is_directory=True)
-    os.mkfifo(repo / "pipe.txt")
+    repo = hostile_repo(tmp_path)
 
     script = (f"from kvpage_cli.ingest import read_repo\n"
               f"doc = read_repo({str(repo)!r})\n"
