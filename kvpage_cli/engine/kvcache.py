@@ -50,11 +50,11 @@ import numpy as np
 import torch
 from filelock import FileLock, Timeout
 
+from .block_manager import BlockManager
 from .config import BLOCK_TOKENS, DEFAULT_CACHE_MIB
 from .context import Context
 from .events import EngineWarning, EventCallback, emit
 from .home import default_home, fsync_dir, private_dir, writer_gone
-from .block_manager import BlockManager
 
 KV_FORMAT_VERSION = 1
 """Version of kvpage's KV layout (what a block holds, RoPE baked into K, the segment file format).
