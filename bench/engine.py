@@ -7,6 +7,7 @@ decode: 128 greedy tokens, each fed back). Run:
 
     python bench/engine.py                       # SmolLM2 at 1K/4K/8K, Gemma 3 270M at 8K/16K/32K
     python bench/engine.py --models smollm2 --contexts 4096 --json out.json
+    python bench/engine.py --models smollm2 --kv-paths store --weights gguf,float32,int8,int4,bfloat16
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from common import peak_rss_mib, prompt_ids, read_bandwidth_gbs, run_worker, tab
 DEFAULT_CONTEXTS = {"smollm2": [1024, 4096, 8192], "gemma3-270m": [8192, 16384, 32768]}
 
 
-def worker_kvpage(model: str, length: int, new_tokens: int, dtype: str, pool_mib: float, kv_path: str, home: str | None) -> dict:
+def worker_kvpage(model: str, length: int, new_tokens: int, dtype: str, pool_mib: float, kv_path: str, home: str | None,
+                  weights: str = "auto") -> dict:
     from kvpage_cli.engine import Engine, EngineConfig
 
-    engine = Engine.load(model, EngineConfig(pool_mib=pool_mib, dtype=dtype, kv_path=kv_path, home=home))
+    started = time.perf_counter()
+    engine = Engine.load(model, EngineConfig(pool_mib=pool_mib, dtype=dtype, kv_path=kv_path, home=home, weights=weights))
+    load_s = time.perf_counter() - started
     ids = prompt_ids(engine.tokenizer, length - new_tokens)
     list(engine.generate(engine.prefill(ids[:80]), max_new_tokens=2, stop=()))  # warm-up: first calls, kernels
     engine.reset_stats()
@@ -51,6 +55,8 @@ def worker_kvpage(model: str, length: int, new_tokens: int, dtype: str, pool_mib
         "weight_mib": stats.weight_bytes / 2**20,
         "kv_bytes_per_token": engine.kv_bytes_per_token(),
         "path": f"{stats.backend}/{stats.kv_path}",
+        "weights": engine.runner.weights,
+        "load_s": load_s,
         "blocks_moved": stats.blocks_moved,
         "peak_rss_mib": peak_rss_mib(),
         "tokens": tokens,
@@ -135,6 +141,8 @@ def main() -> None:
     parser.add_argument("--pool-mib", type=float, default=8.0, help="kvpage pool size (far smaller than the KV)")
     parser.add_argument("--kv-paths", default="store,pool", help="kvpage paths to run: store (read in place), pool")
     parser.add_argument("--systems", default="kvpage,transformers,llama.cpp")
+    parser.add_argument("--weights", default="auto", help="kvpage weight formats to run, comma-separated "
+                                                          "(auto, float32, gguf, int8, int4, bfloat16)")
     parser.add_argument("--home", default=None, help="KVPAGE_HOME for converted weights")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
@@ -144,7 +152,8 @@ def main() -> None:
         system, model, length = args.worker[0], args.worker[1], int(args.worker[2])
         home = args.home
         if system == "kvpage":
-            result = worker_kvpage(model, length, args.new_tokens, args.dtype, args.pool_mib, args.worker[3], home)
+            result = worker_kvpage(model, length, args.new_tokens, args.dtype, args.pool_mib, args.worker[3], home,
+                                   args.worker[4])
         elif system == "transformers":
             result = worker_transformers(model, length, args.new_tokens, args.dtype, home)
         else:
@@ -175,8 +184,8 @@ def main() -> None:
                 if "not installed" not in result.get("error", ""):
                     rows.append({"model": model, "context": length, **result, **_ratios(result, base)})
             if "kvpage" in systems:
-                for kv_path in args.kv_paths.split(","):
-                    result = run_worker(Path(__file__), ["kvpage", model, str(length), kv_path, *common])
+                for kv_path, weights in [(p, w) for p in args.kv_paths.split(",") for w in args.weights.split(",")]:
+                    result = run_worker(Path(__file__), ["kvpage", model, str(length), kv_path, weights, *common])
                     result.update(_ratios(result, base))
                     if "weight_mib" in result:
                         # bytes a decode step must read: the weights and every block held (sliding-window
@@ -190,7 +199,7 @@ def main() -> None:
                     print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens"}), flush=True)
 
     columns = [
-        ("model", "model"), ("context", "ctx"), ("system", "system"), ("path", "path"),
+        ("model", "model"), ("context", "ctx"), ("system", "system"), ("path", "path"), ("weights", "weights"),
         ("prefill_tok_s", "prefill tok/s"), ("decode_tok_s", "decode tok/s"),
         ("prefill_ratio", "prefill x"), ("decode_ratio", "decode x"), ("same_tokens", "same tok"),
         ("pool_mib", "pool MiB"), ("store_mib", "store MiB"), ("peak_rss_mib", "peak RSS MiB"),

@@ -41,6 +41,10 @@ def test_smollm2_second_load_reads_the_cache(smollm2, kv_home):
     events = []
     Engine.load("smollm2", EngineConfig(home=str(kv_home)), on_event=events.append)
     stages = [e.stage for e in events if isinstance(e, ModelLoading)]
+    assert stages == ["mapping the GGUF file's quantized weights"]  # no metadata or tokenizer read again
+    events = []
+    Engine.load("smollm2", EngineConfig(home=str(kv_home), weights="float32"), on_event=events.append)
+    stages = [e.stage for e in events if isinstance(e, ModelLoading)]
     assert stages == ["loading weights"]  # nothing dequantized again
 
 

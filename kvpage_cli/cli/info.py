@@ -72,11 +72,23 @@ def describe(engine: Engine, source: str) -> dict:
         "pool_slots_per_layer": engine.pool.num_slots,
         "store_mib": round(stats.store_bytes / MIB, 2),
         "weights_mib": round(stats.weight_bytes / MIB, 1),
+        "weights": engine.runner.weights,
+        "weights_option": engine.config.weights,
+        "weights_mib_by_format": {name: round(size / MIB, 1) for name, size in engine.runner.weight_formats().items()},
         "device": str(engine.device),
         "backend": engine.backend.name,
         "kv_path": engine.kv_path,
         "mode": engine.config.mode,
     }
+
+
+def _weights(d: dict) -> str:
+    parts = ", ".join(f"{name} {mib:,.1f} MiB" for name, mib in d["weights_mib_by_format"].items())
+    kept = {"gguf": "the GGUF file's own blocks, mapped from the file", "float32": f"{d['dtype']}",
+            "bfloat16": "bfloat16, made at load", "int8": "int8 with a scale per output channel, made at load",
+            "int4": "int4 in groups of 32 (Q4_1), made at load"}[d["weights"]]
+    how = (f"--weights auto chose {d['weights']}" if d["weights_option"] == "auto" else f"--weights {d['weights']}")
+    return f"{d['weights_mib']:,.1f} MiB as {kept} ({parts}); {how}"
 
 
 def _text(d: dict) -> str:
@@ -95,7 +107,7 @@ def _text(d: dict) -> str:
                             "(sliding layers keep a fixed window)" if d["sliding_window_layers"] else "")),
         ("pool", f"{d['pool_mib']:,.1f} MiB, {d['pool_slots_per_layer']:,} slots of {d['block_tokens']} tokens per layer"),
         ("store", f"{d['store_mib']:,.1f} MiB in use"),
-        ("weights", f"{d['weights_mib']:,.1f} MiB in {d['dtype']}"),
+        ("weights", _weights(d)),
         ("device", d["device"]),
         ("backend", d["backend"]),
         ("kv path", d["kv_path"]),

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Callable, Literal
 import typer
 
 from ..engine import DEFAULT_MODEL, EngineConfig
-from ..engine.config import BACKENDS, DEVICES, DTYPES, MODES, POLICIES, default
+from ..engine.config import BACKENDS, DEVICES, DTYPES, MODES, POLICIES, WEIGHTS, default
 from ..errors import UsageError
 
 # Groups of shared options.
@@ -75,6 +75,12 @@ SHARED: tuple[Shared, ...] = (
            MODEL, "pool_mib"),
     Shared("dtype", Literal[DTYPES], default("dtype"), _opt("--dtype", group=MODEL,
            help="Weights, activations and KV blocks."), MODEL, "dtype"),
+    Shared("weights", Literal[WEIGHTS], default("weights"), _opt("--weights", group=MODEL,
+           help="How weight matrices are kept and read: gguf keeps a .gguf file's own quantized blocks, "
+                "mapped from the file (faster decoding than float32 in a fraction of the memory: "
+                "bench/engine.py --weights measures it); bfloat16, int8 and int4 are made at load from float weights; auto is gguf for "
+                "a GGUF model on the native CPU kernels, else float32. Answers differ from float32 by the "
+                "rounding of the format (see 'kvpage info')."), MODEL, "weights"),
     Shared("device", Literal[DEVICES], default("device"), _opt("--device", group=MODEL,
            help="Compute device; auto picks CUDA when torch sees one."), MODEL, "device"),
     Shared("backend", Literal[BACKENDS], default("backend"), _opt("--backend", group=MODEL,

@@ -8,6 +8,7 @@ from kvpage_kernels.constants import BLOCK_TOKENS  # tokens per block: the unit 
 
 MODES = ("auto", "exact", "selective", "retrieval")
 DTYPES = ("float32", "bfloat16")
+WEIGHTS = ("auto", "float32", "bfloat16", "int8", "int4", "gguf")
 BACKENDS = ("auto", "torch", "native", "triton")
 KV_PATHS = ("auto", "pool", "store")
 DEVICES = ("auto", "cpu", "cuda")
@@ -28,6 +29,11 @@ class EngineConfig:
         (exact when the prompt fits the model's context, retrieval when it does not). The engine
         attends exactly in all but selective mode; the tasks build retrieval on it.
     dtype: "float32" or "bfloat16" for weights, activations and KV.
+    weights: the format the weight matrices are kept and read in: "float32" (of `dtype`),
+        "gguf" (a GGUF file's own quantized blocks, memory-mapped from the file), or made at
+        load: "bfloat16", "int8" (a scale per output channel), "int4" (groups of 32). All but
+        float32 run on the native CPU kernels. "auto": gguf for a GGUF source where the native
+        kernels run, else float32 (bench/engine.py --weights measures the choice).
     backend: "auto" (Triton on CUDA, the native CPU kernels on CPU when a C compiler is
         available, else torch), "torch", "native" or "triton".
     device: "auto" (CUDA when torch sees a GPU, else the CPU), "cpu" or "cuda".
@@ -58,6 +64,7 @@ class EngineConfig:
     pool_mib: float = 64.0
     mode: str = "auto"
     dtype: str = "float32"
+    weights: str = "auto"
     backend: str = "auto"
     device: str = "auto"
     prefill_chunk: int = 1024
@@ -80,6 +87,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, MODES)
         _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("weights", self.weights, WEIGHTS)
         _check_choice("backend", self.backend, BACKENDS)
         _check_choice("kv_path", self.kv_path, KV_PATHS)
         _check_choice("policy", self.policy, POLICIES)

@@ -36,7 +36,7 @@ from .sampler import sample
 from .selector import Selector
 from .spec import ModelSpec
 from .store import BlockStore
-from .weights import DEFAULT_MODEL, load_weights
+from .weights import DEFAULT_MODEL, gguf_file, load_weights
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -133,13 +133,14 @@ class Engine:
         if config.threads:
             torch.set_num_threads(config.threads)
         device = _resolve_device(config.device)
-        weights = load_weights(source, home, on_event, tokenizer)
+        backend_name, native_lib, triton_ops = _resolve_backend(config.backend, device, home, on_event)
+        weights_format = _resolve_weights(config.weights, source, home, native_lib, device, on_event)
+        weights = load_weights(source, home, on_event, tokenizer, blocks=weights_format == "gguf")
         spec = weights.spec
         dtype = _DTYPES[config.dtype]
         rope_keys = {layer.rope_key for layer in spec.layers}
         rope = rope_params_from_config(weights.config, spec.arch, rope_keys)
-        backend_name, native_lib, triton_ops = _resolve_backend(config.backend, device, home, on_event)
-        runner = ModelRunner(spec, weights.tensors, rope, dtype, device, native_lib)
+        runner = ModelRunner(spec, weights.tensors, rope, dtype, device, native_lib, weights_format)
         del weights.tensors
         if backend_name == "native":
             backend = NativeBackend(native_lib, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.attn_scale,
@@ -158,7 +159,9 @@ class Engine:
         if config.max_context and config.max_context > spec.max_position:
             emit(on_event, EngineWarning(f"max_context {config.max_context} is beyond the {spec.max_position} "
                                          "positions the model was trained on; expect worse answers past that"))
-        fingerprint = model_fingerprint(weights.fingerprint, config.dtype, rope)
+        # the weights' format changes the KV they compute: it is part of the saved KV's key
+        fingerprint = model_fingerprint(weights.fingerprint, config.dtype if weights_format == "float32"
+                                        else f"{config.dtype}|{weights_format} weights", rope)
         engine_ref: list[Engine] = []
         draft = None
         if config.draft_model and config.mode == "selective":
@@ -662,6 +665,23 @@ def _resolve_backend(name: str, device: torch.device, home: Path, on_event: Even
     if name == "triton":
         return "triton", None, _triton_ops()
     return "torch", None, None
+
+
+def _resolve_weights(name: str, source, home: Path, native_lib, device: torch.device,
+                     on_event: EventCallback | None) -> str:
+    """The weights' format: "auto" keeps a GGUF file's own blocks where the native kernels run
+    (faster and smaller than fp32: see bench/engine.py --weights), float32 otherwise."""
+    if name == "auto":
+        if native_lib is None:
+            return "float32"
+        try:
+            return "gguf" if gguf_file(source, home, on_event) is not None else "float32"
+        except ModelError:
+            return "float32"  # loading the source raises the error that says what is wrong with it
+    if name != "float32" and native_lib is None:
+        raise UsageError(f"{name} weights run on the native CPU kernels, and this engine runs without them "
+                         f"(device {device.type}); use float32 weights here")
+    return name
 
 
 def _triton_ops():

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelError
 from . import native
+from .quant import QuantLinear, QuantMatrix, quantize
 from .rope import RopeParams, apply_rope, rope_cos_sin
 from .spec import ModelSpec
 
@@ -73,25 +74,35 @@ class LayerWeights:
     norm_mlp: torch.Tensor  # post_attention_layernorm (llama family) / pre_feedforward_layernorm (gemma)
     norm_post_attn: torch.Tensor | None  # gemma only
     norm_post_mlp: torch.Tensor | None  # gemma only
-    qkv_t: torch.Tensor  # [H, (Hq + 2 Hkv) D]
+    qkv_t: torch.Tensor | QuantLinear  # [H, (Hq + 2 Hkv) D]
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o_t: torch.Tensor  # [Hq D, H]
+    o_t: torch.Tensor | QuantLinear  # [Hq D, H]
     o_bias: torch.Tensor | None
-    gate_up_t: torch.Tensor  # [H, 2 I]
+    gate_up_t: torch.Tensor | QuantLinear  # [H, 2 I]
     gate_up_bias: torch.Tensor | None
-    down_t: torch.Tensor  # [I, H]
+    down_t: torch.Tensor | QuantLinear  # [I, H]
     down_bias: torch.Tensor | None
 
 
 class ModelRunner:
+    """weights: the matrices' format: "float32" (W^T tensors of `dtype`, fused), or "bfloat16",
+    "int8", "int4" (made at load) or "gguf" (the tensors are already QuantMatrix): QuantLinear,
+    run by the native CPU kernels."""
+
     def __init__(self, spec: ModelSpec, tensors: dict[str, torch.Tensor], rope: dict[str, RopeParams],
-                 dtype: torch.dtype, device: torch.device, native_lib=None) -> None:
+                 dtype: torch.dtype, device: torch.device, native_lib=None, weights: str = "float32") -> None:
         self.spec = spec
         self.dtype = dtype
         self.device = device
         self.rope = rope
+        self.weights = weights
+        self.native = native_lib if device.type == "cpu" else None
+        compact = weights != "float32" or any(isinstance(t, QuantMatrix) for t in tensors.values())
+        if compact and self.native is None:
+            raise ModelError(f"{weights} weights run on the native CPU kernels, which this engine does not have "
+                             f"(device {device.type}); use float32 weights")
 
         def get(name: str, required: bool = True) -> torch.Tensor | None:
             tensor = tensors.get(name)
@@ -99,9 +110,19 @@ class ModelRunner:
                 if required:
                     raise ModelError(f"the weights have no tensor {name}")
                 return None
+            if isinstance(tensor, QuantMatrix):
+                raise ModelError(f"the weights' tensor {name} is a {tensor.format} matrix where a vector belongs")
             return tensor.to(device=device, dtype=dtype)
 
-        def transposed(*names: str) -> torch.Tensor:
+        def matrix(name: str) -> QuantMatrix:
+            tensor = tensors.get(name)
+            if tensor is None:
+                raise ModelError(f"the weights have no tensor {name}")
+            return tensor if isinstance(tensor, QuantMatrix) else quantize(tensor, weights)
+
+        def transposed(*names: str) -> torch.Tensor | QuantLinear:
+            if compact:
+                return QuantLinear([matrix(n) for n in names])
             parts = [get(n) for n in names]
             return torch.cat(parts, 0).t().contiguous()
 
@@ -137,37 +158,70 @@ class ModelRunner:
         if embed is None:
             raise ModelError("the weights have no tensor model.embed_tokens.weight")
         head = tensors.get("lm_head.weight")
-        if spec.tie_embeddings or head is None or head is embed:
+        tied = spec.tie_embeddings or head is None or head is embed
+        if compact:
+            self.embed = matrix("model.embed_tokens.weight")  # rows dequantized as tokens come
+            self.lm_head_t = QuantLinear([self.embed if tied else matrix("lm_head.weight")])
+            self.vocab = self.lm_head_t.out_features
+        elif tied:
             self.lm_head_t = embed.to(device=device, dtype=dtype).t().contiguous()  # [H, V]
             self.embed = None  # rows are read as columns of lm_head_t
         else:
             self.lm_head_t = head.to(device=device, dtype=dtype).t().contiguous()
             self.embed = embed.to(device=device, dtype=dtype)
+        if not compact:
+            self.vocab = self.lm_head_t.shape[1]
         self.embed_scale = (
             torch.tensor(spec.embed_scale, dtype=dtype, device=device) if spec.embed_scale is not None else None
         )
         q_size = spec.num_heads * spec.head_dim
         kv_size = spec.num_kv_heads * spec.head_dim
         self._split = (q_size, kv_size, kv_size)
-        self.native = native_lib if device.type == "cpu" else None
 
-    def linear(self, x: torch.Tensor, w_t: torch.Tensor, rows: Rows) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, w_t: torch.Tensor | QuantLinear, rows: Rows) -> torch.Tensor:
         """x: [N, in] @ w_t: [in, out], part by part (see Rows)."""
         if len(rows.parts) == 1:
             return self._part(x, w_t, rows.parts[0][1])
         return torch.cat([self._part(x[part], w_t, small) for part, small in rows.parts])
 
-    def _part(self, x: torch.Tensor, w_t: torch.Tensor, small: bool) -> torch.Tensor:
+    def _part(self, x: torch.Tensor, w_t: torch.Tensor | QuantLinear, small: bool) -> torch.Tensor:
+        if isinstance(w_t, QuantLinear):
+            return w_t(self.native, x, small).to(x.dtype)
         if small and self.native is not None:
             return native.gemm_rows(self.native, x.float().contiguous(), w_t).to(x.dtype)
         return x @ w_t
 
     @property
     def weight_bytes(self) -> int:
+        """Bytes of the weights the runner reads (a GGUF file's mapped blocks included)."""
+        seen, total = set(), 0
         tensors = [self.lm_head_t, self.final_norm] + ([self.embed] if self.embed is not None else [])
         for layer in self.layers:
             tensors += [t for t in vars(layer).values() if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        for t in tensors:
+            for part in (t.parts if isinstance(t, QuantLinear) else [t]):
+                if id(part) not in seen:
+                    seen.add(id(part))
+                    total += part.nbytes if isinstance(part, QuantMatrix) else part.numel() * part.element_size()
+        return total
+
+    def weight_formats(self) -> dict[str, int]:
+        """Bytes of the weight matrices by format ("float32", "Q4_1", "int8", ...), largest first."""
+        seen, sizes = set(), {}
+        matrices = [self.lm_head_t] + ([self.embed] if self.embed is not None else [])
+        for layer in self.layers:
+            matrices += [layer.qkv_t, layer.o_t, layer.gate_up_t, layer.down_t]
+        for m in matrices:
+            for part in (m.parts if isinstance(m, QuantLinear) else [m]):
+                if id(part) in seen:
+                    continue
+                seen.add(id(part))
+                if isinstance(part, QuantMatrix):
+                    sizes[part.format] = sizes.get(part.format, 0) + part.nbytes
+                else:
+                    name = str(part.dtype).removeprefix("torch.")
+                    sizes[name] = sizes.get(name, 0) + part.numel() * part.element_size()
+        return dict(sorted(sizes.items(), key=lambda item: -item[1]))
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm as the architecture does it (Gemma: (1 + w), scaled in fp32 before the cast)."""
@@ -179,7 +233,9 @@ class ModelRunner:
 
     def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
         """token_ids: [T] -> hidden: [T, H]."""
-        if self.embed is not None:
+        if isinstance(self.embed, QuantMatrix):
+            h = self.embed.take(self.native, token_ids.cpu()).to(device=self.device, dtype=self.dtype)
+        elif self.embed is not None:
             h = self.embed[token_ids]
         else:
             h = self.lm_head_t[:, token_ids].t()
@@ -235,7 +291,7 @@ class ModelRunner:
                 h = h + a
                 h = h + self.mlp(self.norm(h, w.norm_mlp), w, rows)
         if logit_rows.numel() == 0:  # prompt chunks before their last: no logits wanted
-            return torch.empty(0, self.lm_head_t.shape[1])
+            return torch.empty(0, self.vocab)
         last = h[logit_rows]
         logits = self.linear(self.norm(last, self.final_norm), self.lm_head_t, logit_groups).float()
         if spec.final_logit_softcap:

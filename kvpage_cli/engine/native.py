@@ -30,7 +30,7 @@ from .config import BLOCK_TOKENS
 
 _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
           f"-DBLOCK_TOKENS={BLOCK_TOKENS}"]
-_SOURCES = ("attention.c", "linear.c")
+_SOURCES = ("attention.c", "linear.c", "quant.c")
 _LIB: ctypes.CDLL | None = None
 
 
@@ -65,6 +65,10 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_fold_states.restype = None
     lib.kvp_gemm_rows.argtypes = [i32, ptr, i64, ptr, i64, i32, i32, i32, ptr, i64]
     lib.kvp_gemm_rows.restype = None
+    lib.kvp_qgemm_rows.argtypes = [i32, ptr, i64, ptr, i64, i32, i32, i32, ptr, i64]
+    lib.kvp_qgemm_rows.restype = i32
+    lib.kvp_dequant_rows.argtypes = [i32, ptr, i64, ptr, i32, i32, ptr, i64]
+    lib.kvp_dequant_rows.restype = i32
     _LIB = lib
     return lib
 

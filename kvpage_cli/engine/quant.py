@@ -1,0 +1,164 @@
+"""Weight matrices kept in a compact format and multiplied without expanding them.
+
+A `QuantMatrix` is W[N, K] as rows of bytes in one of the formats the native kernels read
+(native/quant.c): a GGUF file's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+F16, BF16, F32), memory-mapped from the file, or a format made at load from float weights:
+bfloat16, int8 (one fp32 scale per output channel) and int4 (groups of 32 with a scale and a
+minimum: GGUF's Q4_1 layout). A few rows (decode steps, batches) go through the native
+dequantize-and-dot kernel, each row's result independent of the others; a long prompt chunk
+dequantizes W a slice of output rows at a time into fp32 and multiplies it with torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import ModelError
+
+WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8", "int4", "gguf")
+
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
+I8_ROW = 1000  # kvpage's int8 rows: an fp32 scale, then K int8 values
+
+# values per block, bytes per block (native/quant.c's kvp_quant_block)
+BLOCKS = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
+          Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
+NAMES = {F32: "F32", F16: "F16", BF16: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0",
+         Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", I8_ROW: "int8"}
+
+DEQUANT_CHUNK_BYTES = 4 << 20
+"""A long chunk's matrix multiplication dequantizes this many bytes of fp32 weights at a time."""
+
+
+def row_bytes(qtype: int, cols: int) -> int:
+    if qtype == I8_ROW:
+        return 4 + cols
+    values, size = BLOCKS[qtype]
+    if cols % values:
+        raise ModelError(f"a {NAMES[qtype]} row holds a multiple of {values} values, not {cols}")
+    return cols // values * size
+
+
+@dataclass(eq=False)
+class QuantMatrix:
+    """W[N, K] (N = `rows` output features, K = `cols` inputs) as N rows of bytes of `qtype`.
+
+    data: uint8 [N, row_bytes], C-contiguous (a numpy memmap over a GGUF file, or owned bytes).
+    out_perm: output feature i is the matrix's row out_perm[i] (llama GGUF files store Q and K
+    rows permuted for their rotary layout); None when the rows are in order."""
+
+    qtype: int
+    data: np.ndarray
+    rows: int
+    cols: int
+    out_perm: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.qtype not in NAMES:
+            raise ModelError(f"weights in GGML format {self.qtype} are not supported "
+                             f"(supported: {', '.join(sorted(NAMES.values()))})")
+        expected = (self.rows, row_bytes(self.qtype, self.cols))
+        if self.data.dtype != np.uint8 or tuple(self.data.shape) != expected or not self.data.flags.c_contiguous:
+            raise ModelError(f"a {NAMES[self.qtype]} matrix of {self.rows}x{self.cols} needs {expected[0]}x{expected[1]} "
+                             f"contiguous bytes, got {self.data.dtype} {tuple(self.data.shape)}")
+        self._addr = self.data.ctypes.data
+
+    @property
+    def format(self) -> str:
+        return NAMES[self.qtype]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def matmul(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool) -> torch.Tensor:
+        """x: [M, K] -> x @ W^T: [M, N] fp32."""
+        x = x.float().contiguous()
+        if few_rows:
+            y = torch.empty(x.shape[0], self.rows)
+            rc = lib.kvp_qgemm_rows(self.qtype, x.data_ptr(), x.stride(0), self._addr, self.data.shape[1], x.shape[0],
+                                    self.cols, self.rows, y.data_ptr(), y.stride(0))
+            if rc != 0:
+                raise RuntimeError(f"the native {self.format} kernel failed ({rc})")
+        else:
+            y = torch.empty(x.shape[0], self.rows)
+            step = max(16, DEQUANT_CHUNK_BYTES // (4 * self.cols))
+            for start in range(0, self.rows, step):
+                stop = min(start + step, self.rows)
+                y[:, start:stop] = x @ self._dequantize(lib, torch.arange(start, stop)).t()
+        return y if self.out_perm is None else y[:, self.out_perm]
+
+    def take(self, lib: ctypes.CDLL, features: torch.Tensor) -> torch.Tensor:
+        """Output features' rows of W (e.g. token embeddings), dequantized: [len(features), K] fp32."""
+        rows = features if self.out_perm is None else self.out_perm[features]
+        return self._dequantize(lib, rows)
+
+    def dequantize(self, lib: ctypes.CDLL) -> torch.Tensor:
+        """All of W as fp32 [N, K], rows in output-feature order."""
+        return self.take(lib, torch.arange(self.rows))
+
+    def _dequantize(self, lib: ctypes.CDLL, rows: torch.Tensor) -> torch.Tensor:
+        rows = rows.to(torch.int64).contiguous()
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.rows):
+            raise IndexError(f"row index out of range for a matrix of {self.rows} rows")
+        out = torch.empty(rows.numel(), self.cols)
+        rc = lib.kvp_dequant_rows(self.qtype, self._addr, self.data.shape[1], rows.data_ptr(), rows.numel(), self.cols,
+                                  out.data_ptr(), out.stride(0))
+        if rc != 0:
+            raise RuntimeError(f"the native {self.format} kernel failed ({rc})")
+        return out
+
+
+class QuantLinear:
+    """Several QuantMatrix whose outputs are concatenated (Q, K and V; gate and up): each keeps
+    its own format (a GGUF file mixes them), so they are not fused into one matrix."""
+
+    def __init__(self, parts: list[QuantMatrix]) -> None:
+        self.parts = parts
+        self.out_features = sum(p.rows for p in parts)
+
+    def __call__(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool) -> torch.Tensor:
+        if len(self.parts) == 1:
+            return self.parts[0].matmul(lib, x, few_rows)
+        return torch.cat([p.matmul(lib, x, few_rows) for p in self.parts], dim=-1)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def formats(self) -> list[str]:
+        return [p.format for p in self.parts]
+
+
+def quantize(weight: torch.Tensor, fmt: str) -> QuantMatrix:
+    """A float matrix W[N, K] made into `fmt` ("bfloat16", "int8" or "int4") at load."""
+    weight = weight.detach().float().contiguous()
+    rows, cols = weight.shape
+    if fmt in ("int8", "int4") and cols % 32:
+        raise ModelError(f"{fmt} weights need inputs in groups of 32; this model has a matrix of {cols} inputs "
+                         "(use --weights bfloat16 or float32)")
+    if fmt == "bfloat16":
+        data = weight.to(torch.bfloat16).view(torch.uint8).reshape(rows, -1)
+        return QuantMatrix(BF16, data.numpy(), rows, cols)
+    if fmt == "int8":
+        scale = weight.abs().amax(dim=1, keepdim=True) / 127.0
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = torch.round(weight / scale).clamp_(-127, 127).to(torch.int8)
+        data = torch.cat([scale.view(torch.uint8).reshape(rows, 4), q.view(torch.uint8)], dim=1).contiguous()
+        return QuantMatrix(I8_ROW, data.numpy(), rows, cols)
+    if fmt == "int4":
+        from gguf import GGMLQuantizationType
+        from gguf.quants import quantize as gguf_quantize
+
+        data = gguf_quantize(weight.numpy(), GGMLQuantizationType.Q4_1)
+        return QuantMatrix(Q4_1, np.ascontiguousarray(data), rows, cols)
+    raise ValueError(f"cannot make {fmt!r} weights at load")
