@@ -31,6 +31,14 @@ def prompt_ids(tokenizer, length: int, question: str = "\n\nSummarise the obliga
 
 
 def peak_rss_mib() -> float:
+    """This process's peak resident set (MiB): VmHWM, which starts afresh at exec. (getrusage's
+    ru_maxrss does not on Linux: a worker started by a parent holding 1.2 GB reported 1.2 GB.)"""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 

@@ -9,7 +9,7 @@ import torch
 
 from kvpage_cli.engine import BLOCK_TOKENS, Engine, EngineConfig, native
 from kvpage_cli.engine.quant import (BF16, BLOCKS, F16, F32, I8_ROW, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
-                                     QuantMatrix, quantize)
+                                     QuantMatrix, UnsupportedFormat, quantize)
 from kvpage_cli.errors import ModelError, UsageError
 
 from .conftest import random_prompt, tiny_model
@@ -137,6 +137,8 @@ def test_formats_that_cannot_apply_say_why(kv_home):
         Engine.load(tiny_model("llama"), EngineConfig(home=str(kv_home), backend="native", weights="gguf"))
     with pytest.raises(UsageError, match="native CPU kernels"):
         Engine.load(tiny_model("llama"), EngineConfig(home=str(kv_home), backend="torch", weights="int8"))
+    with pytest.raises(UnsupportedFormat, match="IQ4_NL are not supported"):  # auto falls back to float32 on it
+        QuantMatrix(20, np.zeros((4, 18), np.uint8), 4, 32)
     with pytest.raises(ValueError, match="weights must be one of"):
         EngineConfig(weights="int3")
     auto = Engine.load(tiny_model("llama"), EngineConfig(home=str(kv_home), backend="torch"))

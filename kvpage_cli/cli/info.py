@@ -17,16 +17,19 @@ ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
 def info(*, opts: Options) -> None:
     """Show the model, its context limit, KV bytes per token, pool and store sizes, device and backend.
 
-    Loads the model (converting a GGUF once, into KVPAGE_HOME or ~/.cache/kvpage) and prints what
-    the engine would run with: architecture, context limit, KV bytes per token in float32 and
-    bfloat16, the pool (MiB and 64-token slots per layer), the store in use, the weights, the
-    device, the attention backend and how exact mode reaches blocks.
+    Loads the model and prints what the engine would run with: architecture, context limit, KV
+    bytes per token in float32 and bfloat16, the pool (MiB and 64-token slots per layer), the store
+    in use, the weights (their format and the memory they take; a GGUF file's blocks are mapped,
+    not read, so this is cheap even for a large file), the device, the attention backend and how
+    exact mode reaches blocks. With --weights float32 a GGUF file is dequantized once, into
+    KVPAGE_HOME or ~/.cache/kvpage.
 
     Examples:
 
     ```
     kvpage info
     kvpage info --model gemma3-270m --dtype bfloat16 --pool-mib 16
+    kvpage info --model ./Llama-3.2-3B-Instruct-Q4_K_M.gguf
     kvpage info --model ./my-model-folder --json
     ```
     """
@@ -75,6 +78,7 @@ def describe(engine: Engine, source: str) -> dict:
         "weights": engine.runner.weights,
         "weights_option": engine.config.weights,
         "weights_mib_by_format": {name: round(size / MIB, 1) for name, size in engine.runner.weight_formats().items()},
+        "weights_float32_mib_computed": round(engine.runner.weight_values() * 4 / MIB, 1),
         "device": str(engine.device),
         "backend": engine.backend.name,
         "kv_path": engine.kv_path,
@@ -88,7 +92,10 @@ def _weights(d: dict) -> str:
             "bfloat16": "bfloat16, made at load", "int8": "int8 with a scale per output channel, made at load",
             "int4": "int4 in groups of 32 (Q4_1), made at load"}[d["weights"]]
     how = (f"--weights auto chose {d['weights']}" if d["weights_option"] == "auto" else f"--weights {d['weights']}")
-    return f"{d['weights_mib']:,.1f} MiB as {kept} ({parts}); {how}"
+    text = f"{d['weights_mib']:,.1f} MiB as {kept} ({parts}); {how}"
+    if d["weights"] != "float32":
+        text += f"; float32 would take {d['weights_float32_mib_computed']:,.1f} MiB (computed)"
+    return text
 
 
 def _text(d: dict) -> str:

@@ -31,6 +31,7 @@ from .model import SMALL_ROWS, ModelRunner, Rows
 from .mover import Mover
 from .policy import DraftPolicy, QuestPolicy, make_policy
 from .pool import SlotPool
+from .quant import UnsupportedFormat
 from .rope import rope_params_from_config
 from .sampler import sample
 from .selector import Selector
@@ -135,7 +136,14 @@ class Engine:
         device = _resolve_device(config.device)
         backend_name, native_lib, triton_ops = _resolve_backend(config.backend, device, home, on_event)
         weights_format = _resolve_weights(config.weights, source, home, native_lib, device, on_event)
-        weights = load_weights(source, home, on_event, tokenizer, blocks=weights_format == "gguf")
+        try:
+            weights = load_weights(source, home, on_event, tokenizer, blocks=weights_format == "gguf")
+        except UnsupportedFormat as exc:
+            if config.weights != "auto":
+                raise
+            emit(on_event, EngineWarning(f"{exc}; using float32 weights (dequantized once)"))
+            weights_format = "float32"
+            weights = load_weights(source, home, on_event, tokenizer)
         spec = weights.spec
         dtype = _DTYPES[config.dtype]
         rope_keys = {layer.rope_key for layer in spec.layers}

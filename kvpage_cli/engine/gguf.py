@@ -77,6 +77,13 @@ def convert_gguf(gguf_path: Path, target: Path, on_event: EventCallback | None =
         text = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise ModelError(f"{display} could not be converted: {text}") from exc
 
+    _write_folder(target, config, tokenizer, {"source": str(gguf_path), "dequantized_from": "gguf"}, tensors)
+    return target
+
+
+def _write_folder(target: Path, config, tokenizer, marker: dict, tensors: dict | None = None) -> None:
+    """Writes config, tokenizer, weights (if any) and kvpage.json into `target`, atomically: a
+    temporary folder beside it, renamed into place."""
     from safetensors.torch import save_file
 
     private_dir(target.parent)
@@ -84,17 +91,15 @@ def convert_gguf(gguf_path: Path, target: Path, on_event: EventCallback | None =
     try:
         config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "kvpage.json").write_text(
-            json.dumps({"format": CACHE_FORMAT, "source": str(gguf_path), "dequantized_from": "gguf"}, indent=2)
-        )
+        if tensors is not None:
+            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "kvpage.json").write_text(json.dumps({"format": CACHE_FORMAT, **marker}, indent=2))
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
 
 
 def _dequantize(gguf_path: Path, config, spec, on_event: EventCallback | None):
@@ -183,18 +188,7 @@ def ensure_metadata(gguf_path: Path, target: Path, on_event: EventCallback | Non
                                                       trust_remote_code=False)
         except Exception as exc:
             raise ModelError(f"{display} could not be read as a GGUF model: {exc}") from exc
-        tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-", dir=target.parent))
-        try:
-            config.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            (tmp / "kvpage.json").write_text(json.dumps({"format": CACHE_FORMAT, "source": str(gguf_path),
-                                                         "weights": "in the source file"}, indent=2))
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        _write_folder(target, config, tokenizer, {"source": str(gguf_path), "weights": "in the source file"})
     return target
 
 

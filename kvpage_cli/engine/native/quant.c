@@ -318,22 +318,25 @@ static inline float dot(const float *a, const float *b, int K) {
     return total;
 }
 
+/* sum_b m[b] xs[b], in one fixed order. */
+static inline float offset_sum(const float *m, const float *xs, int nb) {
+    float extra = 0.0f;
+    int b0 = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 e = _mm256_setzero_ps();
+    for (; b0 + 8 <= nb; b0 += 8) e = _mm256_fmadd_ps(_mm256_loadu_ps(m + b0), _mm256_loadu_ps(xs + b0), e);
+    extra = hsum8(e);
+#endif
+    for (int b = b0; b < nb; b++) extra = __builtin_fmaf(m[b], xs[b], extra);
+    return extra;
+}
+
 /* sum_j x[j] * (d[b] q[j] + m[b]) = sum_b d[b] (sum_{j in b} x[j] q[j]) + sum_b m[b] xs[b], where
  * xs[b] is the sum of x over block b (computed once per row of x). One fixed order for a given K. */
 static inline float block_dot(const float *x, const float *xs, const float *q, const float *d, const float *m,
                               int offset, int bs, int K) {
     const int nb = K / bs;
-    float extra = 0.0f;
-    int b0 = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-    if (offset) {
-        __m256 e = _mm256_setzero_ps();
-        for (; b0 + 8 <= nb; b0 += 8) e = _mm256_fmadd_ps(_mm256_loadu_ps(m + b0), _mm256_loadu_ps(xs + b0), e);
-        extra = hsum8(e);
-    }
-#endif
-    if (offset)
-        for (int b = b0; b < nb; b++) extra = __builtin_fmaf(m[b], xs[b], extra);
+    const float extra = offset ? offset_sum(m, xs, nb) : 0.0f;
 #if defined(__AVX2__) && defined(__FMA__)
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     if (bs == 32) {

