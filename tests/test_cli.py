@@ -605,6 +605,11 @@ def test_info_text_and_json(cli):
     assert data["context_limit"] == 8192 and data["architecture"] == "llama"
     assert data["pool_slots_per_layer"] > 0 and data["store_mib"] == 0
     assert data["device"] == "cpu" and data["backend"] in ("native", "torch")
+    assert data["weights"] == "float32" and data["weights_option"] == "auto"  # a folder has no GGUF blocks
+    if data["backend"] == "native":
+        compact = json.loads(cli("info", "--weights", "int8", "--json").stdout)
+        assert compact["weights"] == "int8" and compact["weights_mib"] < data["weights_mib"] / 3
+        assert re.search(r"^weights .*int8.*; --weights int8; float32 would take", cli("info", "--weights", "int8").stdout, re.M)
 
 
 # -- colour -------------------------------------------------------------------------------------
