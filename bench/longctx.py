@@ -99,6 +99,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--home", default=None)
+    parser.add_argument("--weights", default="auto", help="the engine's weight format (auto, float32, gguf, ...)")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--log", default="longctx-cases.jsonl", help="per-case results; cases already there are skipped")
     args = parser.parse_args()
@@ -106,10 +107,11 @@ def main() -> None:
     from kvpage_cli.engine import Engine, EngineConfig
 
     # Selective mode keeps the per-block metadata every policy needs; exact rows switch selection off.
-    engine = Engine.load(args.model, EngineConfig(mode="selective", policy="quest", home=args.home, pool_mib=1024))
+    engine = Engine.load(args.model, EngineConfig(mode="selective", policy="quest", home=args.home, pool_mib=1024,
+                                                    weights=args.weights))
     tokenizer = engine.tokenizer
     haystack = tokenizer(corpus_text(), add_special_tokens=False).input_ids
-    configs = [("exact", None, None)] + [(p, p, f) for f in map(int, args.fractions.split(",")) for p in args.policies.split(",")]
+    configs = [("exact", None, None)] + [(p, p, f) for f in map(int, args.fractions.split(",")) for p in filter(None, args.policies.split(","))]
     lengths = [int(n) for n in args.lengths.split(",")]
     tasks = args.tasks.split(",")
     depths = [int(d) for d in args.depths.split(",")]
