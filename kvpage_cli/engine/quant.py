@@ -73,7 +73,7 @@ class QuantMatrix:
     def __post_init__(self) -> None:
         if self.qtype not in NAMES:
             raise UnsupportedFormat(f"weights in GGML format {_ggml_name(self.qtype)} are not supported "
-                             f"(supported: {', '.join(sorted(NAMES.values()))})")
+                                    f"(supported: {', '.join(sorted(NAMES.values()))})")
         expected = (self.rows, row_bytes(self.qtype, self.cols))
         if self.data.dtype != np.uint8 or tuple(self.data.shape) != expected or not self.data.flags.c_contiguous:
             raise ModelError(f"a {NAMES[self.qtype]} matrix of {self.rows}x{self.cols} needs {expected[0]}x{expected[1]} "
@@ -95,14 +95,13 @@ class QuantMatrix:
     def matmul(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool) -> torch.Tensor:
         """x: [M, K] -> x @ W^T: [M, N] fp32."""
         x = x.float().contiguous()
+        y = torch.empty(x.shape[0], self.rows)
         if few_rows:
-            y = torch.empty(x.shape[0], self.rows)
             rc = lib.kvp_qgemm_rows(self.qtype, x.data_ptr(), x.stride(0), self._addr, self.data.shape[1], x.shape[0],
                                     self.cols, self.rows, y.data_ptr(), y.stride(0))
             if rc != 0:
                 raise RuntimeError(f"the native {self.format} kernel failed ({rc})")
         else:
-            y = torch.empty(x.shape[0], self.rows)
             step = max(16, DEQUANT_CHUNK_BYTES // (4 * self.cols))
             for start in range(0, self.rows, step):
                 stop = min(start + step, self.rows)
