@@ -91,34 +91,29 @@ def write_model(path: Path, shape: dict, fmt: str, seed: int = 0) -> None:
     types = FORMATS[fmt]
     rng = np.random.default_rng(seed)
 
-    def tensor(name, dims, kind):
-        if kind is None:
-            return np.ones(dims, dtype=np.float32), None
-        qtype = GGMLQuantizationType[types.get(kind, types["default"])]
+    def qtype_of(kind):
+        return GGMLQuantizationType[types.get(kind, types["default"])]
+
+    def random_blocks(dims, qtype):
         values, size = GGML_QUANT_SIZES[qtype]
-        rows, cols = dims
-        blocks = rng.integers(0, 256, (rows, cols // values, size), dtype=np.uint8)
+        blocks = rng.integers(0, 256, (dims[0], dims[1] // values, size), dtype=np.uint8)
         for offset in SCALE_OFFSETS[qtype.name]:
             scales = rng.uniform(0.0005, 0.002, blocks.shape[:2]).astype(np.float16)
             blocks[:, :, offset:offset + 2] = scales[..., None].view(np.uint8).reshape(*blocks.shape[:2], 2)
-        return blocks.reshape(rows, -1), qtype
+        return blocks.reshape(dims[0], -1)  # the writer takes quantized rows as bytes
 
-    infos = []
     for name, dims, kind in plan:
         if kind is None:
             writer.add_tensor_info(name, dims, np.dtype(np.float32), 4 * int(np.prod(dims)))
         else:
-            qtype = GGMLQuantizationType[types.get(kind, types["default"])]
-            values, size = GGML_QUANT_SIZES[qtype]
-            byte_shape = (dims[0], dims[1] // values * size)  # the writer takes quantized rows as bytes
-            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), byte_shape[0] * byte_shape[1], qtype)
-        infos.append((name, dims, kind))
+            values, size = GGML_QUANT_SIZES[qtype_of(kind)]
+            byte_shape = (dims[0], dims[1] // values * size)
+            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), byte_shape[0] * byte_shape[1], qtype_of(kind))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for name, dims, kind in infos:
-        data, _ = tensor(name, dims, kind)
-        writer.write_tensor_data(data)
+    for name, dims, kind in plan:  # written one at a time, in the order of their infos
+        writer.write_tensor_data(np.ones(dims, dtype=np.float32) if kind is None else random_blocks(dims, qtype_of(kind)))
     writer.close()
     Path(str(path) + ".partial").rename(path)
 

@@ -191,49 +191,40 @@ class ModelRunner:
             return native.gemm_rows(self.native, x.float().contiguous(), w_t).to(x.dtype)
         return x @ w_t
 
+    def _matrices(self) -> list:
+        """Each weight matrix once: W^T tensors (float32), or the QuantMatrix parts of QuantLinears
+        (a tied LM head shares the embedding's)."""
+        seen, matrices = set(), []
+        linears = [self.lm_head_t] + ([self.embed] if self.embed is not None else [])
+        for layer in self.layers:
+            linears += [layer.qkv_t, layer.o_t, layer.gate_up_t, layer.down_t]
+        for linear in linears:
+            for part in (linear.parts if isinstance(linear, QuantLinear) else [linear]):
+                if id(part) not in seen:
+                    seen.add(id(part))
+                    matrices.append(part)
+        return matrices
+
     @property
     def weight_bytes(self) -> int:
         """Bytes of the weights the runner reads (a GGUF file's mapped blocks included)."""
-        seen, total = set(), 0
-        tensors = [self.lm_head_t, self.final_norm] + ([self.embed] if self.embed is not None else [])
-        for layer in self.layers:
-            tensors += [t for t in vars(layer).values() if t is not None]
-        for t in tensors:
-            for part in (t.parts if isinstance(t, QuantLinear) else [t]):
-                if id(part) not in seen:
-                    seen.add(id(part))
-                    total += part.nbytes if isinstance(part, QuantMatrix) else part.numel() * part.element_size()
-        return total
+        vectors = [self.final_norm] + [t for layer in self.layers for name, t in vars(layer).items()
+                                       if t is not None and name not in ("qkv_t", "o_t", "gate_up_t", "down_t")]
+        return sum(self.weight_formats().values()) + sum(t.numel() * t.element_size() for t in vectors)
 
     def weight_values(self) -> int:
         """Number of values in the weight matrices (vectors not counted)."""
-        seen, total = set(), 0
-        matrices = [self.lm_head_t] + ([self.embed] if self.embed is not None else [])
-        for layer in self.layers:
-            matrices += [layer.qkv_t, layer.o_t, layer.gate_up_t, layer.down_t]
-        for m in matrices:
-            for part in (m.parts if isinstance(m, QuantLinear) else [m]):
-                if id(part) not in seen:
-                    seen.add(id(part))
-                    total += part.rows * part.cols if isinstance(part, QuantMatrix) else part.numel()
-        return total
+        return sum(m.rows * m.cols if isinstance(m, QuantMatrix) else m.numel() for m in self._matrices())
 
     def weight_formats(self) -> dict[str, int]:
         """Bytes of the weight matrices by format ("float32", "Q4_1", "int8", ...), largest first."""
-        seen, sizes = set(), {}
-        matrices = [self.lm_head_t] + ([self.embed] if self.embed is not None else [])
-        for layer in self.layers:
-            matrices += [layer.qkv_t, layer.o_t, layer.gate_up_t, layer.down_t]
-        for m in matrices:
-            for part in (m.parts if isinstance(m, QuantLinear) else [m]):
-                if id(part) in seen:
-                    continue
-                seen.add(id(part))
-                if isinstance(part, QuantMatrix):
-                    sizes[part.format] = sizes.get(part.format, 0) + part.nbytes
-                else:
-                    name = str(part.dtype).removeprefix("torch.")
-                    sizes[name] = sizes.get(name, 0) + part.numel() * part.element_size()
+        sizes: dict[str, int] = {}
+        for m in self._matrices():
+            if isinstance(m, QuantMatrix):
+                name, size = m.format, m.nbytes
+            else:
+                name, size = str(m.dtype).removeprefix("torch."), m.numel() * m.element_size()
+            sizes[name] = sizes.get(name, 0) + size
         return dict(sorted(sizes.items(), key=lambda item: -item[1]))
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

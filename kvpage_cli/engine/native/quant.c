@@ -7,8 +7,9 @@
  * weights dequantized once to fp32 describe the same model (tests/test_quant.py holds them equal
  * bit for bit).
  *
- * y[M, N] = x[M, K] @ W^T: each thread dequantizes one row of W at a time into a buffer and takes
- * its dot product with every row of x. An output element is one fixed reduction over k, the same
+ * y[M, N] = x[M, K] @ W^T: each thread decodes one row of W at a time into a buffer (its integer
+ * values, and a scale and an offset per block) and takes its dot product with every row of x,
+ * scaling block by block (block_dot; float rows: a plain dot). An output element is one fixed reduction over k, the same
  * whatever the number of rows, the thread count or which thread computes it: a batch gives each
  * sequence the bits it gets alone.
  */
@@ -380,9 +381,9 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
                    float *y, int64_t ldy) {
     if (!check(type, K)) return -1;
     const int bs = block_of(type), nb = K / bs, offset = has_offset(type), flt = is_float(type);
-    float *xs = malloc(sizeof(float) * (size_t)M * (size_t)nb + 1);
-    if (xs == NULL) return -2;
-    for (int r = 0; r < M; r++)
+    float *xs = NULL; /* sums of x over each block: only formats with offsets use them */
+    if (offset && (xs = malloc(sizeof(float) * (size_t)M * (size_t)nb)) == NULL) return -2;
+    for (int r = 0; offset && r < M; r++)
         for (int b = 0; b < nb; b++) {
             float t = 0.0f;
             for (int j = 0; j < bs; j++) t += x[(int64_t)r * ldx + b * bs + j];
@@ -409,7 +410,8 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
                 } else {
                     decode_row(type, row, K, buf, d, m);
                     for (int r = 0; r < M; r++)
-                        y[(int64_t)r * ldy + n] = block_dot(x + (int64_t)r * ldx, xs + (int64_t)r * nb, buf, d, m, offset, bs, K);
+                        y[(int64_t)r * ldy + n] = block_dot(x + (int64_t)r * ldx, offset ? xs + (int64_t)r * nb : NULL,
+                                                            buf, d, m, offset, bs, K);
                 }
             }
         }
