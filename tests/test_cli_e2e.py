@@ -53,6 +53,9 @@ def test_review_of_the_sample_contract_with_the_default_model(kv_home):
     assert "governing law" in by_id["17.1"]["categories"]
     terms = {t["label"]: [v["text"] for v in t["values"]] for t in data["terms"]}
     assert terms["Governing law"] == ["Delaware"]
+    assert terms["Payment terms"] == ["thirty (30) days"]  # "payable ... within thirty (30) days after its date"
+    cap = next(a for a in by_id["11.2"]["assessments"] if a["cuad"] == "Cap On Liability")
+    assert cap["level"] == "high" and cap["reason"].endswith("less than twelve months of fees.")  # three months
     assert terms["Parties"] == ["Quillfeather Analytics, Inc.", "Ostrander Cold Chain Logistics LLC"]
     for term in data["terms"]:
         for v in term["values"]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvpage_cli.tasks.playbook import Playbook, PlaybookError, fill
-from kvpage_cli.tasks.taxonomy import CATEGORIES
+from kvpage_cli.tasks.taxonomy import ALL_CATEGORIES
 
 GOOD = '''format = 1
 
@@ -28,8 +28,11 @@ rules = [
 
 def test_the_default_playbook_covers_every_category_and_its_terms():
     book = Playbook.default()
-    assert set(book.categories) == set(CATEGORIES)
+    assert set(book.categories) == set(ALL_CATEGORIES)  # CUAD's and the review's own (payment terms)
     assert book.terms["Governing law"] == ("Governing Law", "law")
+    assert book.terms["Payment terms"] == ("Payment Terms", "due")
+    cap = book.categories["Cap On Liability"].rules[0].when[0]
+    assert (cap.name, cap.op, cap.number, cap.unit) == ("amount", "<", 12, "month")  # under twelve months of fees
     renewal = book.categories["Renewal Term"]
     assert renewal.questions and renewal.values and renewal.rules
     assert not book.categories["Parties"].finding
@@ -55,6 +58,7 @@ def test_a_playbook_is_read_with_its_rules():
     (('"Renewal Term.renewal"', '"Renewal Term.length"'), 4, "no value"),
     (('kind = "duration", ask = "For', 'kind = "length", ask = "For'), 10, "kind"),
     (('questions.automatic', 'question.automatic'), 9, "unknown key 'question'"),
+    (('"notice >= 90 days"', '"automatic >= 90 days"'), 13, "compares"),
     (('rules = [', 'rules = ['), 0, ""),  # unchanged: parses
 ])
 def test_a_malformed_playbook_names_the_line(change, line, words):
@@ -76,3 +80,9 @@ def test_bad_toml_names_the_line_too(tmp_path):
         Playbook.load(path)
     with pytest.raises(PlaybookError, match="not found"):
         Playbook.load(tmp_path / "missing.toml")
+
+
+def test_an_extra_category_is_found_by_its_values_so_it_needs_one():
+    text = GOOD + '\n[categories."Payment Terms"]\nfinding = false\nlevel = "none"\nquestions.due = "Due?"\n'
+    with pytest.raises(PlaybookError, match=r"line 17\).*'Payment Terms' is found by its values"):
+        Playbook.parse(text, "mine.toml")

@@ -229,3 +229,52 @@ def test_a_base_model_gets_a_question_to_continue_not_an_instruction(tiny_engine
         assert "briefly and precisely" not in text
     finally:
         tokenizer.chat_template = saved
+
+
+CAPS_AND_PAYMENT = """MASTER AGREEMENT
+
+1. Limitation of Liability. Provider's total liability arising out of this Agreement shall not exceed the fees paid by Customer in the three (3) months before the event giving rise to the claim.
+
+2. Limitation of Customer Liability. Customer's total liability arising out of this Agreement shall not exceed the fees paid by Customer in the twelve (12) months before the event giving rise to the claim.
+
+3. Limitation of Partner Liability. Partner's total liability arising out of this Agreement shall not exceed $1,000,000 in the aggregate.
+
+4. Payment. Each invoice is payable in full within forty-five (45) days after its date.
+
+5. Notices. A notice sent by mail takes effect ten (10) days after it is posted.
+"""
+
+
+@pytest.fixture(scope="module")
+def caps_contract(tmp_path_factory):
+    path = tmp_path_factory.mktemp("caps") / "caps.txt"
+    path.write_text(CAPS_AND_PAYMENT)
+    return load(str(path))
+
+
+def test_a_cap_under_twelve_months_of_fees_is_high_risk(tiny_engine, caps_contract):
+    findings = {f.clause_id: f for f in Reviewer(tiny_engine, caps_contract).findings()}
+    caps = {cid: next(a for a in findings[cid].assessments if a.cuad == "Cap On Liability") for cid in "123"}
+    assert (caps["1"].level, caps["1"].reason) == (
+        "high", "Liability is capped at the fees paid by Customer in the three (3) months before the event giving "
+                "rise to the claim: less than twelve months of fees.")
+    assert (caps["2"].level, caps["2"].reason) == (
+        "medium", "Liability is capped at the fees paid by Customer in the twelve (12) months before the event "
+                  "giving rise to the claim.")
+    assert (caps["3"].level, caps["3"].reason) == ("medium", "Liability is capped at $1,000,000.")
+
+
+def test_payment_terms_are_found_by_their_words_and_copied_exactly(tiny_engine, caps_contract):
+    from kvpage_cli.tasks.playbook import DEFAULT_PLAYBOOK, Playbook
+
+    text = (SAMPLES.parent / "prompts" / DEFAULT_PLAYBOOK).read_text()
+    question = next(line for line in text.splitlines() if line.startswith("questions.sets_due"))
+    book = Playbook.parse(text.replace(question, ""), "no-question.toml")  # a random model's yes is noise
+    reviewer = Reviewer(tiny_engine, caps_contract, playbook=book)
+    findings = reviewer.findings()
+    assert "payment terms" not in {c for f in findings for c in f.categories}  # a key term, not a finding
+    terms = {t.label: t for t in reviewer.terms}
+    assert [v.text for v in terms["Payment terms"].values] == ["forty-five (45) days"]  # not the notice's ten days
+    assert terms["Payment terms"].clause_id == "4"
+    value = terms["Payment terms"].values[0]
+    assert caps_contract.text[value.start:value.end] == "forty-five (45) days"

@@ -19,9 +19,16 @@ A question is answered yes or no by the model; a value is an exact span of the c
 duration, money, date, place, party; `near` lists cue words, one of which must stand close to a
 candidate, e.g. near = ["notice"] for a notice period). A rule applies when every condition in `when` holds: a
 question answered yes (`name`) or no (`!name`), a value found (`name`) or not (`!name`), or a
-duration or amount compared (`notice < 90 days`, `amount >= 1000000`); the first rule that
-applies gives the level and the reason, whose `{name}` places take the values found. A category
-with `finding = false` gives values (key terms) but no finding.
+duration or amount compared (`notice < 90 days`, `amount >= 1000000`); an amount compared with a
+duration (`amount < 12 months`) holds when the amount is fees over a period ("the fees paid in
+the three (3) months before the claim") and the period compares so. The first rule that applies
+gives the level and the reason, whose `{name}` places take the values found. A category with
+`finding = false` gives values (key terms) but no finding.
+
+The categories are CUAD's, which the trained head finds, and the few a review adds
+(taxonomy.EXTRA_CATEGORIES, e.g. "Payment Terms"), which no head scores: a clause is considered
+for one of those when one of its values has a candidate in the clause, and kept when the model
+answers every question of the category yes; such a category needs a value.
 
 A malformed playbook is a PlaybookError naming the file and the line.
 """
@@ -35,7 +42,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import KvpageError
-from .taxonomy import CATEGORIES
+from .taxonomy import ALL_CATEGORIES, CATEGORIES, EXTRA_CATEGORIES
 
 LEVELS = ("high", "medium", "low", "none")
 VALUE_KINDS = ("duration", "money", "date", "place", "party")
@@ -158,9 +165,10 @@ class _Parser:
 
     def category(self, name: str, entry) -> CategoryPlay:
         at = self.line_of(f'"{name}"') or self.line_of(name)
-        if name not in CATEGORIES:
+        if name not in ALL_CATEGORIES:
             raise PlaybookError(f"playbook {self.source} (line {at}): unknown category {name!r} (the CUAD "
-                                f"categories are {', '.join(list(CATEGORIES)[:4])}, ...)")
+                                f"categories are {', '.join(list(CATEGORIES)[:4])}, ...; and "
+                                f"{', '.join(EXTRA_CATEGORIES)})")
         if not isinstance(entry, dict):
             raise self.fail(f"categories.{name!r} must be a table", name)
         allowed = {"level", "reason", "questions", "values", "rules", "finding"}
@@ -187,6 +195,8 @@ class _Parser:
             if value_name in questions:
                 raise self.fail(f"{value_name!r} is both a question and a value of {name!r}", value_name, after=at)
             values[value_name] = ValueSpec(value_name, spec["kind"], spec["ask"], tuple(near))
+        if name in EXTRA_CATEGORIES and not values:
+            raise self.fail(f"{name!r} is found by its values (no trained head scores it): give it one", name)
         self.places(reason, values, (), name, at)
         rules = []
         for rule in entry.get("rules", []):
@@ -214,7 +224,7 @@ class _Parser:
         m = _CONDITION.match(text.strip()) if isinstance(text, str) else None
         if not m:
             raise PlaybookError(f"playbook {self.source} (line {line}): condition {text!r} of {name!r} is not "
-                                "NAME, !NAME or NAME < NUMBER [days|months|years]")
+                                "NAME, !NAME or NAME < NUMBER [days|weeks|months|years]")
         cond = Condition(m["name"], bool(m["not"]), m["op"], float(m["number"]) if m["number"] else None,
                          (m["unit"] or "").rstrip("s") or None)
         if cond.name not in questions and cond.name not in values:
@@ -222,9 +232,10 @@ class _Parser:
                                 "question or value of the category")
         if cond.op is not None:
             kind = values[cond.name].kind if cond.name in values else None
-            if kind not in ("duration", "money") or cond.negated or (kind == "duration") != (cond.unit is not None):
+            if kind not in ("duration", "money") or cond.negated or (kind == "duration" and cond.unit is None):
                 raise PlaybookError(f"playbook {self.source} (line {line}): condition {text!r} of {name!r} compares "
-                                    "what is not a duration (with its unit) or an amount")
+                                    "what is not a duration (with its unit) or an amount (with a unit: the "
+                                    "period of fees it counts)")
         return cond
 
     def places(self, reason: str, values: dict, conditions: tuple[Condition, ...], name: str, line: int) -> None:

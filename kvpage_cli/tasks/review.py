@@ -44,8 +44,8 @@ from .playbook import LEVELS, CategoryPlay, Condition, Playbook, fill
 from .prompts import render
 from .retrieval import Retriever, block_char_spans, default_window
 from .schema import Assessment, Finding, Term, Value
-from .taxonomy import CATEGORIES
-from .values import amount, candidates, in_unit
+from .taxonomy import ALL_CATEGORIES
+from .values import FEES_OVER_A_PERIOD, amount, candidates, in_unit
 from .zero_shot import shorten
 
 MAX_CLAUSE_CHARS = 2400  # a clause longer than this is shown to the model cut at a sentence end
@@ -63,10 +63,23 @@ class _Item:
 
     clause: int
     play: CategoryPlay
-    probability: float
+    probability: float | None  # the head's; None for a category no head scores (taxonomy.EXTRA_CATEGORIES)
     answers: dict[str, bool] = field(default_factory=dict)
     answer_scores: dict[str, float] = field(default_factory=dict)
     values: dict[str, list[Value]] = field(default_factory=dict)
+
+    @property
+    def holds(self) -> bool:
+        """A category the head found holds; one found by its values' words holds when the model
+        answered each of its questions yes."""
+        return self.probability is not None or all(self.answers.get(q, False) for q in self.play.questions)
+
+    @property
+    def confidence(self) -> float:
+        """Ranks the items of one category: the head's probability, else the least sure yes."""
+        if self.probability is not None:
+            return self.probability
+        return min(self.answer_scores.values(), default=0.0)
 
 
 class Reviewer:
@@ -164,6 +177,13 @@ class Reviewer:
                 play = self.playbook.categories.get(self.head.categories[j])
                 if play is not None:
                     chosen.setdefault(i, []).append(_Item(i, play, float(probabilities[i, j])))
+        for play in self.playbook.categories.values():  # categories no head scores: found by their values' words
+            if play.category in self.head.categories:
+                continue
+            for i, clause in enumerate(self.clauses):
+                if any(candidates(self.doc.text, clause.start, clause.end, spec.kind, spec.near)
+                       for spec in play.values.values()):
+                    chosen.setdefault(i, []).append(_Item(i, play, None))
         asked = [i for i in sorted(chosen) if any(it.play.questions or it.play.values for it in chosen[i])]
         total = len(self.clauses)
         emit(self.on_event, ReviewProgress(0, total, ""))
@@ -177,7 +197,8 @@ class Reviewer:
                 until = part[-1] + 1 if part and first + group < len(asked) else total
                 findings = []  # (clause index, finding)
                 for i in range(done, until):
-                    finding = self._finding(self.clauses[i], [it for it in chosen.get(i, []) if it.play.finding])
+                    finding = self._finding(self.clauses[i],
+                                            [it for it in chosen.get(i, []) if it.play.finding and it.holds])
                     if finding is not None:
                         findings.append((i, finding))
                 if self.explain and findings:
@@ -288,7 +309,8 @@ class Reviewer:
         best scores higher), the others take their next best (or none). The clause's likelier
         categories choose first."""
         owner: dict[tuple[int, int], str] = {}  # span -> the value name that took it
-        for it, spec, scored in sorted(ranked, key=lambda x: (-x[0].probability, len(x[2]), -x[2][0].score)):
+        for it, spec, scored in sorted(ranked, key=lambda x: (x[0].probability is None, -(x[0].probability or 0),
+                                                              len(x[2]), -x[2][0].score)):
             keep = VALUE_ANSWERS if spec.kind == "party" else 1
             free = [v for v in scored if owner.get((v.start, v.end), spec.name) == spec.name][:keep]
             for v in free:
@@ -413,8 +435,9 @@ class Reviewer:
             if all(self._holds(c, it, play) for c in rule.when):
                 level, reason = rule.level, fill(rule.reason, found)
                 break
-        return Assessment(CATEGORIES[play.category].name, play.category, round(it.probability, 4), level,
-                          reason or f"A {CATEGORIES[play.category].name} clause.", dict(it.answers),
+        probability = None if it.probability is None else round(it.probability, 4)
+        return Assessment(ALL_CATEGORIES[play.category].name, play.category, probability, level,
+                          reason or f"A {ALL_CATEGORIES[play.category].name} clause.", dict(it.answers),
                           dict(it.answer_scores), {k: list(v) for k, v in it.values.items()})
 
     @staticmethod
@@ -428,7 +451,12 @@ class Reviewer:
         if not values:
             return False
         spec = play.values[cond.name]
-        number = in_unit(values[0].text, cond.unit) if spec.kind == "duration" else amount(values[0].text)
+        if cond.unit is not None:  # a duration, or an amount counted as fees over a period
+            if spec.kind == "money" and not FEES_OVER_A_PERIOD.search(values[0].text):
+                return False
+            number = in_unit(values[0].text, cond.unit)
+        else:
+            number = amount(values[0].text)
         if number is None:
             return False
         return {"<": number < cond.number, "<=": number <= cond.number, ">": number > cond.number,
@@ -455,12 +483,12 @@ class Reviewer:
             best = None
             for items in chosen.values():
                 for it in items:
-                    if it.play.category == category and it.values.get(value):
-                        if best is None or it.probability > best.probability:
+                    if it.play.category == category and it.holds and it.values.get(value):
+                        if best is None or it.confidence > best.confidence:
                             best = it
             if best is not None:
                 terms.append(Term(label, list(best.values[value]), self.clauses[best.clause].id,
-                                  CATEGORIES[category].name))
+                                  ALL_CATEGORIES[category].name))
         return terms
 
     # -- quotes ----------------------------------------------------------------------------------
@@ -547,7 +575,7 @@ def _passes(text: str, clause: str, finding: Finding) -> bool:
         return False
     topic = set()
     for a in finding.assessments:
-        c = CATEGORIES[a.cuad]
+        c = ALL_CATEGORIES[a.cuad]
         topic |= _content_words(c.name + " " + c.description)
     stems = {w[:5] for w in topic}
     return any(w[:5] in stems for w in own)

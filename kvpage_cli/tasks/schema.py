@@ -28,8 +28,9 @@ class Assessment:
     """One category of a clause, judged by the playbook: the answers, the values, the level."""
 
     category: str  # readable name ("cap on liability")
-    cuad: str  # CUAD's name ("Cap On Liability")
-    probability: float  # the head's probability that the clause is of this category
+    cuad: str  # CUAD's name ("Cap On Liability"), or an extra category's key ("Payment Terms")
+    probability: float | None  # the head's probability that the clause is of this category; None for
+    # a category no head scores (found by its values' words and the model's answers)
     level: str
     reason: str  # the playbook's rationale, filled with the values found
     answers: dict[str, bool] = field(default_factory=dict)  # question name -> yes

@@ -76,11 +76,20 @@ _CATEGORIES = (
 )
 
 CATEGORIES: dict[str, Category] = {c.cuad: c for c in _CATEGORIES}
-"""CUAD name -> Category, in CUAD's order."""
+"""CUAD name -> Category, in CUAD's order: the taxonomy the trained heads learn."""
 
-BY_NAME: dict[str, Category] = {c.name: c for c in _CATEGORIES}
+EXTRA_CATEGORIES: dict[str, Category] = {c.cuad: c for c in (
+    Category("Payment Terms", "payment terms", "how soon an invoice must be paid"),
+)}
+"""Categories a review adds to CUAD's (the key is not a CUAD name): CUAD has no labels for them,
+so no trained head scores them; the review considers a clause for one when one of the category's
+values has a candidate in the clause, and keeps it when the model answers its questions yes."""
+
+ALL_CATEGORIES: dict[str, Category] = {**CATEGORIES, **EXTRA_CATEGORIES}
+
+BY_NAME: dict[str, Category] = {c.name: c for c in ALL_CATEGORIES.values()}
 
 
 def readable(cuad: str) -> str:
-    """The readable name of a CUAD category."""
-    return CATEGORIES[cuad].name
+    """The readable name of a category (CUAD's or an extra one)."""
+    return ALL_CATEGORIES[cuad].name

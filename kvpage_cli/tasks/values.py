@@ -28,7 +28,7 @@ _DURATION = re.compile(
 _MONEY = re.compile(
     r"(?i)(?:US\s?|U\.S\.\s?)?(?:\$|USD\s?|EUR\s?|€|£)\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:million|billion|thousand))?"
     r"|\b\d[\d,]*(?:\.\d+)?\s?(?:million\s|billion\s)?(?:dollars|euros|USD|EUR)\b")
-_PAID = re.compile(
+FEES_OVER_A_PERIOD = re.compile(  # a cap counted as fees: "the fees paid in the three (3) months before the claim"
     r"(?i)\b(?:the\s+)?(?:total\s+|aggregate\s+)?(?:amounts?|fees|charges|sums)\s+(?:actually\s+)?(?:paid|payable)"
     r"[^.;]{0,160}?\b(?:months?|years?|period)\b(?:\s+(?:immediately\s+)?(?:preceding|prior\s+to|before)\b[^.;,]{0,80})?")
 _MONTH = r"(?:January|February|March|April|May|June|July|August|September|October|November|December" \
@@ -94,7 +94,7 @@ def _candidates(text: str, start: int, end: int, kind: str) -> list[Candidate]:
     if kind == "duration":
         spans = [m.span() for m in _DURATION.finditer(text, start, end)]
     elif kind == "money":
-        spans = [m.span() for m in _MONEY.finditer(text, start, end)] + [m.span() for m in _PAID.finditer(text, start, end)]
+        spans = [m.span() for m in _MONEY.finditer(text, start, end)] + [m.span() for m in FEES_OVER_A_PERIOD.finditer(text, start, end)]
     elif kind == "date":
         spans = [m.span() for m in _DATE.finditer(text, start, end)]
     elif kind == "place":
