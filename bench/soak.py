@@ -13,10 +13,12 @@ turn: chat-template strings in a contract, a whitespace bomb, a DOCX with a list
 lines, links out of it, a directory link loop, a FIFO); each must give an answer or a clean
 one-line error. Every 25 operations it reports RSS, store and pool bytes and open file descriptors.
 
-Every answer is then compared with a fresh process's: for each document and mode, one
-`kvpage ask DOC -q Q1 -q Q2 ... --json --no-cache` answers every question the soak asked of it
-(the soak's home, for the converted weights; --no-cache, so no saved KV is read). A review (cut to
-3 clauses) has no command to repeat it; the same document must give the same review every time.
+Every answer is compared with a fresh process's: for each document and mode, one
+`kvpage ask DOC -q Q1 -q Q2 ... --json --no-cache` answers every question the soak asks of it
+(the soak's home, for the converted weights; --no-cache, so no saved KV is read). The operations
+are planned before they run (the same seeded draws), so these processes run one after another
+beside the soak, on the cores it leaves (give it `--threads`), not after it. A review (cut to 3
+clauses) has no command to repeat it; the same document must give the same review every time.
 
     python bench/soak.py --operations 300 --json soak.json
 
@@ -37,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -114,6 +117,33 @@ def fork_and_release(engine, asker) -> bool:
     return after == before
 
 
+def plan(rng: random.Random, operations: int, docs: dict[str, Path], fitting: list[str], corpus: list[int],
+         tokenizer, folder: Path) -> list[tuple[int, str, str, list[str]]]:
+    """(op, kind, document, questions) for every operation, drawn before any runs; the new
+    documents (fresh cuts of the corpus) are written now."""
+    adversarial = [name for name in docs if name.startswith("adversarial")]
+    askable = [name for name in docs if not name.startswith("adversarial") and name != "review"]
+    kinds = [rng.choice(KINDS) for _ in range(operations)]
+    planned = []
+    for op, kind in enumerate(kinds, start=1):
+        if op % ADVERSARIAL_EVERY == 0:
+            name, kind = adversarial[(op // ADVERSARIAL_EVERY - 1) % len(adversarial)], "ask"
+        elif kind == "review":
+            name = "review"
+        elif kind in ("selective", "fork"):
+            name = rng.choice(fitting)
+        elif kind == "new":  # a document never seen: a saved-KV miss
+            start = rng.randrange(0, len(corpus) - 3000)
+            path = folder / f"new-{op}.txt"
+            path.write_text(tokenizer.decode(corpus[start:start + rng.choice((1000, 2000, 3000))]))
+            docs[path.stem] = path
+            name, kind = path.stem, "ask"
+        else:
+            name = rng.choice(askable)
+        planned.append((op, kind, name, rng.sample(QUESTIONS, {"asks": 3, "fork": FORKS}.get(kind, 1))))
+    return planned
+
+
 def run(args, home: Path, folder: Path) -> dict:
     from kvpage_cli.engine import Engine, EngineConfig
     from kvpage_cli.errors import ContextTooLongError, KvpageError
@@ -124,7 +154,6 @@ def run(args, home: Path, folder: Path) -> dict:
     selective = Engine.load(args.model, EngineConfig(home=str(home), kv_cache=True, mode="selective", pool_mib=8,
                                                      threads=args.threads))
     docs = documents(folder, exact.tokenizer, exact.max_context)
-    adversarial = [name for name in docs if name.startswith("adversarial")]
     askable = [name for name in docs if not name.startswith("adversarial") and name != "review"]
 
     def fits(name: str) -> bool:
@@ -136,29 +165,21 @@ def run(args, home: Path, folder: Path) -> dict:
         return True
 
     fitting = [name for name in askable if fits(name)]
-    rng = random.Random(args.seed)
-    plan = [rng.choice(KINDS) for _ in range(args.operations)]
     corpus = exact.tokenizer("\n\n".join(p.read_text() for p in sorted(CUAD.glob("*/contract.txt"))),
                              add_special_tokens=False).input_ids
+    planned = plan(random.Random(args.seed), args.operations, docs, fitting, corpus, exact.tokenizer, folder)
+    questions_of: dict[tuple[str, str], list[str]] = {}  # (document, mode) -> the questions asked of it
+    for _, kind, name, questions in planned:
+        if kind in ("ask", "asks", "selective"):
+            asked = questions_of.setdefault((str(docs[name]), "selective" if kind == "selective" else "auto"), [])
+            asked += [q for q in questions if q not in asked]
+    fresh: dict[tuple, str] = {}
+    beside = threading.Thread(target=lambda: fresh.update(fresh_answers(questions_of, args.model, home, args.threads)))
+    beside.start()
     rows, answers, reviews, errors, adversarial_outcomes = [], [], [], [], []
     forks = {"checked": 0, "violations": []}
     started = time.perf_counter()
-    for op, kind in enumerate(plan, start=1):
-        if op % ADVERSARIAL_EVERY == 0:
-            name, kind = adversarial[(op // ADVERSARIAL_EVERY - 1) % len(adversarial)], "ask"
-        elif kind == "review":
-            name = "review"
-        elif kind in ("selective", "fork"):
-            name = rng.choice(fitting)
-        elif kind == "new":  # a document never seen: a saved-KV miss
-            start = rng.randrange(0, len(corpus) - 3000)
-            path = folder / f"new-{op}.txt"
-            path.write_text(exact.tokenizer.decode(corpus[start:start + rng.choice((1000, 2000, 3000))]))
-            docs[path.stem] = path
-            name, kind = path.stem, "ask"
-        else:
-            name = rng.choice(askable)
-        questions = rng.sample(QUESTIONS, {"asks": 3, "fork": FORKS}.get(kind, 1))
+    for op, kind, name, questions in planned:
         outcome = "answered"
         try:
             doc = load(str(docs[name]))
@@ -197,18 +218,15 @@ def run(args, home: Path, folder: Path) -> dict:
                          "store_in_use_mib": (exact.store.bytes_used + selective.store.bytes_used) / 2**20,
                          "open_fds": open_fds(), "minutes": (time.perf_counter() - started) / 60})
             print(json.dumps(rows[-1]), flush=True)
-    return {"rows": rows, "answers": answers, "reviews": reviews, "errors": errors, "forks": forks,
+    beside.join()
+    return {"fresh": fresh, "rows": rows, "answers": answers, "reviews": reviews, "errors": errors, "forks": forks,
             "adversarial": adversarial_outcomes, "fitting": fitting}
 
 
-def fresh_answers(answers: list[dict], model: str, home: Path, threads: int | None) -> dict[tuple, str]:
+def fresh_answers(questions_of: dict[tuple[str, str], list[str]], model: str, home: Path,
+                  threads: int | None) -> dict[tuple, str]:
     """(doc, question, mode) -> the answer of a new `kvpage ask --json --no-cache` process: one
-    process per document and mode, answering every question the soak asked of it together."""
-    questions_of: dict[tuple[str, str], list[str]] = {}
-    for a in answers:
-        asked = questions_of.setdefault((a["doc"], a["mode"]), [])
-        if a["question"] not in asked:
-            asked.append(a["question"])
+    process per document and mode, answering every question the soak asks of it together."""
     kvpage = Path(sys.executable).with_name("kvpage")
     env = dict(os.environ, KVPAGE_HOME=str(home))
     fresh = {}
@@ -243,7 +261,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="kvpage-soak-docs-"))
     try:
         result = run(args, home, folder)
-        fresh = fresh_answers(result["answers"], args.model, home, args.threads)
+        fresh = result.pop("fresh")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         if not args.home:
