@@ -59,6 +59,8 @@ class EngineConfig:
     max_batch: the most sequences `Engine.run` advances in one forward pass (continuous batching).
     retrieval_tokens: retrieval mode's budget: the most document tokens a question attends (also
         bounded by the model's context).
+    tp: tensor-parallel ranks: the model's heads and MLP split over `tp` processes of a running
+        torch.distributed process group (parallel.py), each holding the KV of its own heads.
     """
 
     pool_mib: float = 64.0
@@ -82,6 +84,7 @@ class EngineConfig:
     max_batch: int = 16
     retrieval_tokens: int = 4096
     seed: int = 0
+    tp: int = 1
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -106,6 +109,8 @@ class EngineConfig:
             raise ValueError(f"retrieval_tokens must be at least {BLOCK_TOKENS}, got {self.retrieval_tokens}")
         if not 1 <= self.max_batch <= 1024:
             raise ValueError(f"max_batch must be between 1 and 1024, got {self.max_batch}")
+        if not 1 <= self.tp <= 64:
+            raise ValueError(f"tp must be between 1 and 64 ranks, got {self.tp}")
         if not self.cache_mib > 0:
             raise ValueError(f"cache_mib must be positive, got {self.cache_mib}")
 

@@ -29,6 +29,7 @@ from .kvcache import CachedPrefill, KVCache, chain_seed, model_fingerprint, segm
 from .metrics import EngineStats, Metrics
 from .model import SMALL_ROWS, ModelRunner, Rows
 from .mover import Mover
+from .parallel import Shard
 from .policy import DraftPolicy, QuestPolicy, make_policy
 from .pool import SlotPool
 from .quant import UnsupportedFormat
@@ -148,8 +149,10 @@ class Engine:
         dtype = _DTYPES[config.dtype]
         rope_keys = {layer.rope_key for layer in spec.layers}
         rope = rope_params_from_config(weights.config, spec.arch, rope_keys)
-        runner = ModelRunner(spec, weights.tensors, rope, dtype, device, native_lib, weights_format)
+        shard = Shard.current(config.tp) if config.tp > 1 else None
+        runner = ModelRunner(spec, weights.tensors, rope, dtype, device, native_lib, weights_format, shard)
         del weights.tensors
+        spec = runner.spec  # a rank's own heads: its store, pool and kernels hold and read only those
         if backend_name == "native":
             backend = NativeBackend(native_lib, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.attn_scale,
                                     dtype == torch.bfloat16)
@@ -168,8 +171,10 @@ class Engine:
             emit(on_event, EngineWarning(f"max_context {config.max_context} is beyond the {spec.max_position} "
                                          "positions the model was trained on; expect worse answers past that"))
         # the weights' format changes the KV they compute: it is part of the saved KV's key
-        fingerprint = model_fingerprint(weights.fingerprint, config.dtype if weights_format == "float32"
-                                        else f"{config.dtype}|{weights_format} weights", rope)
+        computed = config.dtype if weights_format == "float32" else f"{config.dtype}|{weights_format} weights"
+        if shard is not None:  # a rank's saved KV holds its own heads
+            computed += f"|tensor-parallel rank {shard.rank} of {shard.world}"
+        fingerprint = model_fingerprint(weights.fingerprint, computed, rope)
         engine_ref: list[Engine] = []
         draft = None
         if config.draft_model and config.mode == "selective":

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelError
 from . import native
+from .parallel import Shard
 from .quant import QuantLinear, QuantMatrix, quantize
 from .rope import RopeParams, apply_rope, rope_cos_sin
 from .spec import ModelSpec
@@ -68,6 +69,12 @@ class Rows:
         return cls(tuple(parts))
 
 
+def _is_matrix(name: str, tensor) -> bool:
+    """A weight matrix the runner keeps in the chosen format (not a norm or a bias)."""
+    return isinstance(tensor, torch.Tensor) and tensor.dim() == 2 and name.endswith(
+        ("_proj.weight", "embed_tokens.weight", "lm_head.weight"))
+
+
 @dataclass
 class LayerWeights:
     norm_attn: torch.Tensor  # input_layernorm
@@ -89,17 +96,33 @@ class LayerWeights:
 class ModelRunner:
     """weights: the matrices' format: "float32" (W^T tensors of `dtype`, fused), or "bfloat16",
     "int8", "int4" (made at load) or "gguf" (the tensors are already QuantMatrix): QuantLinear,
-    run by the native CPU kernels."""
+    run by the native CPU kernels. shard: this process's part of a tensor-parallel model
+    (parallel.py); `spec` is then the rank's own (its heads, its part of the MLP) and
+    `full_spec` the model's."""
 
     def __init__(self, spec: ModelSpec, tensors: dict[str, torch.Tensor], rope: dict[str, RopeParams],
-                 dtype: torch.dtype, device: torch.device, native_lib=None, weights: str = "float32") -> None:
-        self.spec = spec
+                 dtype: torch.dtype, device: torch.device, native_lib=None, weights: str = "float32",
+                 shard: Shard | None = None) -> None:
+        self.full_spec = spec
+        self.shard = shard
         self.dtype = dtype
         self.device = device
         self.rope = rope
         self.weights = weights
         self.native = native_lib if device.type == "cpu" else None
         compact = weights != "float32" or any(isinstance(t, QuantMatrix) for t in tensors.values())
+        if shard is not None:
+            shard.check(spec)
+            if compact and weights != "gguf":  # made from whole rows, then split: a rank's values are one process's
+                made: dict[int, QuantMatrix] = {}  # a tied LM head is the embedding's matrix, made once
+                for name, t in list(tensors.items()):
+                    if _is_matrix(name, t):
+                        if id(t) not in made:
+                            made[id(t)] = quantize(t, weights)
+                        tensors[name] = made[id(t)]
+            tensors = shard.split(tensors, spec)
+            spec = shard.local_spec(spec)
+        self.spec = spec
         if compact and self.native is None:
             raise ModelError(f"{weights} weights run on the native CPU kernels, which this engine does not have "
                              f"(device {device.type}); use float32 weights")
@@ -236,16 +259,28 @@ class ModelRunner:
         return weight * h.to(x.dtype)
 
     def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """token_ids: [T] -> hidden: [T, H]."""
+        """token_ids: [T] -> hidden: [T, H]. Split by vocabulary, a rank gives the rows of its
+        tokens and zeros for the others', and the sum over ranks is every row (exactly: one term
+        is not zero)."""
+        if self.shard is None:
+            h = self._embed_rows(token_ids)
+        else:
+            vocab = self.shard.vocab(self.full_spec)
+            mine = (token_ids >= vocab.start) & (token_ids < vocab.stop)
+            h = self._embed_rows(torch.where(mine, token_ids - vocab.start, 0))
+            h = self.shard.all_reduce(torch.where(mine.unsqueeze(-1), h, torch.zeros((), dtype=h.dtype)))
+        if self.embed_scale is not None:
+            h = h * self.embed_scale
+        return h.contiguous()
+
+    def _embed_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed, QuantMatrix):
             h = self.embed.take(self.native, token_ids.cpu()).to(device=self.device, dtype=self.dtype)
         elif self.embed is not None:
             h = self.embed[token_ids]
         else:
             h = self.lm_head_t[:, token_ids].t()
-        if self.embed_scale is not None:
-            h = h * self.embed_scale
-        return h.contiguous()
+        return h
 
     def forward(
         self,
@@ -285,6 +320,8 @@ class ModelRunner:
             write_kv(i, k, v, RopeAt(cos, sin, self.rope[layer_spec.rope_key], positions))
             a = attend(i, q).to(self.dtype).reshape(num_tokens, spec.num_heads * spec.head_dim)
             a = self.linear(a, w.o_t, rows)
+            if self.shard is not None:  # each rank's heads give a partial sum of the projection
+                a = self.shard.all_reduce(a)
             if w.o_bias is not None:
                 a = a + w.o_bias
             if spec.gemma_norms:
@@ -295,9 +332,11 @@ class ModelRunner:
                 h = h + a
                 h = h + self.mlp(self.norm(h, w.norm_mlp), w, rows)
         if logit_rows.numel() == 0:  # prompt chunks before their last: no logits wanted
-            return torch.empty(0, self.vocab)
+            return torch.empty(0, self.vocab if self.shard is None else self.full_spec.vocab_size)
         last = h[logit_rows]
         logits = self.linear(self.norm(last, self.final_norm), self.lm_head_t, logit_groups).float()
+        if self.shard is not None:  # each rank's columns of the vocabulary
+            logits = self.shard.all_gather_vocab(logits, self.full_spec)
         if spec.final_logit_softcap:
             cap = spec.final_logit_softcap
             logits = torch.tanh(logits / cap) * cap
@@ -313,6 +352,8 @@ class ModelRunner:
         else:
             act = F.silu(gate)
         out = self.linear(act * up, w.down_t, rows)
+        if self.shard is not None:
+            out = self.shard.all_reduce(out)
         if w.down_bias is not None:
             out = out + w.down_bias
         return out

@@ -92,6 +92,30 @@ class QuantMatrix:
     def nbytes(self) -> int:
         return self.data.nbytes
 
+    def row_slice(self, start: int, stop: int) -> "QuantMatrix":
+        """Output features [start, stop): a view of a mapped file's bytes, a copy of bytes made at
+        load (so that the whole matrix can be freed). With permuted rows the slice must hold whole
+        permutation groups (a tensor-parallel rank's heads do)."""
+        data = self.data[start:stop] if isinstance(self.data, np.memmap) else self.data[start:stop].copy()
+        if self.out_perm is None:
+            return QuantMatrix(self.qtype, data, stop - start, self.cols)
+        perm = self.out_perm[start:stop]
+        if perm.numel() and (int(perm.min()) < start or int(perm.max()) >= stop):
+            raise ModelError(f"rows {start}:{stop} of a permuted {self.format} matrix cut a permutation group")
+        return QuantMatrix(self.qtype, data, stop - start, self.cols, perm - start)
+
+    def col_slice(self, start: int, stop: int) -> "QuantMatrix":
+        """Inputs [start, stop) of every row (a copy), on block boundaries."""
+        if self.qtype == I8_ROW:  # the row's scale, then its values
+            data = np.concatenate([self.data[:, :4], self.data[:, 4 + start:4 + stop]], axis=1)
+        else:
+            values, size = BLOCKS[self.qtype]
+            if start % values or stop % values:
+                raise ModelError(f"a {self.format} matrix can be cut only at multiples of {values} inputs, "
+                                 f"not at {start}:{stop}")
+            data = self.data[:, start // values * size:stop // values * size]
+        return QuantMatrix(self.qtype, np.ascontiguousarray(data), self.rows, stop - start, self.out_perm)
+
     def matmul(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool) -> torch.Tensor:
         """x: [M, K] -> x @ W^T: [M, N] fp32."""
         x = x.float().contiguous()
