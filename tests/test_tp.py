@@ -8,6 +8,14 @@ product), each rank holding its own heads' KV.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -142,3 +150,121 @@ def test_the_shipped_models_on_two_ranks_give_their_tokens(model, tmp_path, kv_h
         assert (result["steps"] - alone["steps"]).abs().max().item() < TP_TOLERANCE
         assert result["weight_bytes"] < 0.6 * alone["weight_bytes"]
     assert alone["first"].abs().max() > 10
+
+
+# -- the command line: `--tp 2` starts its ranks; torchrun starts them too -------------------------
+
+KVPAGE = Path(sys.executable).with_name("kvpage")
+QUESTION = "Which law governs this agreement?"
+
+
+def cli(args: list[str], kv_home, **extra) -> subprocess.CompletedProcess:
+    env = dict(os.environ, KVPAGE_HOME=str(kv_home))
+    env.pop("KVPAGE_MODEL", None)
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=600, **extra)
+
+
+def children(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture(scope="module")
+def contract(tmp_path_factory):
+    from .conftest import SAMPLES
+
+    path = tmp_path_factory.mktemp("tp") / "contract.txt"
+    path.write_text((SAMPLES / "contract.txt").read_text()[:2500])
+    return path
+
+
+def test_ask_with_tp_2_prints_what_one_process_prints(tiny_cli_model, kv_home, contract):
+    common = ["ask", str(contract), QUESTION, "--model", str(tiny_cli_model), "--max-new-tokens", "12", "--json"]
+    alone = cli([str(KVPAGE), *common], kv_home)
+    split = cli([str(KVPAGE), *common, "--tp", "2"], kv_home)
+    assert alone.returncode == 0 and split.returncode == 0, split.stderr
+    one, two = json.loads(alone.stdout), json.loads(split.stdout)  # stdout: one JSON document, rank 0's
+    assert two["answer"] == one["answer"] and two["document_tokens"] == one["document_tokens"]
+    assert two["stats"]["store_mib"] < one["stats"]["store_mib"]  # rank 0's own KV heads: half
+    assert split.stderr.count("kvpage: prefill") == 1  # one statistics line: rank 0's
+
+
+def test_ask_under_torchrun_prints_what_one_process_prints(tiny_cli_model, kv_home, contract):
+    common = ["ask", str(contract), QUESTION, "--model", str(tiny_cli_model), "--max-new-tokens", "12"]
+    alone = cli([str(KVPAGE), *common], kv_home)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    split = cli([str(torchrun), "--standalone", "--nproc-per-node", "2", str(KVPAGE), *common, "--tp", "2"], kv_home)
+    assert split.returncode == 0, split.stderr
+    assert split.stdout == alone.stdout  # rank 1 printed nothing
+
+
+def test_an_error_on_rank_0_ends_every_rank_with_one_message(tiny_cli_model, kv_home, tmp_path):
+    run = cli([str(KVPAGE), "ask", str(tmp_path / "missing.txt"), QUESTION, "--model", str(tiny_cli_model),
+               "--tp", "2"], kv_home)
+    assert run.returncode == 1
+    errors = [line for line in run.stderr.splitlines() if line.startswith("kvpage: error:")]
+    assert len(errors) == 1 and "missing.txt" in errors[0], run.stderr
+
+
+def _start(args: list[str], kv_home) -> subprocess.Popen:
+    env = dict(os.environ, KVPAGE_HOME=str(kv_home))
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)  # its own process group, as a terminal gives a command
+
+
+def _wait_for_rank_1(process: subprocess.Popen) -> int:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ranks = children(process.pid)
+        if ranks:
+            time.sleep(8)  # past loading: the ranks are in their collectives
+            return ranks[0]
+        time.sleep(0.2)
+    raise AssertionError("rank 0 started no rank")
+
+
+def test_a_rank_that_dies_ends_the_run_with_its_exit_code(tiny_cli_model, kv_home, contract):
+    process = _start([str(KVPAGE), "ask", str(contract), QUESTION, "--model", str(tiny_cli_model),
+                      "--max-new-tokens", "4000", "--tp", "2"], kv_home)
+    rank1 = _wait_for_rank_1(process)
+    os.kill(rank1, signal.SIGKILL)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode != 0
+    errors = [line for line in stderr.splitlines() if "error" in line]
+    assert errors and "rank 1 of the tensor-parallel run" in errors[-1], stderr
+
+
+def test_ctrl_c_ends_every_rank(tiny_cli_model, kv_home, contract):
+    process = _start([str(KVPAGE), "ask", str(contract), QUESTION, "--model", str(tiny_cli_model),
+                      "--max-new-tokens", "4000", "--tp", "2"], kv_home)
+    rank1 = _wait_for_rank_1(process)
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground process group
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    deadline = time.monotonic() + 30
+    while alive(rank1) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(rank1)  # no orphan
+
+
+def test_selective_mode_with_tp_is_a_clear_error(tiny_cli_model, kv_home, contract):
+    run = cli([str(KVPAGE), "ask", str(contract), QUESTION, "--model", str(tiny_cli_model), "--mode", "selective",
+               "--tp", "2"], kv_home)
+    assert run.returncode == 2 and "selective mode does not run tensor-parallel yet" in run.stderr

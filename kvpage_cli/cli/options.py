@@ -93,6 +93,10 @@ SHARED: tuple[Shared, ...] = (
     Shared("cache_mib", float, default("cache_mib"), _opt("--cache-mib", group=MODEL, metavar="MIB", min=0,
            help="Size limit of the saved-KV cache; least recently used documents are evicted past it."),
            MODEL, "cache_mib"),
+    Shared("tp", int, default("tp"), _opt("--tp", group=MODEL, min=1, max=64, metavar="N",
+           help="Split the model over N processes (tensor parallel: each holds 1/N of the heads, the MLP "
+                "and the KV). kvpage starts them; under torchrun, give the total number of ranks. "
+                "Exact mode only for now."), MODEL, "tp"),
     Shared("threads", int | None, default("threads"), _opt("--threads", group=MODEL, min=1,
            help="CPU threads for torch and the native kernels (default: torch's choice)."), MODEL, "threads"),
     Shared("max_new_tokens", int | None, None, _opt("--max-new-tokens", group=GENERATION, min=1,
@@ -168,10 +172,12 @@ def shared_options(*groups: str, taken: tuple[str, ...] = ()) -> Callable:
 
         @functools.wraps(fn)
         def command(**kwargs: Any) -> Any:
+            from . import ranks
             from .session import guarded
 
+            given = dict(kwargs)  # every argument: the ranks --tp starts run the command with them
             opts = Options({s.name: kwargs.pop(s.name) for s in added})
-            return guarded(opts, lambda: fn(opts=opts, **kwargs))
+            return guarded(opts, lambda: ranks.run(opts, command, given, lambda: fn(opts=opts, **kwargs)))
 
         command.__signature__ = signature.replace(parameters=params)
         command.__annotations__ = {p.name: p.annotation for p in params}

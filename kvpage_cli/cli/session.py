@@ -18,6 +18,7 @@ from rich.console import Console
 from .. import ingest
 from ..engine import Engine, EngineStats
 from ..errors import KvpageError
+from . import ranks
 from .options import PASSWORD_ENV, Options
 from .progress import Reporter, message
 
@@ -118,7 +119,14 @@ class Session:
 
     def read_document(self, path: str, password: str | None = None, allow_directory: bool = True) -> ingest.Document:
         """The document at `path` ("-": stdin bytes), with its warnings shown on stderr. An
-        encrypted PDF without a password asks for one (hidden) when stdin and stderr are terminals."""
+        encrypted PDF without a password asks for one (hidden) when stdin and stderr are terminals.
+        Tensor-parallel: rank 0 reads it and the other ranks receive it."""
+        doc = ranks.from_rank_zero(lambda: self._read_document(path, password, allow_directory))
+        for warning in doc.warnings:
+            self.warn(warning)
+        return doc
+
+    def _read_document(self, path: str, password: str | None, allow_directory: bool) -> ingest.Document:
         name = "stdin" if path == "-" else path
         data = None
         try:
@@ -137,8 +145,6 @@ class Session:
             password = typer.prompt(f"{exc.name} is encrypted; password", hide_input=True, err=True)
             with self.reporter.stage("reading", f"reading {name}"):
                 doc = ingest.load(path, password=password, stdin=data, allow_directory=allow_directory)
-        for warning in doc.warnings:
-            self.warn(warning)
         return doc
 
     def load_engine(self) -> Engine:

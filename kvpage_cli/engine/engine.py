@@ -150,6 +150,12 @@ class Engine:
         rope_keys = {layer.rope_key for layer in spec.layers}
         rope = rope_params_from_config(weights.config, spec.arch, rope_keys)
         shard = Shard.current(config.tp) if config.tp > 1 else None
+        if shard is not None:
+            if config.mode == "selective":  # each rank would choose its blocks from its own heads' attention
+                raise UsageError("selective mode does not run tensor-parallel yet: use --mode exact, or --tp 1")
+            if config.kv_cache:
+                emit(on_event, EngineWarning("saved KV is not used with tensor parallelism yet; prefilling in full"))
+                config = replace(config, kv_cache=False)
         runner = ModelRunner(spec, weights.tensors, rope, dtype, device, native_lib, weights_format, shard)
         del weights.tensors
         spec = runner.spec  # a rank's own heads: its store, pool and kernels hold and read only those
@@ -259,6 +265,9 @@ class Engine:
     def queries_after(self, ctx: Context, token_ids: list[int]) -> dict[int, tuple[torch.Tensor, int]]:
         """The queries of the last tokens of `token_ids` read after `ctx` (on a fork, released):
         layer -> (q [t, Hq, D] rotated, position of its first row)."""
+        if self.runner.shard is not None:  # each rank would rank the blocks by its own heads' attention
+            raise UsageError("retrieval (a document longer than the context) does not run tensor-parallel yet: "
+                             "use --tp 1")
         fork = self.fork(ctx)
         self.dispatch.capture_ids.add(fork.id)
         try:
