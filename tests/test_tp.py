@@ -268,3 +268,19 @@ def test_selective_mode_with_tp_is_a_clear_error(tiny_cli_model, kv_home, contra
     run = cli([str(KVPAGE), "ask", str(contract), QUESTION, "--model", str(tiny_cli_model), "--mode", "selective",
                "--tp", "2"], kv_home)
     assert run.returncode == 2 and "selective mode does not run tensor-parallel yet" in run.stderr
+
+
+def test_info_lists_each_ranks_share_measured_in_the_rank(tiny_cli_model, kv_home):
+    args = [str(KVPAGE), "info", "--model", str(tiny_cli_model), "--json"]
+    alone = json.loads(cli(args, kv_home).stdout)
+    split = cli(args + ["--tp", "2"], kv_home)
+    assert split.returncode == 0, split.stderr
+    data = json.loads(split.stdout)
+    shares = data["tp_ranks"]
+    assert [s["rank"] for s in shares] == [0, 1]
+    assert [s["heads"] for s in shares] == [2, 2] and [s["kv_heads"] for s in shares] == [1, 1]
+    assert sum(s["kv_bytes_per_token"] for s in shares) == alone["kv_bytes_per_token"] == data["kv_bytes_per_token"]
+    # each rank holds half the matrices (the norms are replicated, and small)
+    for share in shares:
+        assert 0.45 * alone["weights_mib"] < share["weights_mib"] < 0.55 * alone["weights_mib"]
+    assert "tp_ranks" not in alone

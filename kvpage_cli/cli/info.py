@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ..engine import ALIASES, BLOCK_TOKENS, Engine
+from . import ranks
 from .options import MODEL, OUTPUT, RUN, Options, shared_options
 from .output import Sink, check_out_path, choose_format
 from .session import MIB, Session, pool_capacity_bytes
@@ -31,7 +32,11 @@ def info(*, opts: Options) -> None:
     kvpage info --model gemma3-270m --dtype bfloat16 --pool-mib 16
     kvpage info --model ./Llama-3.2-3B-Instruct-Q4_K_M.gguf
     kvpage info --model ./my-model-folder --json
+    kvpage info --tp 2
     ```
+
+    With --tp N the model is split over N processes, and each rank's heads, KV bytes per token
+    and weights (measured in that rank) are listed.
     """
     fmt = choose_format(opts.json_out, opts.fmt, opts.out, FORMATS)
     check_out_path(opts.out)
@@ -39,6 +44,11 @@ def info(*, opts: Options) -> None:
     with Session(opts) as session:
         engine = session.load_engine()
         data = describe(engine, opts.model)
+        shares = ranks.gather({"heads": engine.spec.num_heads, "kv_heads": engine.spec.num_kv_heads,
+                               "kv_bytes_per_token": engine.kv_bytes_per_token(),
+                               "weights_mib": round(engine.runner.weight_bytes / MIB, 1)})
+        if len(shares) > 1:
+            data["tp_ranks"] = [{"rank": r, **share} for r, share in enumerate(shares)]
         session.reporter.stop_bars()
         if fmt == "json":
             sink.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
@@ -48,7 +58,9 @@ def info(*, opts: Options) -> None:
 
 
 def describe(engine: Engine, source: str) -> dict:
-    spec = engine.spec
+    """The model (whole, also when split over ranks) and this process's engine."""
+    spec = engine.runner.full_spec
+    element = ELEMENT_BYTES[engine.config.dtype]
     stats = engine.stats()
     windows = sorted({layer.window for layer in spec.layers if layer.window})
     alias = ALIASES.get(source)
@@ -66,10 +78,9 @@ def describe(engine: Engine, source: str) -> dict:
         "vocab_size": spec.vocab_size,
         "context_limit": engine.max_context,
         "dtype": engine.config.dtype,
-        "kv_bytes_per_token": engine.kv_bytes_per_token(),
+        "kv_bytes_per_token": spec.kv_bytes_per_token(element),
         "kv_bytes_per_token_by_dtype": {d: spec.kv_bytes_per_token(b) for d, b in ELEMENT_BYTES.items()},
-        "kv_bytes_per_token_full_attention_layers": spec.kv_bytes_per_token(ELEMENT_BYTES[engine.config.dtype],
-                                                                            full_layers_only=True),
+        "kv_bytes_per_token_full_attention_layers": spec.kv_bytes_per_token(element, full_layers_only=True),
         "block_tokens": BLOCK_TOKENS,
         "pool_mib": round(pool_capacity_bytes(engine) / MIB, 2),
         "pool_slots_per_layer": engine.pool.num_slots,
@@ -120,5 +131,11 @@ def _text(d: dict) -> str:
         ("kv path", d["kv_path"]),
         ("mode", d["mode"]),
     ]
+    if d.get("tp_ranks"):
+        rows.append(("tensor parallel", f"{len(d['tp_ranks'])} ranks; " + "; ".join(
+            f"rank {r['rank']}: {r['heads']} heads, {r['kv_heads']} KV head{'s' * (r['kv_heads'] != 1)}, "
+            f"{r['kv_bytes_per_token']:,} KV bytes "
+            f"per token, weights {r['weights_mib']:,.1f} MiB" for r in d["tp_ranks"])
+            + " (pool, store and weights above are rank 0's)"))
     width = max(len(name) for name, _ in rows)
     return "".join(f"{name:<{width}}  {value}\n" for name, value in rows)

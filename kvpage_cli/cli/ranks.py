@@ -79,6 +79,17 @@ def from_rank_zero(produce: Callable[[], Any]) -> Any:
     return value
 
 
+def gather(value: Any) -> list[Any]:
+    """Every rank's `value`, in rank order, on every rank ([value] when not tensor-parallel)."""
+    if world() == 1:
+        return [value]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world()
+    dist.all_gather_object(out, value)
+    return out
+
+
 def run(opts, command: Callable, kwargs: dict, body: Callable[[], Any]) -> Any:
     """Runs `body` as this process's rank of an `opts.tp`-rank run (or alone when tp is 1).
     command/kwargs: the CLI command and all its arguments, for the ranks this process starts.

@@ -122,6 +122,7 @@ class Engine:
         self.cache_seed = chain_seed(fingerprint, f"{backend.name}|{kv_path}|{device.type}|{config.mode}|{config.policy}|"
                                                   f"chunk{config.prefill_chunk}")
         self._kv_cache: KVCache | None = None
+        self._said_no_cache = False
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -153,9 +154,6 @@ class Engine:
         if shard is not None:
             if config.mode == "selective":  # each rank would choose its blocks from its own heads' attention
                 raise UsageError("selective mode does not run tensor-parallel yet: use --mode exact, or --tp 1")
-            if config.kv_cache:
-                emit(on_event, EngineWarning("saved KV is not used with tensor parallelism yet; prefilling in full"))
-                config = replace(config, kv_cache=False)
         runner = ModelRunner(spec, weights.tensors, rope, dtype, device, native_lib, weights_format, shard)
         del weights.tensors
         spec = runner.spec  # a rank's own heads: its store, pool and kernels hold and read only those
@@ -305,11 +303,14 @@ class Engine:
     def kv_cache(self) -> KVCache | None:
         """The saved-KV cache under `home/kv` when `EngineConfig.kv_cache` is on, else None.
         Raises OSError when the folder cannot be used."""
-        if self._kv_cache is None and self.config.kv_cache:
+        if self._kv_cache is None and self.config.kv_cache and self.runner.shard is None:
             self._kv_cache = KVCache(self.home / "kv", int(self.config.cache_mib * 2**20))
         return self._kv_cache
 
     def _open_cache(self, on_event: EventCallback | None) -> KVCache | None:
+        if self.config.kv_cache and self.runner.shard is not None and not self._said_no_cache:
+            self._said_no_cache = True  # the ranks would have to agree on every hit: not done yet
+            emit(on_event, EngineWarning("saved KV is not used with tensor parallelism yet; prefilling in full"))
         try:
             return self.kv_cache
         except OSError as exc:  # a read-only or full home: run without the cache
