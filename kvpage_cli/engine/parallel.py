@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -28,12 +29,16 @@ from ..errors import ModelError, UsageError
 from .spec import ModelSpec
 
 
-@dataclass(frozen=True)
+@dataclass
 class Shard:
-    """This process's part: rank `rank` of `world`, in torch.distributed's default group."""
+    """This process's part: rank `rank` of `world`, in torch.distributed's default group.
+    comm_seconds/comm_calls: time spent in (and number of) the collectives, measured here
+    (waiting for a slower rank included)."""
 
     rank: int
     world: int
+    comm_seconds: float = 0.0
+    comm_calls: int = 0
 
     @classmethod
     def current(cls, world: int) -> "Shard":
@@ -135,8 +140,14 @@ class Shard:
         import torch.distributed as dist
 
         wire = x.float().contiguous() if x.dtype != torch.float32 or not x.is_contiguous() else x.clone()
+        started = time.perf_counter()
         dist.all_reduce(wire)
+        self._count(started)
         return wire.to(x.dtype)
+
+    def _count(self, started: float) -> None:
+        self.comm_seconds += time.perf_counter() - started
+        self.comm_calls += 1
 
     def all_gather_vocab(self, logits: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
         """[R, this rank's vocabulary] -> [R, V]: every rank's columns side by side."""
@@ -146,7 +157,9 @@ class Shard:
         padded = torch.zeros(logits.shape[0], per, dtype=torch.float32)
         padded[:, :logits.shape[1]] = logits
         pieces = [torch.empty_like(padded) for _ in range(self.world)]
+        started = time.perf_counter()
         dist.all_gather(pieces, padded)
+        self._count(started)
         return torch.cat(pieces, dim=1)[:, :spec.vocab_size]
 
 
