@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check (issue: Triton kernels): kernel tests on CUDA, kernel benchmarks, then the engine end to
-# end with Gemma 3 270M at 32K (exact and selective decode tokens/s, pool MiB). Prints one table per
+# end with Gemma 3 270M at 32K (exact and selective decode tokens/s, pool MiB), then the tensor-parallel
+# path at world size 1 under torchrun with NCCL (one GPU; two ranks need two GPUs). Prints one table per
 # part. On a machine without CUDA it runs what the CPU can: the kernel tests under the Triton
 # interpreter, and says that the GPU parts were skipped.
 #   bash bench/gpu_check.sh [OUT_DIR]
@@ -25,5 +26,12 @@ if [ "$cuda" = 1 ]; then
   echo "== engine end to end: Gemma 3 270M, 32K context, exact and selective (1/8 pool)"
   python bench/decode.py --model gemma3-270m --device cuda --lengths 32768 --new-tokens 64 \
     --policies quest,draft --json "$out/engine.json" || status=1
+  echo "== tensor-parallel path at world size 1 with NCCL (torchrun): the answer equals the plain run's"
+  q="Which law governs this agreement?"
+  kvpage ask samples/contract.pdf "$q" --device cuda --max-new-tokens 24 --no-cache --json > "$out/tp-plain.json" || status=1
+  torchrun --standalone --nproc-per-node 1 "$(command -v kvpage)" ask samples/contract.pdf "$q" --device cuda \
+    --max-new-tokens 24 --no-cache --json --tp 1 > "$out/tp-nccl.json" || status=1
+  python -c "import json,sys; a,b=(json.load(open(f))['answer'] for f in sys.argv[1:]); print('same answer:', a==b); sys.exit(a!=b)" \
+    "$out/tp-plain.json" "$out/tp-nccl.json" || status=1
 fi
 exit $status

@@ -213,6 +213,9 @@ def test_ask_under_torchrun_prints_what_one_process_prints(tiny_cli_model, kv_ho
     split = cli([str(torchrun), "--standalone", "--nproc-per-node", "2", str(KVPAGE), *common, "--tp", "2"], kv_home)
     assert split.returncode == 0, split.stderr
     assert split.stdout == alone.stdout  # rank 1 printed nothing
+    # one rank in a process group runs the split path too (bench/gpu_check.sh does it with NCCL on a GPU)
+    one = cli([str(torchrun), "--standalone", "--nproc-per-node", "1", str(KVPAGE), *common, "--tp", "1"], kv_home)
+    assert one.returncode == 0 and one.stdout == alone.stdout, one.stderr
 
 
 def test_an_error_on_rank_0_ends_every_rank_with_one_message(tiny_cli_model, kv_home, tmp_path):

@@ -97,7 +97,8 @@ def run(opts, command: Callable, kwargs: dict, body: Callable[[], Any]) -> Any:
     import torch.distributed as dist
 
     tp, device = opts.get("tp") or 1, opts.get("device") or "auto"
-    if tp == 1 or (dist.is_available() and dist.is_initialized()):
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if (tp == 1 and not torchrun) or (dist.is_available() and dist.is_initialized()):
         return body()
     if device != "cuda" and opts.get("threads") is None:  # the ranks share the CPU's cores
         opts.__dict__["threads"] = max(1, (os.cpu_count() or 1) // tp)

@@ -150,7 +150,8 @@ class Engine:
         dtype = _DTYPES[config.dtype]
         rope_keys = {layer.rope_key for layer in spec.layers}
         rope = rope_params_from_config(weights.config, spec.arch, rope_keys)
-        shard = Shard.current(config.tp) if config.tp > 1 else None
+        # in a process group (torchrun, --tp) the split path runs, also for one rank (bench/gpu_check.sh: NCCL)
+        shard = Shard.current(config.tp) if config.tp > 1 or _in_process_group() else None
         if shard is not None:
             if config.mode == "selective":  # each rank would choose its blocks from its own heads' attention
                 raise UsageError("selective mode does not run tensor-parallel yet: use --mode exact, or --tp 1")
@@ -656,6 +657,12 @@ class _Progress:
 
     def __post_init__(self) -> None:
         self.total = self.done
+
+
+def _in_process_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def _resolve_device(name: str) -> torch.device:

@@ -154,7 +154,7 @@ class Shard:
         import torch.distributed as dist
 
         per = self.vocab_per_rank(spec)
-        padded = torch.zeros(logits.shape[0], per, dtype=torch.float32)
+        padded = torch.zeros(logits.shape[0], per, dtype=torch.float32, device=logits.device)
         padded[:, :logits.shape[1]] = logits
         pieces = [torch.empty_like(padded) for _ in range(self.world)]
         started = time.perf_counter()
