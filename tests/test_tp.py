@@ -82,7 +82,7 @@ def test_fewer_kv_heads_than_ranks_are_replicated(tmp_path, kv_home):
         assert result["num_kv_heads"] == alone["num_kv_heads"] == 1
 
 
-@pytest.mark.parametrize("weights", ["int8", "int4", "bfloat16"])
+@pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_compact_weights_split_the_same_way(weights, tmp_path, kv_home):
     """Formats made at load are made from each rank's part, so a rank holds about half the bytes."""
     prompt = random_prompt(150, seed=2)
@@ -204,6 +204,10 @@ def test_ask_with_tp_2_prints_what_one_process_prints(tiny_cli_model, kv_home, c
     assert two["answer"] == one["answer"] and two["document_tokens"] == one["document_tokens"]
     assert two["stats"]["store_mib"] < one["stats"]["store_mib"]  # rank 0's own KV heads: half
     assert split.stderr.count("kvpage: prefill") == 1  # one statistics line: rank 0's
+    stdin = [str(KVPAGE), *common[:1], "-", *common[2:]]  # the prompt names its source: compare stdin with stdin
+    piped = [cli(stdin + tp, kv_home, input=contract.read_text()) for tp in ([], ["--tp", "2"])]
+    assert piped[1].returncode == 0, piped[1].stderr
+    assert json.loads(piped[1].stdout)["answer"] == json.loads(piped[0].stdout)["answer"]  # rank 0 read stdin
 
 
 def test_ask_under_torchrun_prints_what_one_process_prints(tiny_cli_model, kv_home, contract):

@@ -105,6 +105,10 @@ def run(opts, command: Callable, kwargs: dict, body: Callable[[], Any]) -> Any:
     if not dist.is_available():
         raise UsageError("--tp needs torch.distributed, which this torch build lacks")
     backend = "nccl" if device == "cuda" else "gloo"  # auto on a GPU machine: pass --device cuda for NCCL
+    if backend == "nccl":  # one GPU per rank of a node
+        import torch
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun's rank, or one rank 0 started
         if int(os.environ["WORLD_SIZE"]) != tp:
             raise UsageError(f"--tp {tp}, but torchrun started {os.environ['WORLD_SIZE']} ranks (WORLD_SIZE)")
