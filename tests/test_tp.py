@@ -94,6 +94,47 @@ def test_compact_weights_split_the_same_way(weights, tmp_path, kv_home):
         assert result["weight_bytes"] < 0.6 * alone["weight_bytes"]
 
 
+@pytest.mark.parametrize("policy", ["quest", "draft", "scores", "lru"])
+def test_selective_mode_keeps_the_same_blocks_on_every_rank(policy, tmp_path, kv_home):
+    """Each rank scores blocks with its own heads; the scores are summed over the ranks, so every
+    rank keeps the blocks one process keeps: the same tokens. A pool of 5 slots per layer (the
+    first block and the 2 newest always kept, 2 chosen), 10 blocks and more."""
+    config = {"mode": "selective", "policy": policy, "pool_mib": 5 * 3 * 2 * 2 * 64 * 16 * 4 / 2**20}
+    alone, ranks = run_both(tiny_model("llama"), tmp_path, kv_home, config, random_prompt(640, seed=6))
+    for result in ranks:
+        assert result["tokens"] == alone["tokens"], policy
+        assert (result["steps"] - alone["steps"]).abs().max().item() < TP_TOLERANCE
+
+
+def _ask_rank(rank: int, folder: str, home: str, path: str, out: str) -> None:
+    torch.set_num_threads(1)
+    torch.save(ask_work(Engine.load(folder, EngineConfig(home=home, tp=2, max_context=1024)), path), f"{out}.{rank}")
+
+
+def ask_work(engine: Engine, path: str) -> dict:
+    from kvpage_cli.ingest import load
+    from kvpage_cli.tasks import Asker
+
+    asker = Asker(engine, load(path), [QUESTION], max_new_tokens=12)
+    text = "".join(piece for _, piece in asker.answers())
+    return {"mode": asker.mode, "answer": text, "blocks": list(asker.selections[0].blocks)}
+
+
+def test_retrieval_reads_the_same_blocks_on_every_rank(tiny_cli_model, kv_home, tmp_path):
+    """A document longer than the context: the question's attention to the index's blocks is summed
+    over the ranks, so every rank reads the blocks one process reads."""
+    from .conftest import SAMPLES
+
+    path = str(SAMPLES / "contract.txt")
+    alone = ask_work(Engine.load(str(tiny_cli_model), EngineConfig(home=str(kv_home), max_context=1024)), path)
+    assert alone["mode"] == "retrieval"
+    out = str(tmp_path / "result")
+    spawn(_ask_rank, 2, (str(tiny_cli_model), str(kv_home), path, out))
+    for rank in range(2):
+        result = torch.load(f"{out}.{rank}")
+        assert result == alone
+
+
 def test_kv_heads_that_do_not_divide_are_shared_out_unevenly(tmp_path, kv_home):
     """SmolLM2-135M's shape: 9 query heads over 3 KV heads, on 2 ranks: 2 KV heads and 1."""
     model = tiny_model("llama", num_attention_heads=9, num_key_value_heads=3, head_dim=16, hidden_size=144,
@@ -269,12 +310,6 @@ def test_ctrl_c_ends_every_rank(tiny_cli_model, kv_home, contract):
     while alive(rank1) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive(rank1)  # no orphan
-
-
-def test_selective_mode_with_tp_is_a_clear_error(tiny_cli_model, kv_home, contract):
-    run = cli([str(KVPAGE), "ask", str(contract), QUESTION, "--model", str(tiny_cli_model), "--mode", "selective",
-               "--tp", "2"], kv_home)
-    assert run.returncode == 2 and "selective mode does not run tensor-parallel yet" in run.stderr
 
 
 def test_info_lists_each_ranks_share_measured_in_the_rank(tiny_cli_model, kv_home):

@@ -95,8 +95,8 @@ SHARED: tuple[Shared, ...] = (
            MODEL, "cache_mib"),
     Shared("tp", int, default("tp"), _opt("--tp", group=MODEL, min=1, max=64, metavar="N",
            help="Split the model over N processes (tensor parallel: each holds 1/N of the heads, the MLP "
-                "and the KV). kvpage starts them; under torchrun, give the total number of ranks. "
-                "Exact mode only for now."), MODEL, "tp"),
+                "and the KV). kvpage starts them; under torchrun, give the total number of ranks."),
+           MODEL, "tp"),
     Shared("threads", int | None, default("threads"), _opt("--threads", group=MODEL, min=1,
            help="CPU threads for torch and the native kernels (default: torch's choice)."), MODEL, "threads"),
     Shared("max_new_tokens", int | None, None, _opt("--max-new-tokens", group=GENERATION, min=1,

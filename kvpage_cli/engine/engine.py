@@ -96,7 +96,9 @@ class Engine:
         self.store = BlockStore([layer.window for layer in spec.layers], spec.num_kv_heads, spec.head_dim, self.dtype,
                                 torch.device("cpu"), host_bytes, home / "tmp")
         element = torch.empty(0, dtype=self.dtype).element_size()
-        slot_bytes = 2 * spec.num_kv_heads * BLOCK_TOKENS * spec.head_dim * element
+        # the slots a pool of pool_mib holds for the whole model: with tensor parallelism every rank
+        # has as many (its pool is its heads' share of the bytes), so that selective budgets agree
+        slot_bytes = 2 * runner.full_spec.num_kv_heads * BLOCK_TOKENS * spec.head_dim * element
         slots = int(config.pool_mib * 2**20) // (spec.num_layers * slot_bytes)
         if slots < 1:
             need = spec.num_layers * slot_bytes / 2**20
@@ -152,9 +154,6 @@ class Engine:
         rope = rope_params_from_config(weights.config, spec.arch, rope_keys)
         # in a process group (torchrun, --tp) the split path runs, also for one rank (bench/gpu_check.sh: NCCL)
         shard = Shard.current(config.tp) if config.tp > 1 or _in_process_group() else None
-        if shard is not None:
-            if config.mode == "selective":  # each rank would choose its blocks from its own heads' attention
-                raise UsageError("selective mode does not run tensor-parallel yet: use --mode exact, or --tp 1")
         runner = ModelRunner(spec, weights.tensors, rope, dtype, device, native_lib, weights_format, shard)
         del weights.tensors
         spec = runner.spec  # a rank's own heads: its store, pool and kernels hold and read only those
@@ -264,9 +263,6 @@ class Engine:
     def queries_after(self, ctx: Context, token_ids: list[int]) -> dict[int, tuple[torch.Tensor, int]]:
         """The queries of the last tokens of `token_ids` read after `ctx` (on a fork, released):
         layer -> (q [t, Hq, D] rotated, position of its first row)."""
-        if self.runner.shard is not None:  # each rank would rank the blocks by its own heads' attention
-            raise UsageError("retrieval (a document longer than the context) does not run tensor-parallel yet: "
-                             "use --tp 1")
         fork = self.fork(ctx)
         self.dispatch.capture_ids.add(fork.id)
         try:
@@ -280,7 +276,10 @@ class Engine:
         """Per layer, each block's share of the attention the newest prompt's final tokens pay
         (blocks written after that prompt have no entry); None outside selective mode."""
         if ctx.block_scores is None and ctx.score_queries is not None:
-            ctx.block_scores = self.dispatch.block_relevance(ctx, ctx.score_queries)
+            tables = self.dispatch.block_relevance(ctx, ctx.score_queries)
+            if self.runner.shard is not None:  # sums over heads: over every rank's, so that the ranks agree
+                tables = [self.runner.shard.all_reduce(t) for t in tables]
+            ctx.block_scores = tables
         return ctx.block_scores
 
     def set_selection(self, policy: str | None, budget: int | None = None, recent_blocks: int | None = None) -> None:
@@ -298,7 +297,8 @@ class Engine:
                                                                              relevance=self.block_scores)
         self.blocks.watchers = [w for w in {self.key_bounds, self.policy} if w is not None]
         recent = self.config.recent_blocks if recent_blocks is None else recent_blocks
-        self.dispatch.use_selector(Selector(self.spec, self.store, self.policy, budget or self.pool.num_slots, recent))
+        self.dispatch.use_selector(Selector(self.spec, self.store, self.policy, budget or self.pool.num_slots, recent,
+                                            self.runner.shard))
 
     @property
     def kv_cache(self) -> KVCache | None:

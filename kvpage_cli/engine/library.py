@@ -333,6 +333,8 @@ class Library:
             logits = torch.matmul(moved, k.float().transpose(-1, -2)) * spec.attn_scale  # [C, Hkv, G*t, 64]
             block_lse = torch.logsumexp(logits, dim=-1)  # [C, Hkv, G*t]
             total += torch.softmax(block_lse, dim=0).sum(dim=(1, 2))
+        if engine.runner.shard is not None:  # summed over this rank's heads: over every rank's, so they agree
+            total = engine.runner.shard.all_reduce(total)
         return total
 
     def release(self) -> None:

@@ -24,6 +24,7 @@ class Policy:
     name = "policy"
     static = False  # True: scores depend only on the context and the candidates, not on the step
     ranks_by_prompt = False  # True: needs Engine.block_scores of each prompt (computed as the prompt runs)
+    per_head = True  # scores are sums over the heads this process holds (tensor parallel: summed over ranks)
 
     def scores(self, layer: int, q: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
         """q: [Hq, D] this step's rotated query; ids, positions: [n] candidates -> [n] float scores."""
@@ -41,6 +42,7 @@ class Policy:
 
 class LruPolicy(Policy):
     name = "lru"
+    per_head = False  # the same on every rank
 
     def __init__(self, num_layers: int) -> None:
         self.last_used: list[dict[int, int]] = [{} for _ in range(num_layers)]
@@ -138,6 +140,7 @@ class ScoresPolicy(Policy):
     name = "scores"
     static = True  # the same candidates of the same context get the same scores at every step
     ranks_by_prompt = True
+    per_head = False  # Engine.block_scores are already summed over the ranks
 
     def __init__(self, relevance) -> None:
         self.relevance = relevance  # ctx -> per-layer tables or None (Engine.block_scores)

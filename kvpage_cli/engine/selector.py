@@ -15,8 +15,13 @@ from .store import BlockStore
 
 
 class Selector:
-    def __init__(self, spec: ModelSpec, store: BlockStore, policy: Policy, budget: int, recent_blocks: int) -> None:
+    """shard: a tensor-parallel rank's part (parallel.py): a policy's per-head scores are summed
+    over the ranks, so that every rank keeps the same blocks."""
+
+    def __init__(self, spec: ModelSpec, store: BlockStore, policy: Policy, budget: int, recent_blocks: int,
+                 shard=None) -> None:
         self.spec = spec
+        self.shard = shard
         self.store = store
         self.policy = policy
         self.budget = budget
@@ -46,6 +51,8 @@ class Selector:
         else:
             keep = always_kept(positions, ctx.num_blocks, self.recent_blocks)
             scores = self.policy.scores(layer, q, ids, positions, ctx)
+            if self.shard is not None and self.policy.per_head:
+                scores = self.shard.all_reduce(scores)
             chosen_ids, chosen_pos = choose(ids, positions, scores, keep, self.budget)
             if self.policy.static:
                 ctx.selection[layer] = ((ctx.score_queries, ctx.num_blocks, ids.clone(), positions.clone()),
