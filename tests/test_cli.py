@@ -82,13 +82,15 @@ def one_error_line(result, exit_code: int = 1) -> str:
     return lines[0]
 
 
-def stats_only(stderr: str) -> None:
-    """stderr holds the final statistics line and nothing else (no bars, no data)."""
+def stats_only(stderr: str, decoded: bool = True) -> None:
+    """stderr holds the final statistics line and nothing else (no bars, no data); a decode rate
+    only where tokens were decoded (a review scores its answers: none)."""
     lines = stderr.splitlines()
     assert len(lines) == 1, stderr
     assert lines[0].startswith("kvpage: prefill ")
-    for figure in ("tok/s", "decode", "pool", "MiB", "store", "blocks moved"):
+    for figure in ("tok/s", "pool", "MiB", "store", "blocks moved"):
         assert figure in lines[0]
+    assert ("| decode " in lines[0]) == decoded, lines[0]
 
 
 # -- help ---------------------------------------------------------------------------------------
@@ -147,7 +149,7 @@ def test_review_json_is_one_document_with_valid_findings(reviewed, contract):
             assert doc.text[v["start"]:v["end"]] == v["text"]
     for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "pool_mib", "store_mib", "blocks_moved"):
         assert key in data["stats"]
-    stats_only(reviewed.stderr)
+    stats_only(reviewed.stderr, decoded=False)
 
 
 def test_review_in_a_pipe_is_plain_text_and_says_the_mode(cli, contract):
@@ -177,7 +179,7 @@ def test_review_jsonl_streams_findings_then_a_summary(cli, contract):
     assert ids == [c for c in CLAUSE_IDS if c in ids]  # in document order, as they are done
     assert all(line["document"] == str(contract) for line in lines[:-1])
     assert lines[-1]["complete"] is True and lines[-1]["mode"] == "exact" and lines[-1]["terms"]
-    stats_only(result.stderr)
+    stats_only(result.stderr, decoded=False)
 
 
 def test_review_markdown_and_table_carry_the_same_fields(cli, contract, reviewed):

@@ -326,3 +326,55 @@ def test_info_lists_each_ranks_share_measured_in_the_rank(tiny_cli_model, kv_hom
     for share in shares:
         assert 0.45 * alone["weights_mib"] < share["weights_mib"] < 0.55 * alone["weights_mib"]
     assert "tp_ranks" not in alone
+
+
+def review_work(engine: Engine, clauses: int) -> list[dict]:
+    from kvpage_cli.ingest import load
+    from kvpage_cli.tasks import Reviewer
+
+    from .conftest import SAMPLES
+
+    doc = load(str(SAMPLES / "contract.pdf"))
+    reviewer = Reviewer(engine, doc)
+    reviewer.clauses = [c for c in reviewer.clauses if c.id in ("3.1", "4.2", "5.2", "11.2", "17.1")][:clauses]
+    return [f.to_dict() for f in reviewer.findings()] + [t.to_dict() for t in reviewer.terms]
+
+
+def scores_apart(item, found: list[float]):
+    """The item without the model's calibrated scores (which differ in the last digits with the
+    summation order), the scores appended to `found`."""
+    if isinstance(item, dict):
+        out = {}
+        for key, value in item.items():
+            if key == "score":
+                found.append(value)
+            elif key == "answer_scores":
+                found.extend(value[k] for k in sorted(value))
+                out[key] = sorted(value)
+            else:
+                out[key] = scores_apart(value, found)
+        return out
+    if isinstance(item, list):
+        return [scores_apart(x, found) for x in item]
+    return item
+
+
+def _review_rank(rank: int, home: str, out: str) -> None:
+    torch.set_num_threads(1)
+    torch.save(review_work(Engine.load("smollm2", EngineConfig(home=home, tp=2)), 5), f"{out}.{rank}")
+
+
+@pytest.mark.real_model
+def test_the_sample_contracts_review_is_the_same_on_two_ranks(tmp_path, kv_home):
+    """Five clauses of the README's contract (the renewal, the cap, the payment terms, termination
+    for convenience, the governing law): the same categories, levels, reasons, quotes and values;
+    the model's scores within 1e-3."""
+    alone_scores: list[float] = []
+    alone = scores_apart(review_work(Engine.load("smollm2", EngineConfig(home=str(kv_home))), 5), alone_scores)
+    assert any(f.get("risk") == "high" for f in alone) and alone_scores
+    out = str(tmp_path / "result")
+    spawn(_review_rank, 2, (str(kv_home), out))
+    for rank in range(2):
+        scores: list[float] = []
+        assert scores_apart(torch.load(f"{out}.{rank}"), scores) == alone
+        assert len(scores) == len(alone_scores) and max(abs(a - b) for a, b in zip(scores, alone_scores)) < 1e-3

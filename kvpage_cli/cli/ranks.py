@@ -117,7 +117,9 @@ def run(opts, command: Callable, kwargs: dict, body: Callable[[], Any]) -> Any:
             if dist.get_rank() != 0:
                 opts.__dict__.update(quiet=True, verbose=False, out=None)
                 _discard_stdout()
-            return body()
+            result = body()
+            dist.barrier()  # no rank tears its connections down while another still uses them
+            return result
         finally:
             dist.destroy_process_group()
     return _lead(tp, backend, command, kwargs, body)
@@ -145,7 +147,9 @@ def _lead(tp: int, backend: str, command: Callable, kwargs: dict, body: Callable
     try:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=tp)
         try:
-            return body()
+            result = body()
+            dist.barrier()
+            return result
         finally:
             dist.destroy_process_group()
     except Exception:

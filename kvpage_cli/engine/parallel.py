@@ -197,6 +197,7 @@ def _rank_main(rank: int, fn: Callable, world: int, store: str, backend: str, ar
     dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         fn(rank, *args)
+        dist.barrier()  # no rank tears its connections down while another still uses them
     finally:
         dist.destroy_process_group()
 
