@@ -104,10 +104,11 @@ def run(opts, command: Callable, kwargs: dict, body: Callable[[], Any]) -> Any:
         opts.__dict__["threads"] = max(1, (os.cpu_count() or 1) // tp)
     if not dist.is_available():
         raise UsageError("--tp needs torch.distributed, which this torch build lacks")
-    backend = "nccl" if device == "cuda" else "gloo"  # auto on a GPU machine: pass --device cuda for NCCL
-    if backend == "nccl":  # one GPU per rank of a node
-        import torch
+    import torch
 
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())  # as the engine resolves it
+    backend = "nccl" if cuda else "gloo"
+    if cuda:  # one GPU per rank of a node
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun's rank, or one rank 0 started
         if int(os.environ["WORLD_SIZE"]) != tp:
