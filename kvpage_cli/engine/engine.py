@@ -124,7 +124,6 @@ class Engine:
         self.cache_seed = chain_seed(fingerprint, f"{backend.name}|{kv_path}|{device.type}|{config.mode}|{config.policy}|"
                                                   f"chunk{config.prefill_chunk}")
         self._kv_cache: KVCache | None = None
-        self._said_no_cache = False
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -246,7 +245,10 @@ class Engine:
             return ctx
         self._check_length(len(token_ids))
         started = self._clock()
-        cached = CachedPrefill(cache, self.blocks, self.cache_seed, self.name, token_ids, self.segment_tokens, label, on_event)
+        shard = self.runner.shard
+        agree = None if shard is None else (lambda count: int(shard.least(torch.tensor([count]))[0]))
+        cached = CachedPrefill(cache, self.blocks, self.cache_seed, self.name, token_ids, self.segment_tokens, label,
+                               on_event, agree)
         restored = cached.restore(ctx)
         if ctx.draft is not None and restored:
             self.draft.append(ctx.draft, token_ids[:restored])
@@ -304,14 +306,11 @@ class Engine:
     def kv_cache(self) -> KVCache | None:
         """The saved-KV cache under `home/kv` when `EngineConfig.kv_cache` is on, else None.
         Raises OSError when the folder cannot be used."""
-        if self._kv_cache is None and self.config.kv_cache and self.runner.shard is None:
+        if self._kv_cache is None and self.config.kv_cache:
             self._kv_cache = KVCache(self.home / "kv", int(self.config.cache_mib * 2**20))
         return self._kv_cache
 
     def _open_cache(self, on_event: EventCallback | None) -> KVCache | None:
-        if self.config.kv_cache and self.runner.shard is not None and not self._said_no_cache:
-            self._said_no_cache = True  # the ranks would have to agree on every hit: not done yet
-            emit(on_event, EngineWarning("saved KV is not used with tensor parallelism yet; prefilling in full"))
         try:
             return self.kv_cache
         except OSError as exc:  # a read-only or full home: run without the cache

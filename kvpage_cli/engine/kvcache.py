@@ -44,7 +44,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -608,8 +608,12 @@ class CachedPrefill:
     """
 
     def __init__(self, cache: KVCache, blocks: BlockManager, seed: str, model: str, token_ids: list[int],
-                 segment_tokens: int, label: str | None = None, on_event: EventCallback | None = None) -> None:
+                 segment_tokens: int, label: str | None = None, on_event: EventCallback | None = None,
+                 agree: Callable[[int], int] | None = None) -> None:
+        """agree: with tensor parallelism, the least of a count over the ranks: a prefix is restored
+        only as far as every rank has it (each rank's segments hold its own KV heads)."""
         self.cache = cache
+        self.agree = agree
         self.blocks = blocks
         self.store = store = blocks.store
         self.seed = seed
@@ -643,14 +647,19 @@ class CachedPrefill:
         except (OSError, sqlite3.Error) as exc:
             self._warn(f"the saved-KV index is unreadable ({exc}); prefilling without it")
             self.stopped = True
+            if self.agree is not None:
+                self.agree(0)  # the other ranks wait for this rank's count
             return 0
         count = 0
         while count < usable and self.keys[count] in self.present:
             count += 1
+        if self.agree is not None:
+            count = self.agree(count)
         if count == 0:
             return 0
         self.blocks.reserve(ctx.tables, len(self.token_ids))
         done = 0
+        read = []  # with `agree`: every segment read before any is placed (the ranks agree on how many)
         for index in range(count):
             key = self.keys[index]
             try:
@@ -669,8 +678,15 @@ class CachedPrefill:
                 self._warn(f"could not read saved KV from {self.cache.folder} ({exc}); recomputing")
                 self.stopped = True
                 break
-            self._place(ctx, segment, index)
+            if self.agree is None:
+                self._place(ctx, segment, index)
+            else:
+                read.append(segment)
             done = index + 1
+        if self.agree is not None:
+            done = self.agree(done)
+            for index, segment in enumerate(read[:done]):
+                self._place(ctx, segment, index)
         self.restored = done * self.segment_tokens
         ctx.tokens = list(self.token_ids[:self.restored])
         ctx.num_cached = ctx.cached_prefix = self.restored

@@ -155,10 +155,9 @@ class Library:
             present = cache.present(keys)
         except (OSError, sqlite3.Error) as exc:
             emit(on_event, EngineWarning(f"the saved-KV index is unreadable ({exc}); indexing without it"))
-            return list(range(len(self.windows)))
-        todo = []
-        done = 0
+            present = set()
         started = self.engine._clock()
+        maps = []
         for n, key in enumerate(keys):
             mapped = None
             if key in present:
@@ -172,6 +171,14 @@ class Library:
                     emit(on_event, EngineWarning(f"a saved window of the document was {exc}; computing it again"))
                     _quietly(cache.discard, key)
                     mapped = None
+            maps.append(mapped)
+        shard = self.engine.runner.shard
+        if shard is not None:  # tensor parallel: a window is read only where every rank has it saved
+            agreed = shard.least(torch.tensor([m is not None for m in maps])).tolist()
+            maps = [m if ok else None for m, ok in zip(maps, agreed)]
+        todo = []
+        done = 0
+        for n, mapped in enumerate(maps):
             if mapped is None:
                 todo.append(n)
                 continue

@@ -9,7 +9,8 @@ others add zeros; each rank's logits are gathered). Norms are replicated. A mode
 (Gemma 3 270M has one) gives every rank the KV head its query heads read.
 
 Every rank runs the same engine on its own heads: the store, the pool, the disk tier and the
-saved KV hold the rank's KV heads only. What is not split is identical on every rank, so greedy
+saved KV hold the rank's KV heads only (a rank's saved KV is its own cache entry; a prefix or an
+index window is restored only where every rank has it, so the ranks compute the same tokens). What is not split is identical on every rank, so greedy
 tokens are chosen the same everywhere. The all-reduce adds the ranks' partial sums in an order a
 single process does not use: logits agree with one process's to rounding, not bit for bit.
 """
@@ -144,6 +145,16 @@ class Shard:
         dist.all_reduce(wire)
         self._count(started)
         return wire.to(x.dtype)
+
+    def least(self, x: torch.Tensor) -> torch.Tensor:
+        """The element-wise minimum over the ranks (what every rank has: saved KV they can all restore)."""
+        import torch.distributed as dist
+
+        wire = x.to(torch.int64).contiguous().clone()
+        started = time.perf_counter()
+        dist.all_reduce(wire, op=dist.ReduceOp.MIN)
+        self._count(started)
+        return wire
 
     def _count(self, started: float) -> None:
         self.comm_seconds += time.perf_counter() - started
