@@ -106,9 +106,10 @@ def test_selective_mode_keeps_the_same_blocks_on_every_rank(policy, tmp_path, kv
         assert (result["steps"] - alone["steps"]).abs().max().item() < TP_TOLERANCE
 
 
-def _ask_rank(rank: int, folder: str, home: str, path: str, out: str) -> None:
+def _ask_rank(rank: int, folder: str, home: str, path: str, out: str, kv_cache: bool = False) -> None:
     torch.set_num_threads(1)
-    torch.save(ask_work(Engine.load(folder, EngineConfig(home=home, tp=2, max_context=1024)), path), f"{out}.{rank}")
+    engine = Engine.load(folder, EngineConfig(home=home, tp=2, max_context=1024, kv_cache=kv_cache))
+    torch.save(ask_work(engine, path), f"{out}.{rank}")
 
 
 def ask_work(engine: Engine, path: str) -> dict:
@@ -133,6 +134,10 @@ def test_retrieval_reads_the_same_blocks_on_every_rank(tiny_cli_model, kv_home, 
     for rank in range(2):
         result = torch.load(f"{out}.{rank}")
         assert result == alone
+    # with the saved KV: the first run saves each rank's index windows, the second maps them back
+    for run in range(2):
+        spawn(_ask_rank, 2, (str(tiny_cli_model), str(tmp_path / "home"), path, f"{out}{run}", True))
+        assert all(torch.load(f"{out}{run}.{rank}") == alone for rank in range(2))
 
 
 def _cached_rank(rank: int, folder: str, home: str, prompt: list[int], out: str, drop: bool) -> None:
