@@ -329,7 +329,7 @@ def test_a_rank_that_dies_ends_the_run_with_its_exit_code(tiny_cli_model, kv_hom
     _, stderr = process.communicate(timeout=120)
     assert process.returncode != 0
     errors = [line for line in stderr.splitlines() if "error" in line]
-    assert errors and "rank 1 of the tensor-parallel run" in errors[-1], stderr
+    assert errors and errors[-1] == "kvpage: error: rank 1 of the tensor-parallel run: ended by signal SIGKILL", stderr
 
 
 def test_ctrl_c_ends_every_rank(tiny_cli_model, kv_home, contract):

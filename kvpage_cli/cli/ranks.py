@@ -25,12 +25,14 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import KvpageError, UsageError
 
 WORKER_FILE = "KVPAGE_TP_COMMAND"  # env: the pickled command a rank started by rank 0 runs
+WATCH_GRACE_S = 10.0  # after a collective breaks, how long rank 0 waits to learn which rank failed
 
 
 class RankFailed(KvpageError):
@@ -153,7 +155,11 @@ def _lead(tp: int, backend: str, command: Callable, kwargs: dict, body: Callable
             return result
         finally:
             dist.destroy_process_group()
-    except Exception:
+    except Exception as exc:
+        if isinstance(exc, RuntimeError) and not failed:  # a broken collective: give the watcher time to see why
+            deadline = time.monotonic() + WATCH_GRACE_S
+            while not failed and watcher.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
         if failed:  # the collective failed because a rank did: its error is the one to show
             raise failed[0] from None
         raise
@@ -174,19 +180,29 @@ def _lead(tp: int, backend: str, command: Callable, kwargs: dict, body: Callable
 
 
 def _watch(workers: list, failed: list) -> None:
-    """Waits for the ranks rank 0 started; when one fails, keeps its error and ends this process's
-    wait in a collective by ending the other ranks (their connections close, the collective raises)."""
-    for r, log, process in workers:
-        code = process.wait()
-        if code != 0 and not failed:
-            log.flush()
-            log.seek(0)
-            lines = [line for line in log.read().decode(errors="replace").splitlines() if line.strip()]
-            text = lines[-1].removeprefix("kvpage: error: ") if lines else f"exited with code {code}"
-            failed.append(RankFailed(r, text, code))
-            for _, _, other in workers:
-                if other.poll() is None:
-                    other.send_signal(signal.SIGTERM)
+    """Watches the ranks rank 0 started; the first that fails: keeps its error and ends the others,
+    so that rank 0's wait in a collective ends (their connections close, the collective raises)."""
+    while True:
+        codes = [process.poll() for _, _, process in workers]
+        for (r, log, _), code in zip(workers, codes):
+            if code not in (None, 0):
+                log.flush()
+                log.seek(0)
+                lines = [line for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+                if lines:
+                    text = lines[-1].removeprefix("kvpage: error: ")
+                elif code < 0:
+                    text = f"ended by signal {signal.Signals(-code).name}"
+                else:
+                    text = f"exited with code {code}"
+                failed.append(RankFailed(r, text, code))
+                for _, _, other in workers:
+                    if other.poll() is None:
+                        other.send_signal(signal.SIGTERM)
+                return
+        if all(code is not None for code in codes):
+            return
+        time.sleep(0.05)
 
 
 def _discard_stdout() -> None:
