@@ -17,7 +17,6 @@ single process does not use: logits agree with one process's to rounding, not bi
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -204,7 +203,6 @@ def _cols(tensor, start: int, stop: int):
 def _rank_main(rank: int, fn: Callable, world: int, store: str, backend: str, args: tuple) -> None:
     import torch.distributed as dist
 
-    os.environ["KVPAGE_TP_RANK"] = str(rank)
     dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         fn(rank, *args)
