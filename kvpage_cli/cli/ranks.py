@@ -112,7 +112,7 @@ def run(opts, command: Callable, kwargs: dict, body: Callable[[], Any]) -> Any:
     backend = "nccl" if cuda else "gloo"
     if cuda:  # one GPU per rank of a node
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun's rank, or one rank 0 started
+    if torchrun:  # torchrun's rank, or one rank 0 started
         if int(os.environ["WORLD_SIZE"]) != tp:
             raise UsageError(f"--tp {tp}, but torchrun started {os.environ['WORLD_SIZE']} ranks (WORLD_SIZE)")
         dist.init_process_group(backend)

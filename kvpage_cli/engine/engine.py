@@ -151,8 +151,9 @@ class Engine:
         dtype = _DTYPES[config.dtype]
         rope_keys = {layer.rope_key for layer in spec.layers}
         rope = rope_params_from_config(weights.config, spec.arch, rope_keys)
-        # in a process group (torchrun, --tp) the split path runs, also for one rank (bench/gpu_check.sh: NCCL)
-        shard = Shard.current(config.tp) if config.tp > 1 or _in_process_group() else None
+        # the split path also runs for a process group of one rank (torchrun --nproc-per-node 1:
+        # bench/gpu_check.sh tries NCCL so); a caller's own larger group with tp 1 is left alone
+        shard = Shard.current(config.tp) if config.tp > 1 or _process_group_size() == 1 else None
         runner = ModelRunner(spec, weights.tensors, rope, dtype, device, native_lib, weights_format, shard)
         del weights.tensors
         spec = runner.spec  # a rank's own heads: its store, pool and kernels hold and read only those
@@ -658,10 +659,11 @@ class _Progress:
         self.total = self.done
 
 
-def _in_process_group() -> bool:
+def _process_group_size() -> int:
+    """Ranks of the running torch.distributed process group (0: none)."""
     import torch.distributed as dist
 
-    return dist.is_available() and dist.is_initialized()
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _resolve_device(name: str) -> torch.device:

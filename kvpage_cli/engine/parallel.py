@@ -92,10 +92,11 @@ class Shard:
 
     def vocab(self, spec: ModelSpec) -> range:
         """This rank's rows of the embedding and the LM head (the last rank's may be fewer)."""
-        per = -(-spec.vocab_size // self.world)
+        per = self.vocab_per_rank(spec)
         return range(min(self.rank * per, spec.vocab_size), min((self.rank + 1) * per, spec.vocab_size))
 
     def vocab_per_rank(self, spec: ModelSpec) -> int:
+        """Rows per rank (the gathered logits are padded to this on every rank)."""
         return -(-spec.vocab_size // self.world)
 
     def local_spec(self, spec: ModelSpec) -> ModelSpec:
