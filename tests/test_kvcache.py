@@ -255,6 +255,46 @@ def test_list_remove_and_clear(llama, tmp_path):
     assert not list((tmp_path / "kv" / "segments").glob("*/*"))
 
 
+def _share(cache: KVCache, keys: list[str], index: int, heads: int) -> None:
+    """Writes one rank's share of segment `index` of a chain (`heads` KV heads of random K/V)."""
+    header = {"key": keys[index], "parent": keys[index - 1] if index else "", "root": keys[0], "seed": "s" * 64,
+              "start": index * 64, "end": (index + 1) * 64, "dtype": "float32", "block_shape": [heads, 64, 8],
+              "groups": [{"window": 0, "layers": 2, "blocks": [index]}]}
+    cache.write(header, [torch.randn(2, 2, 1, heads, 64, 8)], "doc", "m")
+
+
+def test_the_ranks_shares_of_a_document_are_one_entry_kept_and_dropped_together(tmp_path):
+    """Tensor parallelism: each rank writes its own file of every segment under the same chain key;
+    `kvpage cache ls` shows one entry, `rm` and eviction remove every rank's file of a segment, and a
+    damaged share is discarded alone."""
+    keys = [f"{i:x}" * 64 for i in range(1, 4)]  # three chained segments
+    ranks = [KVCache(tmp_path / "kv", part=f"r{r}of2") for r in range(2)]
+    for index in range(3):
+        for rank, heads in zip(ranks, (2, 1)):  # SmolLM2's 3 KV heads over 2 ranks
+            _share(rank, keys, index, heads)
+    listing = KVCache.open(tmp_path)  # what `kvpage cache` opens: no rank
+    files = sorted((tmp_path / "kv" / "segments").glob("*/*.kvb"))
+    [entry] = listing.list_entries()
+    assert (entry.label, entry.tokens, entry.segments, entry.key) == ("doc", 192, 3, keys[0])
+    assert entry.bytes == sum(f.stat().st_size for f in files) == listing.total_bytes
+    assert sorted(f.name for f in files) == sorted(f"{k}-r{r}of2.kvb" for k in keys for r in range(2))
+    assert ranks[0].present(keys) == ranks[1].present(keys) == set(keys) and listing.present(keys) == set()
+    assert ranks[1].read(keys[2], "s" * 64).groups[0].shape == (2, 2, 1, 1, 64, 8)  # rank 1's own heads
+
+    ranks[1].discard(keys[2])  # a bad share: the other rank's file of it stays
+    assert ranks[1].present(keys) == set(keys[:2]) and ranks[0].present(keys) == set(keys)
+    time_before = [e.last_used for e in listing.list_entries()]
+    ranks[0].touch(keys[:1], "")
+    assert listing.list_entries()[0].last_used > time_before[0]
+    over = KVCache(tmp_path / "kv", limit_bytes=entry.bytes // 2, part="r0of2")
+    over.trim()  # evicting cuts the chain from its end, every rank's file of a segment together
+    left = sorted(f.name for f in (tmp_path / "kv" / "segments").glob("*/*.kvb"))
+    assert left and all(f"{k}-r0of2.kvb" in left and f"{k}-r1of2.kvb" in left for k in {n.split("-")[0] for n in left})
+    assert listing.total_bytes <= entry.bytes // 2
+    assert [e.label for e in listing.remove("doc")] == ["doc"]
+    assert not list((tmp_path / "kv" / "segments").glob("*/*.kvb")) and listing.total_bytes == 0
+
+
 def test_without_the_cache_nothing_is_read_or_written(llama, tmp_path):
     ids = random_prompt(2 * SEGMENT + 1, seed=60)
     engine = load(llama, tmp_path)

@@ -143,17 +143,20 @@ def test_retrieval_reads_the_same_blocks_on_every_rank(tiny_cli_model, kv_home, 
 def _cached_rank(rank: int, folder: str, home: str, prompt: list[int], out: str, drop: bool) -> None:
     torch.set_num_threads(1)
     engine = Engine.load(folder, EngineConfig(home=home, tp=2, kv_cache=True, prefill_chunk=128, pool_mib=1.0))
-    if drop and rank == 1:
-        time.sleep(2)  # rank 0 has found its saved segments by now
-        engine.kv_cache.clear()  # this rank has nothing saved: no rank may restore the prefix
+    if drop and rank == 1:  # this rank's files are gone (its index rows stay): no rank may restore the prefix
+        for path in engine.kv_cache.segments_dir.glob("*/*-r1of2.kvb"):
+            path.unlink()
     ctx = engine.prefill(prompt, label="doc")
     tokens = list(engine.generate(ctx, max_new_tokens=12, stop=()))
     torch.save({"cached": ctx.cached_prefix, "tokens": tokens}, f"{out}.{rank}")
 
 
 def test_saved_kv_is_restored_only_where_every_rank_has_it(tmp_path, kv_home):
-    """Each rank saves its own heads' KV; a second run restores the prefix on both ranks; when one
-    rank's is gone, neither restores it. The tokens are the same every time."""
+    """Each rank saves its own heads' KV in its own files, and the document is one entry of the
+    cache; a second run restores the prefix on both ranks; when one rank's files are gone, neither
+    restores it. The tokens are the same every time; `kvpage cache rm` removes every rank's files."""
+    from kvpage_cli.engine.kvcache import KVCache
+
     folder = tmp_path / "model"
     tiny_model("llama").save_pretrained(folder, safe_serialization=True)
     home, prompt = tmp_path / "home", random_prompt(600, seed=8)
@@ -162,10 +165,18 @@ def test_saved_kv_is_restored_only_where_every_rank_has_it(tmp_path, kv_home):
         out = str(tmp_path / f"run{len(runs)}")
         spawn(_cached_rank, 2, (str(folder), str(home), prompt, out, drop))
         runs.append([torch.load(f"{out}.{rank}") for rank in range(2)])
+        if len(runs) == 1:
+            files = sorted((home / "kv" / "segments").glob("*/*.kvb"))
+            [entry] = KVCache.open(home).list_entries()
+            assert (entry.label, entry.tokens, entry.segments) == ("doc", 512, 4)
+            assert entry.bytes == sum(f.stat().st_size for f in files)
+            assert sorted(f.name.split("-")[1] for f in files) == ["r0of2.kvb"] * 4 + ["r1of2.kvb"] * 4
     assert [r["cached"] for r in runs[0]] == [0, 0]
     assert [r["cached"] for r in runs[1]] == [512, 512]  # whole 128-token segments before the last token
     assert [r["cached"] for r in runs[2]] == [0, 0]
     assert all(r["tokens"] == runs[0][0]["tokens"] for run in runs for r in run)
+    assert [e.label for e in KVCache.open(home).remove("doc")] == ["doc"]
+    assert not list((home / "kv" / "segments").glob("*/*.kvb"))
 
 
 def test_kv_heads_that_do_not_divide_are_shared_out_unevenly(tmp_path, kv_home):

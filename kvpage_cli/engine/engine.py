@@ -176,8 +176,8 @@ class Engine:
                                          "positions the model was trained on; expect worse answers past that"))
         # the weights' format changes the KV they compute: it is part of the saved KV's key
         computed = config.dtype if weights_format == "float32" else f"{config.dtype}|{weights_format} weights"
-        if shard is not None:  # a rank's saved KV holds its own heads
-            computed += f"|tensor-parallel rank {shard.rank} of {shard.world}"
+        if shard is not None:  # the all-reduce's order changes the bits; each rank saves its own heads' share
+            computed += f"|tensor-parallel over {shard.world} ranks"
         fingerprint = model_fingerprint(weights.fingerprint, computed, rope)
         engine_ref: list[Engine] = []
         draft = None
@@ -308,7 +308,9 @@ class Engine:
         """The saved-KV cache under `home/kv` when `EngineConfig.kv_cache` is on, else None.
         Raises OSError when the folder cannot be used."""
         if self._kv_cache is None and self.config.kv_cache:
-            self._kv_cache = KVCache(self.home / "kv", int(self.config.cache_mib * 2**20))
+            shard = self.runner.shard  # each rank's files hold its own heads (one entry in `kvpage cache ls`)
+            part = f"r{shard.rank}of{shard.world}" if shard is not None else ""
+            self._kv_cache = KVCache(self.home / "kv", int(self.config.cache_mib * 2**20), part)
         return self._kv_cache
 
     def _open_cache(self, on_event: EventCallback | None) -> KVCache | None:

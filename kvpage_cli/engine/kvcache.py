@@ -15,13 +15,15 @@ Layout under `<home>/kv/` (folders 0700, files 0600):
     lock                                file lock: held while segments are renamed into place, rows
                                         change or segments are evicted
     segments/<key[:2]>/<key>.kvb        a segment: fixed header, JSON header, payload, crc32 of all before it
+    segments/<key[:2]>/<key>-r<i>of<n>.kvb   with tensor parallelism over n ranks: rank i's share of a
+                                        segment (its KV heads); one index row per file, one entry
     segments/<key[:2]>/.<key>.<pid>.<random>.tmp    a segment being written
 
 Safety: a segment is written to a temporary file, fsynced and renamed into place, and its index
 row is added after the rename; only indexed segments are read. On load the size, checksum, format
 version, seed, key and shapes are checked; a bad file is deleted (with a warning) and its tokens
 are recomputed. The total size is kept under the limit by evicting the least recently used
-segments together with the segments that continue them. Leftovers of processes that died are
+segments together with the segments that continue them (and with the other ranks' shares of them). Leftovers of processes that died are
 swept when the cache is opened and temporary files again at every write. The lock is waited for
 at most LOCK_TIMEOUT_S (with a warning after LOCK_NOTICE_S): a process stuck while holding it
 makes the others run without the cache, not hang. One prefill stops saving after a failed write.
@@ -82,6 +84,14 @@ CREATE TABLE IF NOT EXISTS segments (
 );
 CREATE INDEX IF NOT EXISTS segments_parent ON segments(parent);
 """
+
+_SHARES = "key = ? OR (key >= ? AND key < ?)"
+"""The index rows of a segment: its chain key (one process) or its ranks' shares `<key>-<part>`
+(tensor parallel), as a range of the primary key ("-" sorts just before "."); see `_shares`."""
+
+
+def _shares(key: str) -> tuple[str, str, str]:
+    return key, key + "-", key + "."
 
 
 def model_fingerprint(weights_fingerprint: str, dtype: str, rope: dict) -> str:
@@ -203,9 +213,13 @@ class KVCache:
     `EngineConfig.kv_cache` is on).
     """
 
-    def __init__(self, folder: str | Path, limit_bytes: int = int(DEFAULT_CACHE_MIB * 2**20)) -> None:
+    def __init__(self, folder: str | Path, limit_bytes: int = int(DEFAULT_CACHE_MIB * 2**20), part: str = "") -> None:
+        """part: with tensor parallelism, this rank's share of every segment ("r0of2"): the chain keys
+        are the same on every rank, each rank reads and writes its own files `<key>-<part>.kvb`, and
+        the ranks' files of one document make one entry. "" for the whole KV of one process."""
         self.folder = Path(folder)
         self.limit_bytes = int(limit_bytes)
+        self.part = part
         self.segments_dir = self.folder / "segments"
         self.index_path = self.folder / "index.sqlite"
         _make_private_dir(self.folder)
@@ -288,12 +302,13 @@ class KVCache:
     def present(self, keys: Iterable[str]) -> set[str]:
         """Which of `keys` have a segment."""
         keys = list(keys)
+        stems = {self._stem(key): key for key in keys}
         found: set[str] = set()
         with self._db() as db:
             for first in range(0, len(keys), 500):
-                part = keys[first:first + 500]
-                marks = ",".join("?" * len(part))
-                found.update(row[0] for row in db.execute(f"SELECT key FROM segments WHERE key IN ({marks})", part))
+                some = list(stems)[first:first + 500]
+                marks = ",".join("?" * len(some))
+                found.update(stems[row[0]] for row in db.execute(f"SELECT key FROM segments WHERE key IN ({marks})", some))
         return found
 
     def read(self, key: str, seed: str) -> Segment:
@@ -353,8 +368,9 @@ class KVCache:
 
         header: key, parent ("" for the first segment), root, seed, start, end, dtype, block_shape,
         groups [{window, layers, blocks}]; groups: per store group, K/V [layers, 2, blocks, Hkv, 64, D]."""
-        key = header["key"]
-        path = self.path(key)
+        key = self._stem(header["key"])
+        parent = self._stem(header["parent"]) if header["parent"] else ""
+        path = self._file(key)
         _make_private_dir(path.parent)
         header_json = json.dumps(header, separators=(",", ":")).encode()
         header_json += b" " * (-(_FIXED.size + len(header_json)) % 64)  # the payload starts 64-byte aligned
@@ -382,7 +398,7 @@ class KVCache:
                 db.execute(
                     'INSERT OR REPLACE INTO segments (key, parent, root, seed, model, start, "end", bytes, label, created, '
                     "last_used) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (key, header["parent"], header["root"], header["seed"], model, header["start"], header["end"], size,
+                    (key, parent, header["root"], header["seed"], model, header["start"], header["end"], size,
                      label, now, now),
                 )
                 self._sweep_temporary()
@@ -435,19 +451,22 @@ class KVCache:
         fsync_dir(path.parent)
 
     def touch(self, keys: list[str], label: str, on_event: EventCallback | None = None) -> None:
-        """Marks segments as used now (for LRU eviction); gives unnamed ones `label`."""
+        """Marks segments as used now (every rank's share: they are evicted together); gives unnamed
+        ones `label`."""
         if not keys:
             return
         now = time.time()
         with self._locked(on_event), self._db() as db:
-            db.executemany("UPDATE segments SET last_used = ? WHERE key = ?", [(now, k) for k in keys])
+            db.executemany(f"UPDATE segments SET last_used = ? WHERE {_SHARES}", [(now, *_shares(k)) for k in keys])
             if label:
-                db.executemany("UPDATE segments SET label = ? WHERE key = ? AND label = ''", [(label, k) for k in keys])
+                db.executemany(f"UPDATE segments SET label = ? WHERE ({_SHARES}) AND label = ''",
+                               [(label, *_shares(k)) for k in keys])
 
     def discard(self, key: str, on_event: EventCallback | None = None) -> None:
-        """Deletes a segment that failed its checks (the segments after it stay: they are valid)."""
+        """Deletes this process's share of a segment that failed its checks (the segments after it,
+        and the other ranks' shares, stay: they are valid)."""
         with self._locked(on_event), self._db() as db:
-            db.execute("DELETE FROM segments WHERE key = ?", (key,))
+            db.execute("DELETE FROM segments WHERE key = ?", (self._stem(key),))
             self.path(key).unlink(missing_ok=True)
 
     def submit(self, work) -> Future:
@@ -465,7 +484,15 @@ class KVCache:
             writer.shutdown(wait=True)
 
     def path(self, key: str) -> Path:
-        return self.segments_dir / key[:2] / f"{key}.kvb"
+        """The file of this process's share of the segment saved under chain key `key`."""
+        return self._file(self._stem(key))
+
+    def _stem(self, key: str) -> str:
+        """The index key and file name of this process's share of segment `key`."""
+        return f"{key}-{self.part}" if self.part else key
+
+    def _file(self, stem: str) -> Path:
+        return self.segments_dir / stem[:2] / f"{stem}.kvb"
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -518,7 +545,8 @@ class KVCache:
             db.close()
 
     def _group(self, rows) -> list[tuple[CacheEntry, list[str]]]:
-        """Rows -> entries: segments saved under one label (else one chain root) for one model setting."""
+        """Rows -> entries: segments saved under one label (else one chain root) for one model setting
+        (the ranks of a tensor-parallel run share the chain, so their files make one entry)."""
         groups: dict[tuple, list] = {}
         for row in rows:
             key, root, label, model, seed = row[:5]
@@ -528,14 +556,16 @@ class KVCache:
             first = min(members, key=lambda r: r[5])
             entry = CacheEntry(
                 key=first[1], label=first[2], model=model, tokens=max(r[6] for r in members),
-                bytes=sum(r[7] for r in members), segments=len(members), last_used=max(r[8] for r in members),
+                bytes=sum(r[7] for r in members), segments=len({r[0].split("-", 1)[0] for r in members}),
+                last_used=max(r[8] for r in members),
             )
             entries.append((entry, [r[0] for r in members]))
         entries.sort(key=lambda e: -e[0].last_used)
         return entries
 
     def _delete(self, db: sqlite3.Connection, keys: Iterable[str]) -> int:
-        """Deletes segments and every segment that continues them; returns the bytes freed."""
+        """Deletes segments (index keys), every rank's share of them and every segment that
+        continues them; returns the bytes freed."""
         freed = 0
         todo = list(keys)
         seen: set[str] = set()
@@ -543,12 +573,16 @@ class KVCache:
             key = todo.pop()
             if key in seen:
                 continue
-            seen.add(key)
-            row = db.execute("SELECT bytes FROM segments WHERE key = ?", (key,)).fetchone()
-            todo.extend(r[0] for r in db.execute("SELECT key FROM segments WHERE parent = ?", (key,)))
-            db.execute("DELETE FROM segments WHERE key = ?", (key,))
-            self.path(key).unlink(missing_ok=True)
-            freed += row[0] if row else 0
+            base = key.split("-", 1)[0]
+            shares = db.execute(f"SELECT key, bytes FROM segments WHERE {_SHARES}", _shares(base)).fetchall()
+            for stem, size in shares + [(key, 0)]:
+                if stem in seen:
+                    continue
+                seen.add(stem)
+                todo.extend(r[0] for r in db.execute("SELECT key FROM segments WHERE parent = ?", (stem,)))
+                db.execute("DELETE FROM segments WHERE key = ?", (stem,))
+                self._file(stem).unlink(missing_ok=True)
+                freed += size
         return freed
 
     def _evict(self, db: sqlite3.Connection) -> None:
@@ -583,7 +617,7 @@ class KVCache:
             if path.name[:-4] not in known:
                 path.unlink(missing_ok=True)
         for key in known:
-            if not self.path(key).exists():
+            if not self._file(key).exists():
                 db.execute("DELETE FROM segments WHERE key = ?", (key,))
 
     def _sweep_temporary(self) -> None:
