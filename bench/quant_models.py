@@ -118,12 +118,13 @@ def write_model(path: Path, shape: dict, fmt: str, seed: int = 0) -> None:
     Path(str(path) + ".partial").rename(path)
 
 
-def worker(path: str, home: str, new_tokens: int, prompt_tokens: int) -> dict:
+def worker(path: str, home: str, new_tokens: int, prompt_tokens: int, activations: str) -> dict:
     from kvpage_cli.cli.info import describe
     from kvpage_cli.engine import Engine, EngineConfig
 
     started = time.perf_counter()
-    engine = Engine.load(path, EngineConfig(home=home, weights="gguf", pool_mib=64, kv_cache=False))
+    engine = Engine.load(path, EngineConfig(home=home, weights="gguf", pool_mib=64, kv_cache=False,
+                                            activations=activations))
     load_s = time.perf_counter() - started
     info = describe(engine, path)
     ids = list(np.random.default_rng(1).integers(3, engine.spec.vocab_size, prompt_tokens))
@@ -133,7 +134,7 @@ def worker(path: str, home: str, new_tokens: int, prompt_tokens: int) -> dict:
     engine.reset_stats()
     tokens = list(engine.generate(ctx, max_new_tokens=new_tokens, stop=()))
     stats = engine.stats()
-    return {"system": "kvpage", "load_s": load_s, "weights_mib": info["weights_mib"],
+    return {"system": f"kvpage ({activations} activations)", "load_s": load_s, "weights_mib": info["weights_mib"],
             "formats": info["weights_mib_by_format"], "prefill_tok_s": len(ids) / prefill_s,
             "decode_tok_s": (len(tokens) - 1) / stats.decode_seconds, "peak_rss_mib": peak_rss_mib()}
 
@@ -164,6 +165,7 @@ def main() -> None:
     parser.add_argument("--home", default=None, help="KVPAGE_HOME (default: FOLDER/home)")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--activations", default="float32,int8", help="kvpage's activations in decode (EngineConfig)")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -171,8 +173,8 @@ def main() -> None:
     home = args.home or str(folder / "home")
     if args.worker is not None:
         system, path = args.worker
-        if system == "kvpage":
-            print(json.dumps(worker(path, home, args.new_tokens, args.prompt_tokens)))
+        if system.startswith("kvpage"):
+            print(json.dumps(worker(path, home, args.new_tokens, args.prompt_tokens, system.split(":")[1])))
         else:
             try:
                 print(json.dumps(worker_llamacpp(path, args.new_tokens, args.prompt_tokens)))
@@ -194,9 +196,9 @@ def main() -> None:
                       "--prompt-tokens", str(args.prompt_tokens)]
             # a first, short run caches the tokenizer and config read from the file: the load measured
             # below is a later run's (the file's pages may be in the page cache then, as for any user)
-            run_worker(Path(__file__), ["kvpage", str(path), "--folder", str(folder), "--home", home,
+            run_worker(Path(__file__), ["kvpage:float32", str(path), "--folder", str(folder), "--home", home,
                                         "--new-tokens", "2", "--prompt-tokens", "4"])
-            for system in ("kvpage", "llama.cpp"):
+            for system in [f"kvpage:{a}" for a in args.activations.split(",")] + ["llama.cpp"]:
                 result = run_worker(Path(__file__), [system, str(path), *common])
                 if "not installed" in result.get("error", ""):
                     continue

@@ -79,6 +79,88 @@ def test_a_few_rows_get_the_bits_they_get_alone_and_the_product_of_the_dequantiz
         assert torch.equal(matrix.matmul(lib, x[r:r + 1], few_rows=True)[0], few[r])
 
 
+def rounded_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as int8 activations see it (llama.cpp's rounding): per group of 32, round(x * 127 / max|x|)
+    times max|x| / 127, in float32 as the kernel computes it."""
+    groups = x.float().view(x.shape[0], -1, 32)
+    amax = groups.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.round(groups * inv) * (amax / 127.0)).view_as(x)
+
+
+INT8_ACTIVATION_CASES = [pytest.param(q, id=str(q)) for q in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K]] + [
+    pytest.param(I8_ROW, id="int8-rows")]  # every block format (random blocks) and kvpage's int8 rows (made at load)
+
+
+def _matrix(qtype: int, rows: int, cols: int, lib) -> tuple[QuantMatrix, torch.Tensor]:
+    if qtype == I8_ROW:
+        matrix = quantize(torch.randn(rows, cols, generator=torch.Generator().manual_seed(1)) * 0.05, "int8")
+        return matrix, matrix.dequantize(lib)
+    data = random_matrix(qtype, rows, cols, seed=1)
+    return QuantMatrix(qtype, data, rows, cols), reference(qtype, data, rows, cols)
+
+
+@pytest.mark.parametrize("qtype", INT8_ACTIVATION_CASES)
+def test_int8_activations_give_the_product_of_the_rounded_activations(qtype, lib):
+    """--activations int8: integer dot products equal, up to fp32 rounding, the dequantized weights
+    times the activations rounded as llama.cpp rounds them; a row's bits do not depend on the rows
+    beside it (a batch gives each sequence its own bits)."""
+    rows, cols = 72, 768
+    matrix, w = _matrix(qtype, rows, cols, lib)
+    x = torch.randn(6, cols, generator=torch.Generator().manual_seed(2))
+    x[1, :32] = 0.0  # a group of zeros
+    rounded = rounded_activations(x).double()
+    exact = (rounded @ w.double().t()).float()
+    tolerance = 1e-5 * (rounded.abs() @ w.double().abs().t()).float()
+    got = matrix.matmul(lib, x, few_rows=True, int8=True)
+    assert ((got - exact).abs() <= tolerance).all()
+    assert not torch.allclose(got, matrix.matmul(lib, x, few_rows=True), rtol=0, atol=1e-6)  # the rounding shows
+    for r in range(x.shape[0]):
+        assert torch.equal(matrix.matmul(lib, x[r:r + 1], few_rows=True, int8=True)[0], got[r])
+
+
+def _build(tmp_path, march: str):
+    """quant.c alone, compiled for `march`: the paths of CPUs other than this one."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    compiler = next(c for c in ("cc", "gcc", "clang") if shutil.which(c))
+    source = tmp_path / "quant.c"
+    source.write_bytes(native.sources()["quant.c"])
+    out = tmp_path / f"quant-{march}.so"
+    flags = [f for f in native._FLAGS if not f.startswith("-march")]
+    subprocess.run([compiler, *flags, f"-march={march}", str(source), "-o", str(out), "-lm"], check=True)
+    lib = ctypes.CDLL(str(out))
+    for name in ("kvp_qgemm_rows", "kvp_qgemm_rows_q8"):
+        getattr(lib, name).argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64]
+        getattr(lib, name).restype = ctypes.c_int
+    return lib
+
+
+@pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"), reason="x86-64 instruction sets")
+def test_the_kernels_for_other_cpus_compute_the_same(tmp_path, lib):
+    """quant.c built for AVX2 without VNNI gives the bits of this machine's build (VNNI or not: the
+    integer sums are exact), and built for plain x86-64 (portable C) the same products up to fp32
+    rounding, float and int8 activations alike."""
+    avx2, portable = _build(tmp_path, "x86-64-v3"), _build(tmp_path, "x86-64")
+    x = torch.randn(5, 768, generator=torch.Generator().manual_seed(3))
+    for qtype in [Q4_1, Q8_0, Q4_K, Q5_K, Q6_K]:
+        matrix, w = _matrix(qtype, 40, 768, lib)
+        for int8, name in ((False, "kvp_qgemm_rows"), (True, "kvp_qgemm_rows_q8")):
+            here = matrix.matmul(lib, x, few_rows=True, int8=int8)
+            xs = rounded_activations(x) if int8 else x
+            tolerance = 1e-5 * (xs.abs().double() @ w.double().abs().t()).float()
+            for other in (avx2, portable):
+                y = torch.empty(5, 40)
+                assert getattr(other, name)(qtype, x.data_ptr(), 768, matrix._addr, matrix.data.shape[1], 5, 768, 40,
+                                            y.data_ptr(), 40) == 0
+                if other is avx2 and int8:
+                    assert torch.equal(y, here), qtype
+                assert ((y - here).abs() <= 2 * tolerance).all(), (qtype, name)
+
+
 def test_a_permuted_matrix_gives_its_outputs_in_feature_order(lib):
     data = random_matrix(Q8_0, 8, 64, seed=3)
     perm = torch.tensor([3, 1, 7, 0, 2, 6, 4, 5])
@@ -104,10 +186,12 @@ def test_weights_made_at_load_are_within_half_a_step_of_the_float_weights(fmt, s
     assert matrix.nbytes < weight.numel() * {"bfloat16": 2.01, "int8": 1.02, "int4": 0.63}[fmt]
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4", "bfloat16"])
+@pytest.mark.parametrize("fmt, activations", [("int8", "float32"), ("int4", "float32"), ("bfloat16", "float32"),
+                                              ("int8", "int8"), ("int4", "int8")])
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
-def test_a_batch_on_compact_weights_gives_every_sequence_the_bits_it_gets_alone(fmt, arch, kv_home):
-    engine = Engine.load(tiny_model(arch), EngineConfig(home=str(kv_home), backend="native", weights=fmt, pool_mib=0.2))
+def test_a_batch_on_compact_weights_gives_every_sequence_the_bits_it_gets_alone(fmt, activations, arch, kv_home):
+    engine = Engine.load(tiny_model(arch), EngineConfig(home=str(kv_home), backend="native", weights=fmt, pool_mib=0.2,
+                                                        activations=activations))
     assert engine.runner.weights == fmt
     assert list(engine.runner.weight_formats()) == [{"int8": "int8", "int4": "Q4_1", "bfloat16": "BF16"}[fmt]]
     doc = engine.prefill(random_prompt(3 * BLOCK_TOKENS + 9, seed=5))
@@ -132,6 +216,22 @@ def test_compact_weights_compute_nearly_the_float_model(fmt, close, kv_home):
     assert base.fingerprint != other.fingerprint  # saved KV of one is never read by the other
 
 
+def test_int8_activations_decode_nearly_what_float_activations_decode(kv_home):
+    """Prefill chunks keep fp32 activations; decode steps round them: logits close, not equal, and
+    saved KV of one is never read by the other."""
+    model, prompt = tiny_model("qwen3"), random_prompt(150, seed=6)
+    engines = [Engine.load(model, EngineConfig(home=str(kv_home), backend="native", weights="int4", activations=a))
+               for a in ("float32", "int8")]
+    logits = []
+    for engine in engines:
+        ctx = engine.prefill(prompt)
+        list(engine.generate(ctx, prompt[:3], max_new_tokens=0))
+        logits.append(engine.logits(ctx))
+    a, b = logits
+    assert not torch.equal(a, b) and (a - b).abs().max() <= 0.05 * a.abs().max()
+    assert engines[0].fingerprint != engines[1].fingerprint
+
+
 def test_formats_that_cannot_apply_say_why(kv_home):
     with pytest.raises(ModelError, match="not a GGUF file"):
         Engine.load(tiny_model("llama"), EngineConfig(home=str(kv_home), backend="native", weights="gguf"))
@@ -141,6 +241,10 @@ def test_formats_that_cannot_apply_say_why(kv_home):
         QuantMatrix(20, np.zeros((4, 18), np.uint8), 4, 32)
     with pytest.raises(ValueError, match="weights must be one of"):
         EngineConfig(weights="int3")
+    for weights in ("float32", "bfloat16"):  # nothing quantized to multiply with integer dot products
+        with pytest.raises(UsageError, match=f"int8 activations multiply quantized weights .* not {weights}"):
+            Engine.load(tiny_model("llama"), EngineConfig(home=str(kv_home), backend="native", weights=weights,
+                                                          activations="int8"))
     auto = Engine.load(tiny_model("llama"), EngineConfig(home=str(kv_home), backend="torch"))
     assert auto.runner.weights == "float32"  # auto: float32 where the native kernels do not run
 
@@ -157,3 +261,19 @@ def test_smollm2_runs_on_its_gguf_blocks_as_on_the_dequantized_weights(smollm2, 
     a, b = smollm2.prefill(ids), dense.prefill(ids)
     assert (a.last_logits - b.last_logits).abs().max() < 1e-3 * a.last_logits.abs().max()
     assert list(smollm2.generate(a, max_new_tokens=16, stop=())) == list(dense.generate(b, max_new_tokens=16, stop=()))
+
+
+@pytest.mark.real_model
+def test_smollm2_with_int8_activations_writes_what_float_activations_write(smollm2, kv_home):
+    """The default model's Q4_1/Q8_0 blocks with --activations int8: the same greedy text over the
+    README's contract (measured: 48 of 48 tokens on three such prompts)."""
+    from kvpage_cli.ingest import load
+
+    from .conftest import SAMPLES
+
+    fast = Engine.load("smollm2", EngineConfig(home=str(kv_home), pool_mib=16, activations="int8"))
+    text = load(str(SAMPLES / "contract.txt")).text[:3000] + "\n\nThe governing law of this agreement is"
+    ids = smollm2.tokenizer(text)["input_ids"]
+    a, b = smollm2.prefill(ids), fast.prefill(ids)
+    assert (a.last_logits - b.last_logits).abs().max() < 0.05 * a.last_logits.abs().max()  # the LM head's row is rounded
+    assert list(smollm2.generate(a, max_new_tokens=32, stop=())) == list(fast.generate(b, max_new_tokens=32, stop=()))

@@ -88,6 +88,7 @@ def describe(engine: Engine, source: str) -> dict:
         "weights_mib": round(stats.weight_bytes / MIB, 1),
         "weights": engine.runner.weights,
         "weights_option": engine.config.weights,
+        "activations": engine.config.activations,
         "weights_mib_by_format": {name: round(size / MIB, 1) for name, size in engine.runner.weight_formats().items()},
         "weights_float32_mib_computed": round(engine.runner.weight_values() * 4 / MIB, 1),
         "device": str(engine.device),
@@ -106,6 +107,8 @@ def _weights(d: dict) -> str:
     text = f"{d['weights_mib']:,.1f} MiB as {kept} ({parts}); {how}"
     if d["weights"] != "float32":
         text += f"; float32 would take {d['weights_float32_mib_computed']:,.1f} MiB (computed)"
+        text += ("; decoding multiplies them with int8 activations (--activations int8)" if d["activations"] == "int8"
+                 else "; decoding multiplies them with float32 activations (--activations int8: faster, rounded)")
     return text
 
 

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Callable, Literal
 import typer
 
 from ..engine import DEFAULT_MODEL, EngineConfig
-from ..engine.config import BACKENDS, DEVICES, DTYPES, MODES, POLICIES, WEIGHTS, default
+from ..engine.config import ACTIVATIONS, BACKENDS, DEVICES, DTYPES, MODES, POLICIES, WEIGHTS, default
 from ..errors import UsageError
 
 # Groups of shared options.
@@ -81,6 +81,11 @@ SHARED: tuple[Shared, ...] = (
                 "bench/engine.py --weights measures it); bfloat16, int8 and int4 are made at load from float weights; auto is gguf for "
                 "a GGUF model on the native CPU kernels, else float32. Answers differ from float32 by the "
                 "rounding of the format (see 'kvpage info')."), MODEL, "weights"),
+    Shared("activations", Literal[ACTIVATIONS], default("activations"), _opt("--activations", group=MODEL,
+           help="What quantized weights multiply when decoding: float32 (the weights' exact values times "
+                "fp32 activations) or int8 (activations rounded to 8 bits in groups of 32 and integer dot "
+                "products, as llama.cpp does: decodes 1.2-8B models about twice as fast, answers differ by "
+                "that rounding; bench/quant_models.py measures it)."), MODEL, "activations"),
     Shared("device", Literal[DEVICES], default("device"), _opt("--device", group=MODEL,
            help="Compute device; auto picks CUDA when torch sees one."), MODEL, "device"),
     Shared("backend", Literal[BACKENDS], default("backend"), _opt("--backend", group=MODEL,

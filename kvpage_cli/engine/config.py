@@ -9,6 +9,7 @@ from kvpage_kernels.constants import BLOCK_TOKENS  # tokens per block: the unit 
 MODES = ("auto", "exact", "selective", "retrieval")
 DTYPES = ("float32", "bfloat16")
 WEIGHTS = ("auto", "float32", "bfloat16", "int8", "int4", "gguf")
+ACTIVATIONS = ("float32", "int8")
 BACKENDS = ("auto", "torch", "native", "triton")
 KV_PATHS = ("auto", "pool", "store")
 DEVICES = ("auto", "cpu", "cuda")
@@ -34,6 +35,12 @@ class EngineConfig:
         load: "bfloat16", "int8" (a scale per output channel), "int4" (groups of 32). All but
         float32 run on the native CPU kernels. "auto": gguf for a GGUF source where the native
         kernels run, else float32 (bench/engine.py --weights measures the choice).
+    activations: what quantized weights (gguf, int8, int4) are multiplied with in decode steps and
+        batches: "float32" (the weights' values times the fp32 activations: the model the weights
+        dequantized to fp32 describe) or "int8" (each activation row rounded to int8 in groups of 32,
+        as llama.cpp does, and integer dot products: AVX-VNNI / AVX-512 VNNI where the CPU has them,
+        AVX2 or portable C where not; faster, and its logits differ by that rounding). Prefill
+        chunks multiply fp32 activations either way.
     backend: "auto" (Triton on CUDA, the native CPU kernels on CPU when a C compiler is
         available, else torch), "torch", "native" or "triton".
     device: "auto" (CUDA when torch sees a GPU, else the CPU), "cpu" or "cuda".
@@ -67,6 +74,7 @@ class EngineConfig:
     mode: str = "auto"
     dtype: str = "float32"
     weights: str = "auto"
+    activations: str = "float32"
     backend: str = "auto"
     device: str = "auto"
     prefill_chunk: int = 1024
@@ -95,6 +103,7 @@ class EngineConfig:
         _check_choice("kv_path", self.kv_path, KV_PATHS)
         _check_choice("policy", self.policy, POLICIES)
         _check_choice("device", self.device, DEVICES)
+        _check_choice("activations", self.activations, ACTIVATIONS)
         if not self.pool_mib > 0:
             raise ValueError(f"pool_mib must be positive, got {self.pool_mib}")
         if not 16 <= self.prefill_chunk <= 4096:

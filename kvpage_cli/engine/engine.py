@@ -154,7 +154,8 @@ class Engine:
         # the split path also runs for a process group of one rank (torchrun --nproc-per-node 1:
         # bench/gpu_check.sh tries NCCL so); a caller's own larger group with tp 1 is left alone
         shard = Shard.current(config.tp) if config.tp > 1 or _process_group_size() == 1 else None
-        runner = ModelRunner(spec, weights.tensors, rope, dtype, device, native_lib, weights_format, shard)
+        runner = ModelRunner(spec, weights.tensors, rope, dtype, device, native_lib, weights_format, shard,
+                             config.activations)
         del weights.tensors
         spec = runner.spec  # a rank's own heads: its store, pool and kernels hold and read only those
         if backend_name == "native":
@@ -176,6 +177,8 @@ class Engine:
                                          "positions the model was trained on; expect worse answers past that"))
         # the weights' format changes the KV they compute: it is part of the saved KV's key
         computed = config.dtype if weights_format == "float32" else f"{config.dtype}|{weights_format} weights"
+        if config.activations != "float32":
+            computed += f"|{config.activations} activations"
         if shard is not None:  # the all-reduce's order changes the bits; each rank saves its own heads' share
             computed += f"|tensor-parallel over {shard.world} ranks"
         fingerprint = model_fingerprint(weights.fingerprint, computed, rope)

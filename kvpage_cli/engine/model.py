@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from ..errors import ModelError
+from ..errors import ModelError, UsageError
 from . import native
 from .parallel import Shard
 from .quant import QuantLinear, QuantMatrix, quantize
@@ -102,7 +102,7 @@ class ModelRunner:
 
     def __init__(self, spec: ModelSpec, tensors: dict[str, torch.Tensor], rope: dict[str, RopeParams],
                  dtype: torch.dtype, device: torch.device, native_lib=None, weights: str = "float32",
-                 shard: Shard | None = None) -> None:
+                 shard: Shard | None = None, activations: str = "float32") -> None:
         self.full_spec = spec
         self.shard = shard
         self.dtype = dtype
@@ -126,6 +126,9 @@ class ModelRunner:
         if compact and self.native is None:
             raise ModelError(f"{weights} weights run on the native CPU kernels, which this engine does not have "
                              f"(device {device.type}); use float32 weights")
+        if activations == "int8" and (not compact or weights == "bfloat16"):
+            raise UsageError(f"int8 activations multiply quantized weights (gguf, int8, int4), not {weights} weights")
+        self.int8_dot = activations == "int8"
 
         def get(name: str, required: bool = True) -> torch.Tensor | None:
             tensor = tensors.get(name)
@@ -209,7 +212,7 @@ class ModelRunner:
 
     def _part(self, x: torch.Tensor, w_t: torch.Tensor | QuantLinear, small: bool) -> torch.Tensor:
         if isinstance(w_t, QuantLinear):
-            return w_t(self.native, x, small).to(x.dtype)
+            return w_t(self.native, x, small, self.int8_dot).to(x.dtype)
         if small and self.native is not None:
             return native.gemm_rows(self.native, x.float().contiguous(), w_t).to(x.dtype)
         return x @ w_t

@@ -67,6 +67,8 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_gemm_rows.restype = None
     lib.kvp_qgemm_rows.argtypes = [i32, ptr, i64, ptr, i64, i32, i32, i32, ptr, i64]
     lib.kvp_qgemm_rows.restype = i32
+    lib.kvp_qgemm_rows_q8.argtypes = [i32, ptr, i64, ptr, i64, i32, i32, i32, ptr, i64]
+    lib.kvp_qgemm_rows_q8.restype = i32
     lib.kvp_dequant_rows.argtypes = [i32, ptr, i64, ptr, i32, i32, ptr, i64]
     lib.kvp_dequant_rows.restype = i32
     _LIB = lib

@@ -23,6 +23,7 @@ WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8", "int4", "gguf")
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
 I8_ROW = 1000  # kvpage's int8 rows: an fp32 scale, then K int8 values
+FLOAT_FORMATS = (F32, F16, BF16)
 
 # values per block, bytes per block (native/quant.c's kvp_quant_block)
 BLOCKS = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
@@ -116,13 +117,15 @@ class QuantMatrix:
             data = self.data[:, start // values * size:stop // values * size]
         return QuantMatrix(self.qtype, np.ascontiguousarray(data), self.rows, stop - start, self.out_perm)
 
-    def matmul(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool) -> torch.Tensor:
-        """x: [M, K] -> x @ W^T: [M, N] fp32."""
+    def matmul(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool, int8: bool = False) -> torch.Tensor:
+        """x: [M, K] -> x @ W^T: [M, N] fp32. int8: few rows of x are rounded to int8 in groups of
+        32 and multiplied with integer dot products (block formats; float formats ignore it)."""
         x = x.float().contiguous()
         y = torch.empty(x.shape[0], self.rows)
         if few_rows:
-            rc = lib.kvp_qgemm_rows(self.qtype, x.data_ptr(), x.stride(0), self._addr, self.data.shape[1], x.shape[0],
-                                    self.cols, self.rows, y.data_ptr(), y.stride(0))
+            kernel = lib.kvp_qgemm_rows_q8 if int8 and self.qtype not in FLOAT_FORMATS else lib.kvp_qgemm_rows
+            rc = kernel(self.qtype, x.data_ptr(), x.stride(0), self._addr, self.data.shape[1], x.shape[0],
+                        self.cols, self.rows, y.data_ptr(), y.stride(0))
             if rc != 0:
                 raise RuntimeError(f"the native {self.format} kernel failed ({rc})")
         else:
@@ -161,10 +164,10 @@ class QuantLinear:
         self.parts = parts
         self.out_features = sum(p.rows for p in parts)
 
-    def __call__(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool) -> torch.Tensor:
+    def __call__(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool, int8: bool = False) -> torch.Tensor:
         if len(self.parts) == 1:
-            return self.parts[0].matmul(lib, x, few_rows)
-        return torch.cat([p.matmul(lib, x, few_rows) for p in self.parts], dim=-1)
+            return self.parts[0].matmul(lib, x, few_rows, int8)
+        return torch.cat([p.matmul(lib, x, few_rows, int8) for p in self.parts], dim=-1)
 
     @property
     def nbytes(self) -> int:

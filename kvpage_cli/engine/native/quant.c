@@ -13,6 +13,7 @@
  * whatever the number of rows, the thread count or which thread computes it: a batch gives each
  * sequence the bits it gets alone.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +259,136 @@ static void decode_row(int type, const uint8_t *p, int K, float *q, float *d, fl
     }
 }
 
+/* A quantized row as signed 8-bit integers w[K] with, per block of BS values (block_of), a scale d
+ * and an offset m: value j = d[b] * w[j] + m[b] (m only for formats with an offset): the integers
+ * decode_row gives as floats. For the integer dot products of kvp_qgemm_rows_q8. */
+static void decode_i8(int type, const uint8_t *restrict p, int K, int8_t *restrict w, float *restrict d,
+                      float *restrict m) {
+    switch (type) {
+        case T_I8_ROW: {
+            float scale;
+            memcpy(&scale, p, sizeof scale);
+            memcpy(w, p + 4, (size_t)K);
+            for (int b = 0; b < K / 32; b++) d[b] = scale;
+            return;
+        }
+        case T_Q8_0:
+            for (int b = 0; b < K / 32; b++, p += 34, w += 32) {
+                d[b] = half_value(p);
+                memcpy(w, p + 2, 32);
+            }
+            return;
+        case T_Q4_0:
+        case T_Q4_1: {
+            const int offset = type == T_Q4_1, size = offset ? 20 : 18, bias = offset ? 0 : 8;
+            for (int b = 0; b < K / 32; b++, p += size, w += 32) {
+                d[b] = half_value(p);
+                if (offset) m[b] = half_value(p + 2);
+                const uint8_t *v = p + 2 + 2 * offset;
+#if defined(__AVX2__)
+                const __m128i bytes = _mm_loadu_si128((const __m128i *)v), mask = _mm_set1_epi8(0x0F), b8 = _mm_set1_epi8((char)bias);
+                _mm_storeu_si128((__m128i *)w, _mm_sub_epi8(_mm_and_si128(bytes, mask), b8));
+                _mm_storeu_si128((__m128i *)(w + 16), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), b8));
+#else
+                for (int j = 0; j < 16; j++) {
+                    w[j] = (int8_t)((v[j] & 0xF) - bias);
+                    w[j + 16] = (int8_t)((v[j] >> 4) - bias);
+                }
+#endif
+            }
+            return;
+        }
+        case T_Q5_0:
+        case T_Q5_1: {
+            const int offset = type == T_Q5_1, size = offset ? 24 : 22, bias = offset ? 0 : 16;
+            for (int b = 0; b < K / 32; b++, p += size, w += 32) {
+                d[b] = half_value(p);
+                if (offset) m[b] = half_value(p + 2);
+                uint32_t qh;
+                memcpy(&qh, p + 2 + 2 * offset, sizeof qh);
+                const uint8_t *v = p + 6 + 2 * offset;
+                for (int j = 0; j < 16; j++) {
+                    w[j] = (int8_t)(((v[j] & 0xF) | (((qh >> j) & 1) << 4)) - bias);
+                    w[j + 16] = (int8_t)(((v[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - bias);
+                }
+            }
+            return;
+        }
+        case T_Q4_K:
+        case T_Q5_K: {
+            const int five = type == T_Q5_K;
+            for (int b = 0; b < K / 256; b++, p += five ? 176 : 144, w += 256, d += 8, m += 8) {
+                const float dd = half_value(p), dmin = half_value(p + 2);
+                const uint8_t *scales = p + 4, *qh = p + 16, *qs = p + (five ? 48 : 16);
+                for (int s = 0; s < 4; s++) { /* 64 values: sub-blocks 2s (low nibbles), 2s+1 (high) */
+                    uint8_t sc, mn;
+                    scale_min_k4(2 * s, scales, &sc, &mn);
+                    d[2 * s] = dd * (float)sc;
+                    m[2 * s] = -(dmin * (float)mn);
+                    scale_min_k4(2 * s + 1, scales, &sc, &mn);
+                    d[2 * s + 1] = dd * (float)sc;
+                    m[2 * s + 1] = -(dmin * (float)mn);
+                    const uint8_t *v = qs + 32 * s;
+                    int8_t *o = w + 64 * s;
+#if defined(__AVX2__)
+                    const __m256i bytes = _mm256_loadu_si256((const __m256i *)v), mask = _mm256_set1_epi8(0x0F);
+                    __m256i lo = _mm256_and_si256(bytes, mask), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+                    if (five) {
+                        const __m256i h = _mm256_loadu_si256((const __m256i *)qh), one = _mm256_set1_epi8(1);
+                        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * s), one), 4));
+                        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * s + 1), one), 4));
+                    }
+                    _mm256_storeu_si256((__m256i *)o, lo);
+                    _mm256_storeu_si256((__m256i *)(o + 32), hi);
+                    continue;
+#endif
+                    for (int l = 0; l < 32; l++) {
+                        const int hi5 = five ? ((qh[l] >> (2 * s)) & 1) << 4 : 0, hi5b = five ? ((qh[l] >> (2 * s + 1)) & 1) << 4 : 0;
+                        o[l] = (int8_t)((v[l] & 0xF) | hi5);
+                        o[l + 32] = (int8_t)((v[l] >> 4) | hi5b);
+                    }
+                }
+            }
+            return;
+        }
+        case T_Q6_K:
+            for (int b = 0; b < K / 256; b++, p += 210, w += 256, d += 16) {
+                const uint8_t *ql = p, *qh = p + 128;
+                const int8_t *sc = (const int8_t *)(p + 192);
+                const float dd = half_value(p + 208);
+                for (int h = 0; h < 2; h++) { /* 128 values per half; sub-blocks of 16 in value order */
+                    const uint8_t *l0 = ql + 64 * h, *h0 = qh + 32 * h;
+                    int8_t *o = w + 128 * h;
+                    for (int g = 0; g < 8; g++) d[8 * h + g] = dd * (float)sc[8 * h + g];
+#if defined(__AVX2__)
+                    const __m256i a = _mm256_loadu_si256((const __m256i *)l0), b = _mm256_loadu_si256((const __m256i *)(l0 + 32));
+                    const __m256i hb = _mm256_loadu_si256((const __m256i *)h0);
+                    const __m256i f = _mm256_set1_epi8(0x0F), b32 = _mm256_set1_epi8(32);
+                    const __m256i a_hi = _mm256_and_si256(_mm256_srli_epi16(a, 4), f), b_hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), f);
+                    /* (hb >> 2k) & 3, then << 4: (hb << (4 - 2k)) & 0x30 for k = 0, 1, and (hb >> (2k - 4)) & 0x30 for k = 2, 3 */
+                    const __m256i top = _mm256_set1_epi8(0x30);
+                    const __m256i h1 = _mm256_and_si256(_mm256_slli_epi16(hb, 4), top), h2 = _mm256_and_si256(_mm256_slli_epi16(hb, 2), top);
+                    const __m256i h3 = _mm256_and_si256(hb, top), h4 = _mm256_and_si256(_mm256_srli_epi16(hb, 2), top);
+                    _mm256_storeu_si256((__m256i *)o, _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(a, f), h1), b32));
+                    _mm256_storeu_si256((__m256i *)(o + 32), _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(b, f), h2), b32));
+                    _mm256_storeu_si256((__m256i *)(o + 64), _mm256_sub_epi8(_mm256_or_si256(a_hi, h3), b32));
+                    _mm256_storeu_si256((__m256i *)(o + 96), _mm256_sub_epi8(_mm256_or_si256(b_hi, h4), b32));
+                    continue;
+#endif
+                    for (int l = 0; l < 32; l++) {
+                        o[l] = (int8_t)(((l0[l] & 0xF) | ((h0[l] & 3) << 4)) - 32);
+                        o[l + 32] = (int8_t)(((l0[l + 32] & 0xF) | (((h0[l] >> 2) & 3) << 4)) - 32);
+                        o[l + 64] = (int8_t)(((l0[l] >> 4) | (((h0[l] >> 4) & 3) << 4)) - 32);
+                        o[l + 96] = (int8_t)(((l0[l + 32] >> 4) | (((h0[l] >> 6) & 3) << 4)) - 32);
+                    }
+                }
+            }
+            return;
+        default:
+            return;
+    }
+}
+
 /* A float row (F32, F16, BF16) into out. */
 static void float_row(int type, const uint8_t *p, int K, float *out) {
     int i = 0;
@@ -418,6 +549,120 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
         free(buf);
     }
     free(xs);
+    return failed ? -2 : 0;
+}
+
+/* Activations for integer dot products, as llama.cpp quantizes them: each row of x in groups of
+ * 32 values, q = round(x / e) with e = max|x| / 127 (q in -127..127), and es = e * sum(q) per
+ * group (the offsets' term). */
+static void quantize_rows(const float *x, int64_t ldx, int M, int K, int8_t *q, float *e, float *es) {
+    const int nc = K / 32;
+    for (int r = 0; r < M; r++) {
+        const float *xr = x + (int64_t)r * ldx;
+        for (int c = 0; c < nc; c++) {
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xr[32 * c + j]));
+            const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int sum = 0;
+            for (int j = 0; j < 32; j++) {
+                const int v = (int)nearbyintf(xr[32 * c + j] * inv);
+                q[(int64_t)r * K + 32 * c + j] = (int8_t)v;
+                sum += v;
+            }
+            e[(int64_t)r * nc + c] = scale;
+            es[(int64_t)r * nc + c] = scale * (float)sum;
+        }
+    }
+}
+
+#if defined(__AVX2__)
+/* Per 32-bit lane i, the sum of the four products w[4i..4i+3] * x[4i..4i+3] of signed bytes (exact:
+ * |w| <= 128 and |x| <= 127, so maddubs' 16-bit pair sums cannot saturate). */
+static inline __m256i dot4_i8(__m256i w, __m256i x) {
+    const __m256i u = _mm256_abs_epi8(w), s = _mm256_sign_epi8(x, w);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+#endif
+
+/* sum_b d[b] e[b] (sum_{j in b} w[j] q[j]) + sum_c m[c] es[c]: integer sums per block (exact), then
+ * one fixed order of float operations for a given K (the same with or without VNNI). */
+static inline float q8_dot(const int8_t *w, const float *d, const float *m, const int8_t *q, const float *e,
+                           const float *es, int offset, int bs, int K) {
+    const int nc = K / 32;
+    const float extra = offset ? offset_sum(m, es, nc) : 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int c = 0; c < nc; c++) {
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + 32 * c));
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
+        const __m256 p = _mm256_cvtepi32_ps(dot4_i8(wv, xv)); /* lanes 0-3: values 0-15, 4-7: 16-31 */
+        const __m256 scale = bs == 32 ? _mm256_set1_ps(d[c] * e[c])
+                                      : _mm256_setr_m128(_mm_set1_ps(d[2 * c] * e[c]), _mm_set1_ps(d[2 * c + 1] * e[c]));
+        if (c & 1)
+            acc1 = _mm256_fmadd_ps(scale, p, acc1);
+        else
+            acc0 = _mm256_fmadd_ps(scale, p, acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1)) + extra;
+#else
+    float total = 0.0f;
+    for (int b = 0; b < K / bs; b++) {
+        int sum = 0;
+        for (int j = 0; j < bs; j++) sum += (int)w[b * bs + j] * (int)q[b * bs + j];
+        total = __builtin_fmaf(d[b] * e[b * bs / 32], (float)sum, total);
+    }
+    return total + extra;
+#endif
+}
+
+/* y[M, N] = q8(x)[M, K] @ W^T with integer dot products: x quantized as quantize_rows does, W[N, K]
+ * in a block format (not F32/F16/BF16). Faster than kvp_qgemm_rows, and not its bits (the
+ * activations are rounded to 8 bits). Each output element is one fixed reduction, whatever M,
+ * the thread count or the thread: a batch gives each sequence the bits it gets alone.
+ * Returns 0; -1 for a float or unknown format or K not a whole number of blocks; -2 out of memory. */
+int kvp_qgemm_rows_q8(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K,
+                      int N, float *y, int64_t ldy) {
+    if (!check(type, K) || is_float(type)) return -1;
+    const int bs = block_of(type), nb = K / bs, nc = K / 32, offset = has_offset(type);
+    int8_t *q = malloc((size_t)M * (size_t)K);
+    float *e = malloc(sizeof(float) * 2 * (size_t)M * (size_t)nc);
+    if (q == NULL || e == NULL) {
+        free(q);
+        free(e);
+        return -2;
+    }
+    float *es = e + (size_t)M * (size_t)nc;
+    quantize_rows(x, ldx, M, K, q, e, es);
+    int failed = 0;
+#pragma omp parallel
+    {
+        const size_t width = (((size_t)K + 63) / 64) * 64, scales = 16 * (((size_t)nb + 15) / 16);
+        int8_t *buf = aligned_alloc(64, width + 2 * sizeof(float) * scales);
+        if (buf == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        if (!failed) {
+            float *d = (float *)(buf + width), *m = d + scales;
+#pragma omp for schedule(static)
+            for (int n = 0; n < N; n++) {
+                decode_i8(type, w + (int64_t)n * row_bytes, K, buf, d, m);
+                for (int r = 0; r < M; r++)
+                    y[(int64_t)r * ldy + n] = q8_dot(buf, d, m, q + (int64_t)r * K, e + (int64_t)r * nc,
+                                                     es + (int64_t)r * nc, offset, bs, K);
+            }
+        }
+        free(buf);
+    }
+    free(q);
+    free(e);
     return failed ? -2 : 0;
 }
 
