@@ -8,6 +8,7 @@ decode: 128 greedy tokens, each fed back). Run:
     python bench/engine.py                       # SmolLM2 at 1K/4K/8K, Gemma 3 270M at 8K/16K/32K
     python bench/engine.py --models smollm2 --contexts 4096 --json out.json
     python bench/engine.py --models smollm2 --kv-paths store --weights gguf,float32,int8,int4,bfloat16
+    python bench/engine.py --models smollm2 --kv-paths store --weights gguf,gguf:int8   # :int8 = --activations int8
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ def worker_kvpage(model: str, length: int, new_tokens: int, dtype: str, pool_mib
     from kvpage_cli.engine import Engine, EngineConfig
 
     started = time.perf_counter()
-    engine = Engine.load(model, EngineConfig(pool_mib=pool_mib, dtype=dtype, kv_path=kv_path, home=home, weights=weights))
+    weights, _, activations = weights.partition(":")
+    engine = Engine.load(model, EngineConfig(pool_mib=pool_mib, dtype=dtype, kv_path=kv_path, home=home, weights=weights,
+                                             activations=activations or "float32"))
     load_s = time.perf_counter() - started
     ids = prompt_ids(engine.tokenizer, length - new_tokens)
     list(engine.generate(engine.prefill(ids[:80]), max_new_tokens=2, stop=()))  # warm-up: first calls, kernels
@@ -55,7 +58,7 @@ def worker_kvpage(model: str, length: int, new_tokens: int, dtype: str, pool_mib
         "weight_mib": stats.weight_bytes / 2**20,
         "kv_bytes_per_token": engine.kv_bytes_per_token(),
         "path": f"{stats.backend}/{stats.kv_path}",
-        "weights": engine.runner.weights,
+        "weights": engine.runner.weights + (" + int8 act." if activations == "int8" else ""),
         "load_s": load_s,
         "blocks_moved": stats.blocks_moved,
         "peak_rss_mib": peak_rss_mib(),
@@ -142,7 +145,7 @@ def main() -> None:
     parser.add_argument("--kv-paths", default="store,pool", help="kvpage paths to run: store (read in place), pool")
     parser.add_argument("--systems", default="kvpage,transformers,llama.cpp")
     parser.add_argument("--weights", default="auto", help="kvpage weight formats to run, comma-separated "
-                                                          "(auto, float32, gguf, int8, int4, bfloat16)")
+                                                          "(auto, float32, gguf, int8, int4, bfloat16; FORMAT:int8 adds --activations int8)")
     parser.add_argument("--home", default=None, help="KVPAGE_HOME for converted weights")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)

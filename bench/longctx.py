@@ -100,6 +100,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--home", default=None)
     parser.add_argument("--weights", default="auto", help="the engine's weight format (auto, float32, gguf, ...)")
+    parser.add_argument("--activations", default="float32", help="the engine's activations (float32, int8)")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--log", default="longctx-cases.jsonl", help="per-case results; cases already there are skipped")
     args = parser.parse_args()
@@ -108,7 +109,7 @@ def main() -> None:
 
     # Selective mode keeps the per-block metadata every policy needs; exact rows switch selection off.
     engine = Engine.load(args.model, EngineConfig(mode="selective", policy="quest", home=args.home, pool_mib=1024,
-                                                    weights=args.weights))
+                                                    weights=args.weights, activations=args.activations))
     tokenizer = engine.tokenizer
     haystack = tokenizer(corpus_text(), add_special_tokens=False).input_ids
     configs = [("exact", None, None)] + [(p, p, f) for f in map(int, args.fractions.split(",")) for p in filter(None, args.policies.split(","))]

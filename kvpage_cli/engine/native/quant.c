@@ -99,166 +99,6 @@ static inline int block_of(int type) { return type == T_Q6_K ? 16 : 32; }
 static inline int has_offset(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K; }
 static inline int is_float(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
 
-#if defined(__AVX2__)
-static inline void store_u8x8(float *q, __m128i bytes, __m256i bias) {
-    _mm256_storeu_ps(q, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), bias)));
-}
-/* q[0..31] from 16 bytes: low nibbles are values 0..15, high nibbles 16..31, minus `bias`. */
-static inline void nibbles32(const uint8_t *p, int bias, float *q) {
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-    const __m256i b = _mm256_set1_epi32(bias);
-    store_u8x8(q, lo, b);
-    store_u8x8(q + 8, _mm_srli_si128(lo, 8), b);
-    store_u8x8(q + 16, hi, b);
-    store_u8x8(q + 24, _mm_srli_si128(hi, 8), b);
-}
-#endif
-
-static void decode_row(int type, const uint8_t *p, int K, float *q, float *d, float *m) {
-    switch (type) {
-        case T_I8_ROW: {
-            float scale;
-            memcpy(&scale, p, sizeof scale);
-            const int8_t *v = (const int8_t *)(p + 4);
-            for (int i = 0; i < K; i++) q[i] = (float)v[i];
-            for (int b = 0; b < K / 32; b++) d[b] = scale;
-            return;
-        }
-        case T_Q8_0:
-            for (int b = 0; b < K / 32; b++, p += 34, q += 32) {
-                d[b] = half_value(p);
-                const int8_t *v = (const int8_t *)(p + 2);
-#if defined(__AVX2__)
-                for (int i = 0; i < 4; i++)
-                    _mm256_storeu_ps(q + 8 * i, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(v + 8 * i)))));
-#else
-                for (int j = 0; j < 32; j++) q[j] = (float)v[j];
-#endif
-            }
-            return;
-        case T_Q4_0:
-        case T_Q4_1: {
-            const int offset = type == T_Q4_1, size = offset ? 20 : 18, bias = offset ? 0 : 8;
-            for (int b = 0; b < K / 32; b++, p += size, q += 32) {
-                d[b] = half_value(p);
-                if (offset) m[b] = half_value(p + 2);
-                const uint8_t *v = p + 2 + 2 * offset;
-#if defined(__AVX2__)
-                nibbles32(v, bias, q);
-#else
-                for (int j = 0; j < 16; j++) {
-                    q[j] = (float)((int)(v[j] & 0xF) - bias);
-                    q[j + 16] = (float)((int)(v[j] >> 4) - bias);
-                }
-#endif
-            }
-            return;
-        }
-        case T_Q5_0:
-        case T_Q5_1: {
-            const int offset = type == T_Q5_1, size = offset ? 24 : 22, bias = offset ? 0 : 16;
-            for (int b = 0; b < K / 32; b++, p += size, q += 32) {
-                d[b] = half_value(p);
-                if (offset) m[b] = half_value(p + 2);
-                uint32_t qh;
-                memcpy(&qh, p + 2 + 2 * offset, sizeof qh);
-                const uint8_t *v = p + 6 + 2 * offset;
-                for (int j = 0; j < 16; j++) {
-                    q[j] = (float)((int)((v[j] & 0xF) | (((qh >> j) & 1) << 4)) - bias);
-                    q[j + 16] = (float)((int)((v[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - bias);
-                }
-            }
-            return;
-        }
-        case T_Q4_K:
-        case T_Q5_K: {
-            const int five = type == T_Q5_K;
-            for (int b = 0; b < K / 256; b++, p += five ? 176 : 144, q += 256, d += 8, m += 8) {
-                const float dd = half_value(p), dmin = half_value(p + 2);
-                const uint8_t *scales = p + 4, *qh = p + 16, *qs = p + (five ? 48 : 16);
-                for (int s = 0; s < 4; s++) { /* 64 values: sub-blocks 2s (low nibbles), 2s+1 (high) */
-                    uint8_t sc, mn;
-                    scale_min_k4(2 * s, scales, &sc, &mn);
-                    d[2 * s] = dd * (float)sc;
-                    m[2 * s] = -(dmin * (float)mn);
-                    scale_min_k4(2 * s + 1, scales, &sc, &mn);
-                    d[2 * s + 1] = dd * (float)sc;
-                    m[2 * s + 1] = -(dmin * (float)mn);
-                    const uint8_t *v = qs + 32 * s;
-                    float *o = q + 64 * s;
-#if defined(__AVX2__)
-                    const __m256i zero = _mm256_setzero_si256();
-                    for (int half = 0; half < 2; half++) { /* bytes 16 half .. 16 half + 15 */
-                        const __m128i bytes = _mm_loadu_si128((const __m128i *)(v + 16 * half)), mask = _mm_set1_epi8(0x0F);
-                        __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-                        if (five) {
-                            const __m128i h = _mm_loadu_si128((const __m128i *)(qh + 16 * half)), one = _mm_set1_epi8(1);
-                            lo = _mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 2 * s), one), 4));
-                            hi = _mm_or_si128(hi, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 2 * s + 1), one), 4));
-                        }
-                        store_u8x8(o + 16 * half, lo, zero);
-                        store_u8x8(o + 16 * half + 8, _mm_srli_si128(lo, 8), zero);
-                        store_u8x8(o + 32 + 16 * half, hi, zero);
-                        store_u8x8(o + 32 + 16 * half + 8, _mm_srli_si128(hi, 8), zero);
-                    }
-#else
-                    for (int l = 0; l < 32; l++) {
-                        int lo = v[l] & 0xF, hi = v[l] >> 4;
-                        if (five) {
-                            lo |= ((qh[l] >> (2 * s)) & 1) << 4;
-                            hi |= ((qh[l] >> (2 * s + 1)) & 1) << 4;
-                        }
-                        o[l] = (float)lo;
-                        o[l + 32] = (float)hi;
-                    }
-#endif
-                }
-            }
-            return;
-        }
-        case T_Q6_K:
-            for (int b = 0; b < K / 256; b++, p += 210, q += 256, d += 16) {
-                const uint8_t *ql = p, *qh = p + 128;
-                const int8_t *sc = (const int8_t *)(p + 192);
-                const float dd = half_value(p + 208);
-                for (int h = 0; h < 2; h++) { /* 128 values per half; sub-blocks of 16 in value order */
-                    const uint8_t *l0 = ql + 64 * h, *h0 = qh + 32 * h;
-                    const int8_t *s0 = sc + 8 * h;
-                    float *o = q + 128 * h;
-                    for (int g = 0; g < 8; g++) d[8 * h + g] = dd * (float)s0[g];  /* values 16 g .. 16 g + 15 */
-#if defined(__AVX2__)
-                    for (int part = 0; part < 4; part++) {
-                        const int l = 8 * part;
-                        const __m256i lo0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(l0 + l)));
-                        const __m256i lo1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(l0 + l + 32)));
-                        const __m256i hb = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(h0 + l)));
-                        const __m256i f = _mm256_set1_epi32(0xF), three = _mm256_set1_epi32(3), b32 = _mm256_set1_epi32(32);
-                        const __m256i q1 = _mm256_or_si256(_mm256_and_si256(lo0, f), _mm256_slli_epi32(_mm256_and_si256(hb, three), 4));
-                        const __m256i q2 = _mm256_or_si256(_mm256_and_si256(lo1, f), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, 2), three), 4));
-                        const __m256i q3 = _mm256_or_si256(_mm256_srli_epi32(lo0, 4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, 4), three), 4));
-                        const __m256i q4 = _mm256_or_si256(_mm256_srli_epi32(lo1, 4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, 6), three), 4));
-                        _mm256_storeu_ps(o + l, _mm256_cvtepi32_ps(_mm256_sub_epi32(q1, b32)));
-                        _mm256_storeu_ps(o + l + 32, _mm256_cvtepi32_ps(_mm256_sub_epi32(q2, b32)));
-                        _mm256_storeu_ps(o + l + 64, _mm256_cvtepi32_ps(_mm256_sub_epi32(q3, b32)));
-                        _mm256_storeu_ps(o + l + 96, _mm256_cvtepi32_ps(_mm256_sub_epi32(q4, b32)));
-                    }
-#else
-                    for (int l = 0; l < 32; l++) {
-                        o[l] = (float)((int)((l0[l] & 0xF) | (((h0[l] >> 0) & 3) << 4)) - 32);
-                        o[l + 32] = (float)((int)((l0[l + 32] & 0xF) | (((h0[l] >> 2) & 3) << 4)) - 32);
-                        o[l + 64] = (float)((int)((l0[l] >> 4) | (((h0[l] >> 4) & 3) << 4)) - 32);
-                        o[l + 96] = (float)((int)((l0[l + 32] >> 4) | (((h0[l] >> 6) & 3) << 4)) - 32);
-                    }
-#endif
-                }
-            }
-            return;
-        default:
-            return;
-    }
-}
-
 /* A quantized row as signed 8-bit integers w[K] with, per block of BS values (block_of), a scale d
  * and an offset m: value j = d[b] * w[j] + m[b] (m only for formats with an offset): the integers
  * decode_row gives as floats. For the integer dot products of kvp_qgemm_rows_q8. */
@@ -389,6 +229,21 @@ static void decode_i8(int type, const uint8_t *restrict p, int K, int8_t *restri
     }
 }
 
+/* A quantized row as its integer values, exact as floats (q[K]), with decode_i8's scales and
+ * offsets; w: K bytes of scratch. */
+static void decode_row(int type, const uint8_t *p, int K, float *q, float *d, float *m, int8_t *w) {
+    decode_i8(type, p, K, w, d, m);
+    int i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= K; i += 16)
+        _mm512_storeu_ps(q + i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + i)))));
+#elif defined(__AVX2__)
+    for (; i + 8 <= K; i += 8)
+        _mm256_storeu_ps(q + i, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w + i)))));
+#endif
+    for (; i < K; i++) q[i] = (float)w[i];
+}
+
 /* A float row (F32, F16, BF16) into out. */
 static void float_row(int type, const uint8_t *p, int K, float *out) {
     int i = 0;
@@ -413,13 +268,13 @@ static void float_row(int type, const uint8_t *p, int K, float *out) {
     }
 }
 
-/* One row of K values into out (fp32): the reference's values, bit for bit. */
-static void dequant_row(int type, const uint8_t *p, int K, float *out, float *d, float *m) {
+/* One row of K values into out (fp32): the reference's values, bit for bit. w: K bytes of scratch. */
+static void dequant_row(int type, const uint8_t *p, int K, float *out, float *d, float *m, int8_t *w) {
     if (is_float(type)) {
         float_row(type, p, K, out);
         return;
     }
-    decode_row(type, p, K, out, d, m);
+    decode_row(type, p, K, out, d, m, w);
     const int bs = block_of(type), offset = has_offset(type);
     for (int b = 0; b < K / bs; b++) {
         float *o = out + b * bs;
@@ -523,8 +378,8 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
     int failed = 0;
 #pragma omp parallel
     {
-        const size_t width = ((sizeof(float) * (size_t)K + 63) / 64) * 64;
-        float *buf = aligned_alloc(64, width + 2 * 64 * (((size_t)nb + 15) / 16));
+        const size_t width = ((sizeof(float) * (size_t)K + 63) / 64) * 64, scales = 64 * (((size_t)nb + 15) / 16);
+        float *buf = aligned_alloc(64, width + 2 * scales + (((size_t)K + 63) / 64) * 64);
         if (buf == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -532,6 +387,7 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
 #pragma omp barrier
         if (!failed) {
             float *d = buf + width / sizeof(float), *m = d + 16 * (((size_t)nb + 15) / 16);
+            int8_t *scratch = (int8_t *)((char *)buf + width + 2 * scales);
 #pragma omp for schedule(static)
             for (int n = 0; n < N; n++) {
                 const uint8_t *row = w + (int64_t)n * row_bytes;
@@ -539,7 +395,7 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
                     float_row(type, row, K, buf);
                     for (int r = 0; r < M; r++) y[(int64_t)r * ldy + n] = dot(x + (int64_t)r * ldx, buf, K);
                 } else {
-                    decode_row(type, row, K, buf, d, m);
+                    decode_row(type, row, K, buf, d, m, scratch);
                     for (int r = 0; r < M; r++)
                         y[(int64_t)r * ldy + n] = block_dot(x + (int64_t)r * ldx, offset ? xs + (int64_t)r * nb : NULL,
                                                             buf, d, m, offset, bs, K);
@@ -621,6 +477,32 @@ static inline float q8_dot(const int8_t *w, const float *d, const float *m, cons
 #endif
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* q8_dot for four rows of activations at once (w read once per chunk): each row's float operations
+ * are q8_dot's, in its order, so a row's bits do not depend on the rows beside it. */
+static inline void q8_dot4(const int8_t *w, const float *d, const float *m, const int8_t *const *q,
+                           const float *const *e, const float *const *es, int offset, int bs, int K, float *out) {
+    const int nc = K / 32;
+    __m256 acc0[4], acc1[4];
+    for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
+    for (int c = 0; c < nc; c++) {
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + 32 * c));
+        for (int r = 0; r < 4; r++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(q[r] + 32 * c));
+            const __m256 p = _mm256_cvtepi32_ps(dot4_i8(wv, xv));
+            const __m256 scale = bs == 32 ? _mm256_set1_ps(d[c] * e[r][c])
+                                          : _mm256_setr_m128(_mm_set1_ps(d[2 * c] * e[r][c]), _mm_set1_ps(d[2 * c + 1] * e[r][c]));
+            if (c & 1)
+                acc1[r] = _mm256_fmadd_ps(scale, p, acc1[r]);
+            else
+                acc0[r] = _mm256_fmadd_ps(scale, p, acc0[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        out[r] = hsum8(_mm256_add_ps(acc0[r], acc1[r])) + (offset ? offset_sum(m, es[r], nc) : 0.0f);
+}
+#endif
+
 /* y[M, N] = q8(x)[M, K] @ W^T with integer dot products: x quantized as quantize_rows does, W[N, K]
  * in a block format (not F32/F16/BF16). Faster than kvp_qgemm_rows, and not its bits (the
  * activations are rounded to 8 bits). Each output element is one fixed reduction, whatever M,
@@ -654,7 +536,22 @@ int kvp_qgemm_rows_q8(int type, const float *x, int64_t ldx, const uint8_t *w, i
 #pragma omp for schedule(static)
             for (int n = 0; n < N; n++) {
                 decode_i8(type, w + (int64_t)n * row_bytes, K, buf, d, m);
-                for (int r = 0; r < M; r++)
+                int r = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+                for (; r + 4 <= M; r += 4) {
+                    const int8_t *qs[4];
+                    const float *es4[4], *ess[4];
+                    float out[4];
+                    for (int i = 0; i < 4; i++) {
+                        qs[i] = q + (int64_t)(r + i) * K;
+                        es4[i] = e + (int64_t)(r + i) * nc;
+                        ess[i] = es + (int64_t)(r + i) * nc;
+                    }
+                    q8_dot4(buf, d, m, qs, es4, ess, offset, bs, K, out);
+                    for (int i = 0; i < 4; i++) y[(int64_t)(r + i) * ldy + n] = out[i];
+                }
+#endif
+                for (; r < M; r++)
                     y[(int64_t)r * ldy + n] = q8_dot(buf, d, m, q + (int64_t)r * K, e + (int64_t)r * nc,
                                                      es + (int64_t)r * nc, offset, bs, K);
             }
@@ -674,7 +571,7 @@ int kvp_dequant_rows(int type, const uint8_t *w, int64_t row_bytes, const int64_
     int failed = 0;
 #pragma omp parallel
     {
-        float *scales = malloc(sizeof(float) * 2 * ((size_t)nb + 1));
+        float *scales = malloc(sizeof(float) * 2 * ((size_t)nb + 1) + (size_t)K);
         if (scales == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -683,7 +580,8 @@ int kvp_dequant_rows(int type, const uint8_t *w, int64_t row_bytes, const int64_
         if (!failed) {
 #pragma omp for schedule(static)
             for (int i = 0; i < n; i++)
-                dequant_row(type, w + rows[i] * row_bytes, K, out + (int64_t)i * ldo, scales, scales + nb + 1);
+                dequant_row(type, w + rows[i] * row_bytes, K, out + (int64_t)i * ldo, scales, scales + nb + 1,
+                            (int8_t *)(scales + 2 * (nb + 1)));
         }
         free(scales);
     }
