@@ -35,11 +35,12 @@ def questions(tokenizer, count: int) -> list[list[int]]:
     return [ids[i * QUESTION_TOKENS:(i + 1) * QUESTION_TOKENS] for i in range(count)]
 
 
-def worker_kvpage(model: str, prefix: int, batch: int, new_tokens: int, dtype: str, home: str | None) -> dict:
+def worker_kvpage(model: str, prefix: int, batch: int, new_tokens: int, dtype: str, home: str | None,
+                  activations: str = "float32") -> dict:
     from kvpage_cli.engine import Engine, EngineConfig
     from kvpage_cli.engine.engine import Request
 
-    engine = Engine.load(model, EngineConfig(dtype=dtype, home=home, max_batch=batch))
+    engine = Engine.load(model, EngineConfig(dtype=dtype, home=home, max_batch=batch, activations=activations))
     doc_ids = prompt_ids(engine.tokenizer, prefix, question="")
     asks = questions(engine.tokenizer, batch)
     warm = engine.prefill(doc_ids[:80])
@@ -53,7 +54,7 @@ def worker_kvpage(model: str, prefix: int, batch: int, new_tokens: int, dtype: s
     wall = time.perf_counter() - started
     stats = engine.stats()
     return {
-        "system": "kvpage", "decode_tok_s": stats.decode_tokens / stats.decode_seconds,
+        "system": "kvpage" if activations == "float32" else f"kvpage:{activations}", "decode_tok_s": stats.decode_tokens / stats.decode_seconds,
         "question_prefill_s": stats.prefill_seconds, "wall_s": wall,
         "store_mib": stats.store_bytes / 2**20, "peak_rss_mib": peak_rss_mib(),
         "tokens": [r.generated for r in requests],
@@ -100,7 +101,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4,16,64")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--systems", default="kvpage,transformers")
+    parser.add_argument("--systems", default="kvpage,transformers", help="kvpage, kvpage:int8 (--activations int8), transformers")
     parser.add_argument("--transformers-max-tokens", type=int, default=140_000,
                         help="skip transformers where batch x prefix exceeds this (its KV per sequence)")
     parser.add_argument("--home", default=None)
@@ -109,8 +110,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker is not None:
         system, prefix, batch = args.worker[0], int(args.worker[1]), int(args.worker[2])
-        work = worker_kvpage if system == "kvpage" else worker_transformers
-        print(json.dumps(work(args.model, prefix, batch, args.new_tokens, args.dtype, args.home)))
+        if system.startswith("kvpage"):  # kvpage, or kvpage:int8 (--activations int8)
+            result = worker_kvpage(args.model, prefix, batch, args.new_tokens, args.dtype, args.home,
+                                   system.partition(":")[2] or "float32")
+        else:
+            result = worker_transformers(args.model, prefix, batch, args.new_tokens, args.dtype, args.home)
+        print(json.dumps(result))
         return
 
     common = ["--model", args.model, "--new-tokens", str(args.new_tokens), "--dtype", args.dtype]
@@ -126,13 +131,13 @@ def main() -> None:
                     results[system] = {"system": system, "error": f"skipped: {batch} x {prefix} tokens of KV"}
                 else:
                     results[system] = run_worker(Path(__file__), [system, str(prefix), str(batch), *common])
-            kv, tf = results.get("kvpage", {}), results.get("transformers", {})
-            if batch == 1 and kv.get("decode_tok_s"):
-                single = kv["decode_tok_s"]
+            tf = results.get("transformers", {})
+            if batch == 1:
+                single = {s: r["decode_tok_s"] for s, r in results.items() if r.get("decode_tok_s")}
             for system, result in results.items():
                 row = {"prefix": prefix, "batch": batch, **{k: v for k, v in result.items() if k != "tokens"}}
-                if system == "kvpage" and result.get("decode_tok_s"):
-                    row["x_batch1"] = result["decode_tok_s"] / single if single else None
+                if system.startswith("kvpage") and result.get("decode_tok_s"):
+                    row["x_batch1"] = result["decode_tok_s"] / single[system] if single and system in single else None
                     row["x_transformers"] = result["decode_tok_s"] / tf["decode_tok_s"] if tf.get("decode_tok_s") else None
                     if tf.get("tokens"):
                         row["same_tokens"] = sum(a == b for a, b in zip(result["tokens"], tf["tokens"]))

@@ -24,7 +24,12 @@ def corpus_text() -> str:
 def prompt_ids(tokenizer, length: int, question: str = "\n\nSummarise the obligations of each party.") -> list[int]:
     """Exactly `length` token ids: contract text (repeated as needed), cut, then a question."""
     tail = tokenizer(question, add_special_tokens=False).input_ids
-    body_ids: list[int] = list(tokenizer(corpus_text()).input_ids)
+    text = corpus_text()
+    # a prefix of the text with room to spare (a token is rarely over 8 characters): the same ids as
+    # the whole text's, without the memory of tokenizing all of it counted in a worker's peak RSS
+    body_ids: list[int] = list(tokenizer(text[:8 * length + 1024]).input_ids)
+    if len(body_ids) < length + 16 and len(text) > 8 * length + 1024:
+        body_ids = list(tokenizer(text).input_ids)
     while len(body_ids) < length:
         body_ids += body_ids
     return body_ids[: length - len(tail)] + tail

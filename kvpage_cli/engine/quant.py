@@ -5,8 +5,10 @@ A `QuantMatrix` is W[N, K] as rows of bytes in one of the formats the native ker
 F16, BF16, F32), memory-mapped from the file, or a format made at load from float weights:
 bfloat16, int8 (one fp32 scale per output channel) and int4 (groups of 32 with a scale and a
 minimum: GGUF's Q4_1 layout). A few rows (decode steps, batches) go through the native
-dequantize-and-dot kernel, each row's result independent of the others; a long prompt chunk
-dequantizes W a slice of output rows at a time into fp32 and multiplies it with torch.
+dequantize-and-dot kernel, each row's result independent of the others, or, with int8
+activations (EngineConfig.activations), through integer dot products with the rows rounded to
+int8 in groups of 32; a long prompt chunk dequantizes W a slice of output rows at a time into
+fp32 and multiplies it with torch.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@
  * scaling block by block (block_dot; float rows: a plain dot). An output element is one fixed reduction over k, the same
  * whatever the number of rows, the thread count or which thread computes it: a batch gives each
  * sequence the bits it gets alone.
+ *
+ * kvp_qgemm_rows_q8 is the llama.cpp way, faster and not those bits: x rounded to int8 in groups
+ * of 32 and integer dot products with the row's integers (VNNI where the CPU has it, else AVX2's
+ * maddubs, else plain C), scaled per block.
  */
 #include <math.h>
 #include <stdint.h>
