@@ -359,6 +359,63 @@ static inline float block_dot(const float *x, const float *xs, const float *q, c
 #endif
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* block_dot of one row of x with four decoded rows of W (x read once for the four): each output's
+ * float operations are block_dot's, in its order, so the bits are block_dot's. */
+static inline __attribute__((always_inline)) void block_dot4(const float *x, int64_t ldx, const float *xs, int nxs,
+        int rows, float *const *q, float *const *d, float *const *m, int offset, int bs, int K, float *out) {
+    /* rows (1 or 2) rows of x at once, too, where the registers allow (AVX-512's 32) */
+    const int nb = K / bs;
+    __m256 a0[2][4], a1[2][4];
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < 4; j++) a0[r][j] = a1[r][j] = _mm256_setzero_ps();
+    if (bs == 32) {
+        for (int b = 0; b < nb; b++) {
+            __m256 x0[2], x1[2], x2[2], x3[2];
+            for (int r = 0; r < rows; r++) {
+                const float *xb = x + r * ldx + 32 * b;
+                x0[r] = _mm256_loadu_ps(xb), x1[r] = _mm256_loadu_ps(xb + 8);
+                x2[r] = _mm256_loadu_ps(xb + 16), x3[r] = _mm256_loadu_ps(xb + 24);
+            }
+            for (int j = 0; j < 4; j++) {
+                const float *qb = q[j] + 32 * b;
+                const __m256 q0 = _mm256_loadu_ps(qb), q1 = _mm256_loadu_ps(qb + 8);
+                const __m256 q2 = _mm256_loadu_ps(qb + 16), q3 = _mm256_loadu_ps(qb + 24);
+                const __m256 db = _mm256_set1_ps(d[j][b]);
+                for (int r = 0; r < rows; r++) {
+                    __m256 t0 = _mm256_mul_ps(x0[r], q0);
+                    __m256 t1 = _mm256_mul_ps(x1[r], q1);
+                    t0 = _mm256_fmadd_ps(x2[r], q2, t0);
+                    t1 = _mm256_fmadd_ps(x3[r], q3, t1);
+                    a0[r][j] = _mm256_fmadd_ps(db, t0, a0[r][j]);
+                    a1[r][j] = _mm256_fmadd_ps(db, t1, a1[r][j]);
+                }
+            }
+        }
+    } else { /* 16 */
+        for (int b = 0; b < nb; b++) {
+            __m256 x0[2], x1[2];
+            for (int r = 0; r < rows; r++) {
+                x0[r] = _mm256_loadu_ps(x + r * ldx + 16 * b);
+                x1[r] = _mm256_loadu_ps(x + r * ldx + 16 * b + 8);
+            }
+            for (int j = 0; j < 4; j++) {
+                const float *qb = q[j] + 16 * b;
+                const __m256 q0 = _mm256_loadu_ps(qb), q1 = _mm256_loadu_ps(qb + 8);
+                const __m256 db = _mm256_set1_ps(d[j][b]);
+                for (int r = 0; r < rows; r++) {
+                    a0[r][j] = _mm256_fmadd_ps(db, _mm256_mul_ps(x0[r], q0), a0[r][j]);
+                    a1[r][j] = _mm256_fmadd_ps(db, _mm256_mul_ps(x1[r], q1), a1[r][j]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < 4; j++)
+            out[4 * r + j] = hsum8(_mm256_add_ps(a0[r][j], a1[r][j])) + (offset ? offset_sum(m[j], xs + r * nxs, nb) : 0.0f);
+}
+#endif
+
 static int check(int type, int K) {
     int values, bytes;
     if (type == T_I8_ROW) return K % 32 == 0;
@@ -382,28 +439,60 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
     int failed = 0;
 #pragma omp parallel
     {
+        /* four rows of W decoded at a time (each: values, scales, offsets), then K bytes of scratch */
         const size_t width = ((sizeof(float) * (size_t)K + 63) / 64) * 64, scales = 64 * (((size_t)nb + 15) / 16);
-        float *buf = aligned_alloc(64, width + 2 * scales + (((size_t)K + 63) / 64) * 64);
+        const size_t slot = width + 2 * scales;
+        char *buf = aligned_alloc(64, 4 * slot + (((size_t)K + 63) / 64) * 64);
         if (buf == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp barrier
         if (!failed) {
-            float *d = buf + width / sizeof(float), *m = d + 16 * (((size_t)nb + 15) / 16);
-            int8_t *scratch = (int8_t *)((char *)buf + width + 2 * scales);
+            float *q[4], *d[4], *m[4];
+            for (int j = 0; j < 4; j++) {
+                q[j] = (float *)(buf + j * slot);
+                d[j] = (float *)(buf + j * slot + width);
+                m[j] = (float *)(buf + j * slot + width + scales);
+            }
+            int8_t *scratch = (int8_t *)(buf + 4 * slot);
 #pragma omp for schedule(static)
-            for (int n = 0; n < N; n++) {
-                const uint8_t *row = w + (int64_t)n * row_bytes;
+            for (int g = 0; g < (N + 3) / 4; g++) {
+                const int n0 = 4 * g, count = N - n0 < 4 ? N - n0 : 4;
                 if (flt) {
-                    float_row(type, row, K, buf);
-                    for (int r = 0; r < M; r++) y[(int64_t)r * ldy + n] = dot(x + (int64_t)r * ldx, buf, K);
-                } else {
-                    decode_row(type, row, K, buf, d, m, scratch);
-                    for (int r = 0; r < M; r++)
-                        y[(int64_t)r * ldy + n] = block_dot(x + (int64_t)r * ldx, offset ? xs + (int64_t)r * nb : NULL,
-                                                            buf, d, m, offset, bs, K);
+                    for (int n = n0; n < n0 + count; n++) {
+                        float_row(type, w + (int64_t)n * row_bytes, K, q[0]);
+                        for (int r = 0; r < M; r++) y[(int64_t)r * ldy + n] = dot(x + (int64_t)r * ldx, q[0], K);
+                    }
+                    continue;
                 }
+                for (int j = 0; j < count; j++) decode_row(type, w + (int64_t)(n0 + j) * row_bytes, K, q[j], d[j], m[j], scratch);
+                int j0 = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+                if (count == 4) {
+                    int r = 0;
+#if defined(__AVX512F__)
+                    for (; r + 2 <= M; r += 2) {
+                        float out[8];
+                        block_dot4(x + (int64_t)r * ldx, ldx, offset ? xs + (int64_t)r * nb : NULL, nb, 2, q, d, m, offset,
+                                   bs, K, out);
+                        memcpy(y + (int64_t)r * ldy + n0, out, 4 * sizeof(float));
+                        memcpy(y + (int64_t)(r + 1) * ldy + n0, out + 4, 4 * sizeof(float));
+                    }
+#endif
+                    for (; r < M; r++) {
+                        float out[4];
+                        block_dot4(x + (int64_t)r * ldx, ldx, offset ? xs + (int64_t)r * nb : NULL, nb, 1, q, d, m, offset,
+                                   bs, K, out);
+                        memcpy(y + (int64_t)r * ldy + n0, out, sizeof out);
+                    }
+                    j0 = 4;
+                }
+#endif
+                for (int j = j0; j < count; j++)
+                    for (int r = 0; r < M; r++)
+                        y[(int64_t)r * ldy + n0 + j] = block_dot(x + (int64_t)r * ldx, offset ? xs + (int64_t)r * nb : NULL,
+                                                                 q[j], d[j], m[j], offset, bs, K);
             }
         }
         free(buf);
@@ -482,28 +571,34 @@ static inline float q8_dot(const int8_t *w, const float *d, const float *m, cons
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-/* q8_dot for four rows of activations at once (w read once per chunk): each row's float operations
- * are q8_dot's, in its order, so a row's bits do not depend on the rows beside it. */
-static inline void q8_dot4(const int8_t *w, const float *d, const float *m, const int8_t *const *q,
-                           const float *const *e, const float *const *es, int offset, int bs, int K, float *out) {
+/* q8_dot of `rows` (1 or 2) rows of activations with four decoded rows of W at once (each row of x
+ * read once for the four): each output's float operations are q8_dot's, in its order. */
+static inline __attribute__((always_inline)) void q8_dot4(int8_t *const *w, float *const *d, float *const *m,
+        const int8_t *q, const float *e, const float *es, int rows, int offset, int bs, int K, float *out) {
     const int nc = K / 32;
-    __m256 acc0[4], acc1[4];
-    for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
+    __m256 a0[2][4], a1[2][4];
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < 4; j++) a0[r][j] = a1[r][j] = _mm256_setzero_ps();
     for (int c = 0; c < nc; c++) {
-        const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + 32 * c));
-        for (int r = 0; r < 4; r++) {
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(q[r] + 32 * c));
-            const __m256 p = _mm256_cvtepi32_ps(dot4_i8(wv, xv));
-            const __m256 scale = bs == 32 ? _mm256_set1_ps(d[c] * e[r][c])
-                                          : _mm256_setr_m128(_mm_set1_ps(d[2 * c] * e[r][c]), _mm_set1_ps(d[2 * c + 1] * e[r][c]));
-            if (c & 1)
-                acc1[r] = _mm256_fmadd_ps(scale, p, acc1[r]);
-            else
-                acc0[r] = _mm256_fmadd_ps(scale, p, acc0[r]);
+        __m256i xv[2];
+        for (int r = 0; r < rows; r++) xv[r] = _mm256_loadu_si256((const __m256i *)(q + (int64_t)r * K + 32 * c));
+        for (int j = 0; j < 4; j++) {
+            const __m256i wv = _mm256_loadu_si256((const __m256i *)(w[j] + 32 * c));
+            for (int r = 0; r < rows; r++) {
+                const float ec = e[r * nc + c];
+                const __m256 p = _mm256_cvtepi32_ps(dot4_i8(wv, xv[r]));
+                const __m256 scale = bs == 32 ? _mm256_set1_ps(d[j][c] * ec)
+                                              : _mm256_setr_m128(_mm_set1_ps(d[j][2 * c] * ec), _mm_set1_ps(d[j][2 * c + 1] * ec));
+                if (c & 1)
+                    a1[r][j] = _mm256_fmadd_ps(scale, p, a1[r][j]);
+                else
+                    a0[r][j] = _mm256_fmadd_ps(scale, p, a0[r][j]);
+            }
         }
     }
-    for (int r = 0; r < 4; r++)
-        out[r] = hsum8(_mm256_add_ps(acc0[r], acc1[r])) + (offset ? offset_sum(m, es[r], nc) : 0.0f);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < 4; j++)
+            out[4 * r + j] = hsum8(_mm256_add_ps(a0[r][j], a1[r][j])) + (offset ? offset_sum(m[j], es + r * nc, nc) : 0.0f);
 }
 #endif
 
@@ -528,36 +623,51 @@ int kvp_qgemm_rows_q8(int type, const float *x, int64_t ldx, const uint8_t *w, i
     int failed = 0;
 #pragma omp parallel
     {
+        /* four rows of W decoded at a time: each its bytes, scales and offsets */
         const size_t width = (((size_t)K + 63) / 64) * 64, scales = 16 * (((size_t)nb + 15) / 16);
-        int8_t *buf = aligned_alloc(64, width + 2 * sizeof(float) * scales);
+        const size_t slot = width + 2 * sizeof(float) * scales;
+        int8_t *buf = aligned_alloc(64, 4 * slot);
         if (buf == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp barrier
         if (!failed) {
-            float *d = (float *)(buf + width), *m = d + scales;
+            int8_t *ws[4];
+            float *d[4], *m[4];
+            for (int j = 0; j < 4; j++) {
+                ws[j] = buf + j * slot;
+                d[j] = (float *)(buf + j * slot + width);
+                m[j] = d[j] + scales;
+            }
 #pragma omp for schedule(static)
-            for (int n = 0; n < N; n++) {
-                decode_i8(type, w + (int64_t)n * row_bytes, K, buf, d, m);
-                int r = 0;
+            for (int g = 0; g < (N + 3) / 4; g++) {
+                const int n0 = 4 * g, count = N - n0 < 4 ? N - n0 : 4;
+                for (int j = 0; j < count; j++) decode_i8(type, w + (int64_t)(n0 + j) * row_bytes, K, ws[j], d[j], m[j]);
+                int j0 = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-                for (; r + 4 <= M; r += 4) {
-                    const int8_t *qs[4];
-                    const float *es4[4], *ess[4];
-                    float out[4];
-                    for (int i = 0; i < 4; i++) {
-                        qs[i] = q + (int64_t)(r + i) * K;
-                        es4[i] = e + (int64_t)(r + i) * nc;
-                        ess[i] = es + (int64_t)(r + i) * nc;
+                if (count == 4) {
+                    int r = 0;
+#if defined(__AVX512F__)
+                    for (; r + 2 <= M; r += 2) {
+                        float out[8];
+                        q8_dot4(ws, d, m, q + (int64_t)r * K, e + (int64_t)r * nc, es + (int64_t)r * nc, 2, offset, bs, K, out);
+                        memcpy(y + (int64_t)r * ldy + n0, out, 4 * sizeof(float));
+                        memcpy(y + (int64_t)(r + 1) * ldy + n0, out + 4, 4 * sizeof(float));
                     }
-                    q8_dot4(buf, d, m, qs, es4, ess, offset, bs, K, out);
-                    for (int i = 0; i < 4; i++) y[(int64_t)(r + i) * ldy + n] = out[i];
+#endif
+                    for (; r < M; r++) {
+                        float out[4];
+                        q8_dot4(ws, d, m, q + (int64_t)r * K, e + (int64_t)r * nc, es + (int64_t)r * nc, 1, offset, bs, K, out);
+                        memcpy(y + (int64_t)r * ldy + n0, out, sizeof out);
+                    }
+                    j0 = 4;
                 }
 #endif
-                for (; r < M; r++)
-                    y[(int64_t)r * ldy + n] = q8_dot(buf, d, m, q + (int64_t)r * K, e + (int64_t)r * nc,
-                                                     es + (int64_t)r * nc, offset, bs, K);
+                for (int j = j0; j < count; j++)
+                    for (int r = 0; r < M; r++)
+                        y[(int64_t)r * ldy + n0 + j] = q8_dot(ws[j], d[j], m[j], q + (int64_t)r * K, e + (int64_t)r * nc,
+                                                              es + (int64_t)r * nc, offset, bs, K);
             }
         }
         free(buf);
