@@ -84,8 +84,8 @@ SHARED: tuple[Shared, ...] = (
     Shared("activations", Literal[ACTIVATIONS], default("activations"), _opt("--activations", group=MODEL,
            help="What quantized weights multiply when decoding: float32 (the weights' exact values times "
                 "fp32 activations) or int8 (activations rounded to 8 bits in groups of 32 and integer dot "
-                "products, as llama.cpp does: decodes 1.2-8B models about twice as fast, answers differ by "
-                "that rounding; bench/quant_models.py measures it)."), MODEL, "activations"),
+                "products, as llama.cpp does: faster decoding of multi-billion-parameter models; answers "
+                "differ by that rounding; bench/quant_models.py measures it)."), MODEL, "activations"),
     Shared("device", Literal[DEVICES], default("device"), _opt("--device", group=MODEL,
            help="Compute device; auto picks CUDA when torch sees one."), MODEL, "device"),
     Shared("backend", Literal[BACKENDS], default("backend"), _opt("--backend", group=MODEL,

@@ -439,7 +439,10 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
     int failed = 0;
 #pragma omp parallel
     {
-        /* four rows of W decoded at a time (each: values, scales, offsets), then K bytes of scratch */
+        /* four rows of W decoded at a time (each: values, scales, offsets), then K bytes of scratch;
+         * blocked: x's rows are shared by the four (measured: faster from two rows of x, or with
+         * rows short enough that four decoded ones stay in L1/L2; one long row at a time otherwise) */
+        const int blocked = M > 1 || K <= 2048;
         const size_t width = ((sizeof(float) * (size_t)K + 63) / 64) * 64, scales = 64 * (((size_t)nb + 15) / 16);
         const size_t slot = width + 2 * scales;
         char *buf = aligned_alloc(64, 4 * slot + (((size_t)K + 63) / 64) * 64);
@@ -466,10 +469,10 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
                     }
                     continue;
                 }
-                for (int j = 0; j < count; j++) decode_row(type, w + (int64_t)(n0 + j) * row_bytes, K, q[j], d[j], m[j], scratch);
                 int j0 = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-                if (count == 4) {
+                if (count == 4 && blocked) {
+                    for (int j = 0; j < 4; j++) decode_row(type, w + (int64_t)(n0 + j) * row_bytes, K, q[j], d[j], m[j], scratch);
                     int r = 0;
 #if defined(__AVX512F__)
                     for (; r + 2 <= M; r += 2) {
@@ -489,10 +492,12 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
                     j0 = 4;
                 }
 #endif
-                for (int j = j0; j < count; j++)
+                for (int j = j0; j < count; j++) {
+                    decode_row(type, w + (int64_t)(n0 + j) * row_bytes, K, q[0], d[0], m[0], scratch);
                     for (int r = 0; r < M; r++)
                         y[(int64_t)r * ldy + n0 + j] = block_dot(x + (int64_t)r * ldx, offset ? xs + (int64_t)r * nb : NULL,
-                                                                 q[j], d[j], m[j], offset, bs, K);
+                                                                 q[0], d[0], m[0], offset, bs, K);
+                }
             }
         }
         free(buf);
@@ -640,34 +645,42 @@ int kvp_qgemm_rows_q8(int type, const float *x, int64_t ldx, const uint8_t *w, i
                 d[j] = (float *)(buf + j * slot + width);
                 m[j] = d[j] + scales;
             }
+            if (M == 1) { /* one row of activations: nothing to share, one weight row at a time (less to cache) */
 #pragma omp for schedule(static)
-            for (int g = 0; g < (N + 3) / 4; g++) {
-                const int n0 = 4 * g, count = N - n0 < 4 ? N - n0 : 4;
-                for (int j = 0; j < count; j++) decode_i8(type, w + (int64_t)(n0 + j) * row_bytes, K, ws[j], d[j], m[j]);
-                int j0 = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-                if (count == 4) {
-                    int r = 0;
-#if defined(__AVX512F__)
-                    for (; r + 2 <= M; r += 2) {
-                        float out[8];
-                        q8_dot4(ws, d, m, q + (int64_t)r * K, e + (int64_t)r * nc, es + (int64_t)r * nc, 2, offset, bs, K, out);
-                        memcpy(y + (int64_t)r * ldy + n0, out, 4 * sizeof(float));
-                        memcpy(y + (int64_t)(r + 1) * ldy + n0, out + 4, 4 * sizeof(float));
-                    }
-#endif
-                    for (; r < M; r++) {
-                        float out[4];
-                        q8_dot4(ws, d, m, q + (int64_t)r * K, e + (int64_t)r * nc, es + (int64_t)r * nc, 1, offset, bs, K, out);
-                        memcpy(y + (int64_t)r * ldy + n0, out, sizeof out);
-                    }
-                    j0 = 4;
+                for (int n = 0; n < N; n++) {
+                    decode_i8(type, w + (int64_t)n * row_bytes, K, ws[0], d[0], m[0]);
+                    y[n] = q8_dot(ws[0], d[0], m[0], q, e, es, offset, bs, K);
                 }
+            } else {
+#pragma omp for schedule(static)
+                for (int g = 0; g < (N + 3) / 4; g++) {
+                    const int n0 = 4 * g, count = N - n0 < 4 ? N - n0 : 4;
+                    for (int j = 0; j < count; j++) decode_i8(type, w + (int64_t)(n0 + j) * row_bytes, K, ws[j], d[j], m[j]);
+                    int j0 = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+                    if (count == 4) {
+                        int r = 0;
+#if defined(__AVX512F__)
+                        for (; r + 2 <= M; r += 2) {
+                            float out[8];
+                            q8_dot4(ws, d, m, q + (int64_t)r * K, e + (int64_t)r * nc, es + (int64_t)r * nc, 2, offset, bs, K, out);
+                            memcpy(y + (int64_t)r * ldy + n0, out, 4 * sizeof(float));
+                            memcpy(y + (int64_t)(r + 1) * ldy + n0, out + 4, 4 * sizeof(float));
+                        }
 #endif
-                for (int j = j0; j < count; j++)
-                    for (int r = 0; r < M; r++)
-                        y[(int64_t)r * ldy + n0 + j] = q8_dot(ws[j], d[j], m[j], q + (int64_t)r * K, e + (int64_t)r * nc,
-                                                              es + (int64_t)r * nc, offset, bs, K);
+                        for (; r < M; r++) {
+                            float out[4];
+                            q8_dot4(ws, d, m, q + (int64_t)r * K, e + (int64_t)r * nc, es + (int64_t)r * nc, 1, offset, bs, K, out);
+                            memcpy(y + (int64_t)r * ldy + n0, out, sizeof out);
+                        }
+                        j0 = 4;
+                    }
+#endif
+                    for (int j = j0; j < count; j++)
+                        for (int r = 0; r < M; r++)
+                            y[(int64_t)r * ldy + n0 + j] = q8_dot(ws[j], d[j], m[j], q + (int64_t)r * K, e + (int64_t)r * nc,
+                                                                  es + (int64_t)r * nc, offset, bs, K);
+                }
             }
         }
         free(buf);
