@@ -23,10 +23,11 @@ Safety: a segment is written to a temporary file, fsynced and renamed into place
 row is added after the rename; only indexed segments are read. On load the size, checksum, format
 version, seed, key and shapes are checked; a bad file is deleted (with a warning) and its tokens
 are recomputed. The total size is kept under the limit by evicting the least recently used
-segments together with the segments that continue them (and with the other ranks' shares of them). Leftovers of processes that died are
-swept when the cache is opened and temporary files again at every write. The lock is waited for
-at most LOCK_TIMEOUT_S (with a warning after LOCK_NOTICE_S): a process stuck while holding it
-makes the others run without the cache, not hang. One prefill stops saving after a failed write.
+segments together with the segments that continue them (and the other ranks' shares of them).
+Leftovers of processes that died are swept when the cache is opened and temporary files again at
+every write. The lock is waited for at most LOCK_TIMEOUT_S (with a warning after LOCK_NOTICE_S): a
+process stuck while holding it makes the others run without the cache, not hang. One prefill stops
+saving after a failed write.
 """
 
 from __future__ import annotations
