@@ -612,6 +612,12 @@ def test_info_text_and_json(cli):
         compact = json.loads(cli("info", "--weights", "int8", "--json").stdout)
         assert compact["weights"] == "int8" and compact["weights_mib"] < data["weights_mib"] / 3
         assert re.search(r"^weights .*int8.*; --weights int8; float32 would take", cli("info", "--weights", "int8").stdout, re.M)
+        assert "decoding multiplies them with float32 activations" in cli("info", "--weights", "int8").stdout
+        fast = cli("info", "--weights", "int8", "--activations", "int8")
+        assert "decoding multiplies them with int8 activations" in fast.stdout
+        assert json.loads(cli("info", "--weights", "int8", "--activations", "int8", "--json").stdout)["activations"] == "int8"
+        refused = cli("info", "--activations", "int8")  # a folder's float32 weights: nothing quantized
+        assert refused.exit_code != 0 and "int8 activations multiply quantized weights" in refused.stderr
 
 
 # -- colour -------------------------------------------------------------------------------------

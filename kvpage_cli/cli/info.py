@@ -107,6 +107,7 @@ def _weights(d: dict) -> str:
     text = f"{d['weights_mib']:,.1f} MiB as {kept} ({parts}); {how}"
     if d["weights"] != "float32":
         text += f"; float32 would take {d['weights_float32_mib_computed']:,.1f} MiB (computed)"
+    if d["weights"] in ("gguf", "int8", "int4"):  # quantized: integer dot products can apply
         text += ("; decoding multiplies them with int8 activations (--activations int8)" if d["activations"] == "int8"
                  else "; decoding multiplies them with float32 activations (--activations int8: faster, rounded)")
     return text
