@@ -18,6 +18,9 @@ Parts (the first argument):
   questions  the question set of bench/retrieval_questions.json, scored by its regexes
   recall     no answers: how often the BM25 packing of each question holds its evidence lines
              (the text baseline's retrieval alone, at the budget; quick, no decoding)
+  select     no answers: retrieval mode's selection alone, for each set of `--signals` (lexical,
+             bounds, keys and their combinations): how often the selected blocks hold the
+             question's evidence, the selection's time and the K/V it read
   passkey    a 5-digit pass key in haystacks cut from the CUAD contracts of corpus/, at depths
              10/50/90% of 32K, 128K and 512K tokens
 
@@ -33,6 +36,7 @@ needs bm25s (`pip install -e ".[bench]"`): maintained, numpy only, scores every 
     python bench/retrieval.py check
     python bench/retrieval.py questions --model smollm2 --systems bm25 --budget 4096
     python bench/retrieval.py questions --model gemma3-270m --systems bm25,exact --sources tomli,cuad-11
+    python bench/retrieval.py select --model smollm2 --saved-kv-mib 20000
     python bench/retrieval.py passkey --model gemma3-270m --systems bm25 --lengths 32768,131072,524288
 """
 
@@ -488,6 +492,53 @@ def bm25_recall(tokenizer, doc, questions: list[dict], settings: RunSettings) ->
     return rows
 
 
+def signal_recall(engine, doc, questions: list[dict], settings: RunSettings, signal_sets: list[tuple[str, ...]],
+                  log: Callable[[dict], None]) -> list[dict]:
+    """Retrieval mode's selection alone (no decoding): the document indexed as `kvpage ask --mode
+    retrieval` indexes it, then for each question and each set of signals, whether the selected
+    blocks hold all its evidence, how long the selection took (the question's queries included)
+    and what it read: the K of the keys signal's candidates, the bounds signal's key bounds (2
+    bfloat16 rows per block, layer and head, in memory)."""
+    from kvpage_cli.tasks import Asker
+
+    asker = Asker(engine, doc, [q["question"] for q in questions], max_new_tokens=settings.max_new_tokens,
+                  retrieval_tokens=settings.budget)
+    asker.mode = "retrieval"
+    started = time.perf_counter()
+    retriever = asker.index()
+    index_s = time.perf_counter() - started
+    budget = asker.budget()
+    library = retriever.library
+    rows = []
+    for q, ids in zip(questions, asker.question_ids):
+        asked = retriever.tail + ids
+        for signals in signal_sets:
+            candidates = len(retriever.units) if signals == ("keys",) else None
+            read = []
+            original = library._kv
+
+            def counted(group, pos, chosen, values=True, original=original, read=read):
+                read.append(len(chosen) * group.block_bytes_per_layer // (1 if values else 2))
+                return original(group, pos, chosen, values)
+
+            library._kv = counted
+            began = time.perf_counter()
+            try:
+                selection = retriever.select(q["question"], asked, budget, signals=signals, candidates=candidates)
+            finally:
+                library._kv = original
+            row = {"id": q["id"], "source": q["source"], "signals": "+".join(signals),
+                   "select_s": time.perf_counter() - began, "kv_read_bytes": sum(read),
+                   "bounds_read_bytes": 2 * library.kmin.nbytes if "bounds" in signals else 0,
+                   "blocks": len(selection.blocks), "total_blocks": selection.total, "index_s": index_s,
+                   "evidence_attended": evidence_attended(q["evidence_ranges"],
+                                                          [retriever.char_spans[i] for i in selection.blocks])}
+            rows.append(row)
+            log({"system": row["signals"], **row})
+    library.release()
+    return rows
+
+
 def evidence_ranges(doc, evidence: list[dict]) -> list[tuple[int, int]]:
     """Character ranges of doc.text holding each evidence quote (file:line as in the question set)."""
     found = []
@@ -632,7 +683,7 @@ def run_passkey(engines: Engines, systems: list[str], lengths: list[int], depths
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=("check", "questions", "recall", "passkey"))
+    parser.add_argument("part", choices=("check", "questions", "recall", "select", "passkey"))
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--systems", default="retrieval,bm25,exact")
     parser.add_argument("--budget", type=int, default=4096, help="tokens of document text attended per question, every system")
@@ -640,6 +691,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--sources", default=None, help="questions: only these source ids (comma-separated)")
     parser.add_argument("--limit", type=int, default=None, help="questions: at most this many per source")
+    parser.add_argument("--signals", default="lexical;bounds;keys;lexical+keys;bounds+keys;lexical+bounds+keys",
+                        help="select: the sets of retrieval signals compared (';' between sets, '+' within one)")
     parser.add_argument("--lengths", default=",".join(map(str, PASSKEY_LENGTHS)))
     parser.add_argument("--depths", default=",".join(map(str, PASSKEY_DEPTHS)))
     parser.add_argument("--seed", type=int, default=0)
@@ -682,12 +735,13 @@ def main() -> None:
     started = time.time()
 
     def log(row: dict) -> None:
-        shown = {k: row.get(k) for k in ("system", "id", "right", "evidence_attended", "first_token_s", "index_s",
-                                         "attended_tokens", "skipped")}
-        shown["text"] = (row.get("text") or "")[:120]
+        shown = {k: row[k] for k in ("system", "id", "right", "evidence_attended", "first_token_s", "index_s",
+                                     "select_s", "kv_read_bytes", "attended_tokens", "skipped") if k in row}
+        if "text" in row:
+            shown["text"] = (row.get("text") or "")[:120]
         print(f"[{time.time() - started:6.0f}s] {json.dumps(shown)}", file=sys.stderr, flush=True)
 
-    if args.part in ("questions", "recall"):
+    if args.part in ("questions", "recall", "select"):
         wanted = set(args.sources.split(",")) if args.sources else None
         by_source: dict[str, list[dict]] = {}
         for q in question_set["questions"]:
@@ -703,6 +757,10 @@ def main() -> None:
             if args.part == "recall":
                 rows += bm25_recall(engines.tokenizer, doc, questions, settings)
                 continue
+            if args.part == "select":
+                signal_sets = [tuple(s.split("+")) for s in args.signals.split(";") if s]
+                rows += signal_recall(engines.for_system("retrieval"), doc, questions, settings, signal_sets, log)
+                continue
             rows += run_document(engines, doc, questions, systems, settings, log, journal)
         if args.part == "recall":
             summary = [{"source": s, "questions": len(mine), "evidence_pct": 100 * mean(r["evidence_attended"] for r in mine)}
@@ -711,6 +769,23 @@ def main() -> None:
                             "evidence_pct": 100 * mean(r["evidence_attended"] for r in rows)})
             print(table(summary, [("source", "source"), ("questions", "questions"), ("evidence_pct", "evidence in BM25 pack %")]))
             print(f"model {args.model} (tokenizer); budget {args.budget} tokens; chunks of {args.chunk_tokens} tokens")
+            if args.json_path:
+                Path(args.json_path).write_text(json.dumps({"args": vars(args), "summary": summary, "rows": rows}, indent=1))
+            return
+        if args.part == "select":
+            summary = [{"signals": name, "questions": len(mine),
+                        "evidence_pct": 100 * mean(r["evidence_attended"] for r in mine),
+                        "select_s": median(r["select_s"] for r in mine),
+                        "kv_mib": mean(r["kv_read_bytes"] for r in mine) / 2**20,
+                        "bounds_mib": mean(r["bounds_read_bytes"] for r in mine) / 2**20,
+                        "blocks": f"{mean(r['blocks'] for r in mine):.0f} of {mean(r['total_blocks'] for r in mine):.0f}"}
+                       for name in dict.fromkeys(r["signals"] for r in rows) for mine in [[r for r in rows if r["signals"] == name]]]
+            print(table(summary, [("signals", "signals"), ("questions", "questions"), ("evidence_pct", "evidence selected %"),
+                                  ("select_s", "selection s (median)"), ("kv_mib", "K read MiB / q"),
+                                  ("bounds_mib", "bounds read MiB / q"),
+                                  ("blocks", "blocks selected (mean)")]))
+            print(f"model {args.model}; budget {args.budget} tokens; indexing "
+                  f"{', '.join(f'{k} {v:,} tok' for k, v in documents.items())}; wall {time.time() - started:.0f} s")
             if args.json_path:
                 Path(args.json_path).write_text(json.dumps({"args": vars(args), "summary": summary, "rows": rows}, indent=1))
             return

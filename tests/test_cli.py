@@ -599,9 +599,10 @@ def test_info_text_and_json(cli):
     text = cli("info")
     assert text.exit_code == 0, text.stderr
     for label in ("model", "architecture", "context limit", "kv per token", "pool", "store", "weights",
-                  "device", "backend"):
+                  "device", "backend", "retrieval"):
         assert re.search(rf"^{label} +\S", text.stdout, re.M), label
     data = json.loads(cli("info", "--json").stdout)
+    assert data["retrieval_tokens"] == 4096 and data["retrieval_bound"] == "kvpage's budget"  # not the store's pool
     # 2 (K and V) x 2 layers x 2 KV heads x head dim 16 x 4 bytes
     assert data["kv_bytes_per_token"] == 512 and data["kv_bytes_per_token_by_dtype"]["bfloat16"] == 256
     assert data["context_limit"] == 8192 and data["architecture"] == "llama"

@@ -10,7 +10,7 @@ from kvpage_cli.engine import BLOCK_TOKENS, Engine, EngineConfig
 from kvpage_cli.engine.library import Library
 from kvpage_cli.ingest import load
 from kvpage_cli.tasks import Asker
-from kvpage_cli.tasks.retrieval import lexical_terms
+from kvpage_cli.tasks.retrieval import UNIT_BLOCKS, lexical_terms
 
 from .conftest import SAMPLES, random_prompt, tiny_model
 
@@ -121,7 +121,8 @@ def test_an_index_is_saved_and_a_second_run_maps_it_reading_only_what_it_uses(tm
     mapped, j = second.mapped[11]
     path = next(p for p in (tmp_path / "kv" / "segments").glob("*/*.kvb") if p.stat().st_size and _holds(p, mapped))
     data = bytearray(path.read_bytes())
-    data[len(data) - 4 - mapped.header["block_bytes"] * (mapped.num_blocks - j) + 16] ^= 0xFF  # inside block j
+    bounds_bytes = mapped.bounds().numel() * 2  # the key bounds follow the blocks
+    data[len(data) - 4 - bounds_bytes - mapped.header["block_bytes"] * (mapped.num_blocks - j) + 16] ^= 0xFF  # block j
     path.write_bytes(bytes(data))
     third_engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True))
     events = []
@@ -164,3 +165,84 @@ def test_an_unsaved_index_is_kept_in_files_of_its_own_then_removed(tmp_path):
     # and with --no-cache the same
     library, logits = ask(engine, use_cache=False)
     assert len(list((tmp_path / "tmp").glob("index-*"))) == 1 and torch.equal(logits, expected)
+
+
+def test_key_bounds_hold_every_key_and_are_saved_with_the_index(tmp_path):
+    """The bounds signal's per-block key min/max: true bounds of every key (bfloat16 rounded
+    outward), so the bound of each block is at least its largest q.k; saved with the windows and
+    read back without reading any block; recomputed from the keys when damaged on disk."""
+    from kvpage_cli.engine.policy import key_bound
+
+    model = tiny_model("llama")
+    head, doc, question = random_prompt(90, seed=6), random_prompt(1600, seed=7), random_prompt(12, seed=8)
+    engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True))
+    library = Library.build(engine, head, doc, window=256, overlap=64)
+    assert bool(library.has_bounds.all())  # computed as the windows were
+    everything = list(range(library.num_blocks))
+    queries = engine.queries_after(library.head, question)
+    for f, layer in enumerate(library.bound_layers):
+        k, v = library._kv(engine.store.group_of(layer), engine.store.layer_pos[layer], everything, values=False)
+        assert v is None
+        low, high = library.kmin[:, f, :, None, :].float(), library.kmax[:, f, :, None, :].float()
+        assert bool((low <= k).all()) and bool((k <= high).all())
+        true_min = k.amin(dim=2)
+        assert bool(((true_min - library.kmin[:, f].float()).abs() <= true_min.abs() * 2**-7).all())  # a bf16 step
+        moved = library._moved_queries(queries, layer, everything)  # [C, Hkv, G*t, D]
+        largest = torch.matmul(moved, k.float().transpose(-1, -2)).amax(dim=-1)
+        assert bool((key_bound(moved, library.kmin[:, f], library.kmax[:, f]) >= largest - 1e-4).all())
+    expected = library.bound_scores(queries)
+    assert expected.shape == (library.num_blocks,) and torch.isfinite(expected).all()
+
+    again = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True))
+    mapped = Library.build(again, head, doc, window=256, overlap=64)
+    assert mapped.loaded_windows == len(mapped.windows) and not bool(mapped.has_bounds.any())
+    assert torch.equal(mapped.bound_scores(queries), expected)  # read from the files
+    assert torch.equal(mapped.kmin, library.kmin) and torch.equal(mapped.kmax, library.kmax)
+    assert not any(isinstance(j, int) for m, _ in mapped.mapped for j in m.checked)  # no block was read
+
+    # damaged bounds on disk: noticed, computed again from the keys, the same values
+    window = mapped.mapped[0][0]
+    path = next(p for p in (tmp_path / "kv" / "segments").glob("*/*.kvb") if _holds(p, window))
+    data = bytearray(path.read_bytes())
+    data[len(data) - 4 - 8] ^= 0xFF  # inside the bounds, which end the payload
+    path.write_bytes(bytes(data))
+    third = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True))
+    events = []
+    rebuilt = Library.build(third, head, doc, window=256, overlap=64, on_event=events.append)
+    assert torch.equal(rebuilt.bound_scores(queries), expected)
+    assert any("key bounds" in getattr(e, "message", "") for e in events)
+
+
+def test_signals_are_checked_and_each_selects_the_budget(short_engine):
+    doc = load(str(SAMPLES / "contract.txt"))
+    asker = Asker(short_engine, doc, "Which law governs the agreement?", max_new_tokens=4)
+    retriever = asker.index()
+    asked = retriever.tail + asker.question_ids[0]
+    budget = asker.budget()
+    for signals in [("lexical",), ("bounds",), ("keys",), ("bounds", "keys"), ("lexical", "bounds", "keys")]:
+        selection = retriever.select(asker.questions[0], asked, budget, signals=signals)
+        assert budget - UNIT_BLOCKS < len(selection.blocks) <= budget and selection.blocks == sorted(set(selection.blocks))
+    with pytest.raises(ValueError, match="signals must be some of lexical, bounds, keys"):
+        retriever.select(asker.questions[0], asked, budget, signals=("bm25",))
+
+
+def test_the_budget_follows_the_pool_where_blocks_are_read_through_it(tiny_cli_model, kv_home):
+    """Through the pool (kv_path "pool", as on a GPU) a question reads no more blocks than the pool
+    holds beside the head, the question and its answer, so they stay resident; a larger pool reads
+    more, up to retrieval_tokens."""
+    doc = load(str(SAMPLES / "contract.txt"))
+    budgets = {}
+    for pool_mib in (0.3, 0.5, 64.0):
+        engine = Engine.load(str(tiny_cli_model), EngineConfig(home=str(kv_home), max_context=2048, backend="native",
+                                                               kv_path="pool", pool_mib=pool_mib))
+        asker = Asker(engine, doc, "Which law governs the agreement?", max_new_tokens=4)
+        asker.index()
+        fixed = len(asker.retriever.library.head.tokens) + len(asker.retriever.tail) + len(asker.question_ids[0]) + 4
+        budgets[pool_mib] = asker.budget()
+        assert budgets[pool_mib] == min(engine.pool.num_slots * BLOCK_TOKENS - fixed,
+                                        2048 - fixed, engine.config.retrieval_tokens) // BLOCK_TOKENS
+        selection = asker.retriever.select(asker.questions[0], asker.retriever.tail + asker.question_ids[0],
+                                           budgets[pool_mib])
+        assert len(selection.blocks) <= budgets[pool_mib]
+        asker.retriever.library.release()
+    assert budgets[0.3] < budgets[0.5] < budgets[64.0]

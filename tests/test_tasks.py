@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from kvpage_cli.cli.render import review_text
 from kvpage_cli.engine import Engine, EngineConfig
 from kvpage_cli.errors import ContextTooLongError
 from kvpage_cli.ingest import load, split_clauses
 from kvpage_cli.tasks import RISK_LEVELS, Asker, PromptError, Reviewer, render
+from kvpage_cli.tasks.schema import ReviewResult
 from kvpage_cli.tasks.taxonomy import BY_NAME
 from kvpage_cli.tasks.chat import PromptBuilder
 from kvpage_cli.tasks.review import _sentences
@@ -118,6 +120,12 @@ def test_a_contract_longer_than_the_context_is_reviewed_in_retrieval_mode(tiny_c
     assert 0 < reviewer.attended_blocks < 2048 // 64
     for f in findings:
         assert doc.text[f.start:f.end] == f.quote
+    result = ReviewResult("contract.txt", "text", "tiny", reviewer.mode, findings, True, reviewer.document_tokens,
+                          len(reviewer.clauses), attended_blocks=reviewer.attended_blocks,
+                          total_blocks=reviewer.total_blocks)
+    share = round(100 * reviewer.attended_blocks / reviewer.total_blocks)
+    assert (f"retrieval mode: each clause read at most {reviewer.attended_blocks} of {reviewer.total_blocks} blocks, "
+            f"{share}% of the document") in review_text(result).splitlines()[0]
     with pytest.raises(ContextTooLongError, match="--mode auto or retrieval"):
         Reviewer(Engine.load(str(tiny_cli_model), EngineConfig(home=str(kv_home), max_context=2048, mode="exact")), doc)
 

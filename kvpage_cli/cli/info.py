@@ -8,6 +8,7 @@ from ..engine import ALIASES, BLOCK_TOKENS, Engine
 from . import ranks
 from .options import MODEL, OUTPUT, RUN, Options, shared_options
 from .output import Sink, check_out_path, choose_format
+from ..tasks.retrieval import question_budget
 from .session import MIB, Session, pool_capacity_bytes
 
 FORMATS = ("text", "json")
@@ -95,7 +96,18 @@ def describe(engine: Engine, source: str) -> dict:
         "backend": engine.backend.name,
         "kv_path": engine.kv_path,
         "mode": engine.config.mode,
+        # retrieval mode: the most document tokens a question reads, before its own tokens are taken
+        "retrieval_tokens": question_budget(engine, 0) * BLOCK_TOKENS,
+        "retrieval_bound": _retrieval_bound(engine),
     }
+
+
+def _retrieval_bound(engine: Engine) -> str:
+    """What sets the retrieval budget: the least of its bounds."""
+    bounds = {"kvpage's budget": engine.config.retrieval_tokens, "the context limit": engine.max_context}
+    if engine.kv_path == "pool":
+        bounds["the pool (--pool-mib)"] = engine.pool.num_slots * BLOCK_TOKENS
+    return min(bounds, key=bounds.get)
 
 
 def _weights(d: dict) -> str:
@@ -134,6 +146,8 @@ def _text(d: dict) -> str:
         ("backend", d["backend"]),
         ("kv path", d["kv_path"]),
         ("mode", d["mode"]),
+        ("retrieval", f"a question over a document longer than the context reads at most {d['retrieval_tokens']:,} "
+                      f"tokens of it (set by {d['retrieval_bound']}; fewer where the prompt leaves less room)"),
     ]
     if d.get("tp_ranks"):
         rows.append(("tensor parallel", f"{len(d['tp_ranks'])} ranks; " + "; ".join(

@@ -71,7 +71,9 @@ SHARED: tuple[Shared, ...] = (
            help="exact: every block takes part in every attention step (lossless); selective: only "
                 "the blocks the policy keeps in the pool (approximate)."), MODEL, "mode"),
     Shared("pool_mib", float, default("pool_mib"), _opt("--pool-mib", group=MODEL, metavar="MIB",
-           help="Size of the slot pool on the compute device, in MiB; it does not grow with the document."),
+           help="Size of the slot pool on the compute device, in MiB; it does not grow with the document. "
+                "Where attention reads blocks through the pool (GPU), it also bounds how much of a long "
+                "document a question reads in retrieval mode (see 'kvpage info')."),
            MODEL, "pool_mib"),
     Shared("dtype", Literal[DTYPES], default("dtype"), _opt("--dtype", group=MODEL,
            help="Weights, activations and KV blocks."), MODEL, "dtype"),

@@ -52,7 +52,7 @@ def _summary(result: ReviewResult) -> str:
     mode = mode_note(result.mode, result.attended_blocks, result.total_blocks)
     if result.mode == "retrieval" and result.total_blocks:
         mode = (f"retrieval mode: each clause read at most {result.attended_blocks:,} of {result.total_blocks:,} "
-                "blocks of the document")
+                f"blocks, {100 * result.attended_blocks / result.total_blocks:.0f}% of the document")
     return (f"{result.document}: {clauses}, {len(result.findings)} findings, {result.document_tokens:,} tokens, "
             f"model {result.model}, {mode}")
 

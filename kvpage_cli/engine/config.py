@@ -65,7 +65,8 @@ class EngineConfig:
     cache_mib: size limit of that cache; least recently used entries are evicted beyond it.
     max_batch: the most sequences `Engine.run` advances in one forward pass (continuous batching).
     retrieval_tokens: retrieval mode's budget: the most document tokens a question attends (also
-        bounded by the model's context).
+        bounded by the model's context and, where attention reads blocks through the pool, by the
+        pool's slots: tasks/retrieval.question_budget).
     tp: tensor-parallel ranks: the model's heads and MLP split over `tp` processes of a running
         torch.distributed process group (parallel.py), each holding the KV of its own heads.
     """

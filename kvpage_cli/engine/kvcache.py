@@ -175,11 +175,24 @@ class MappedBlocks:
     header: dict
     payload: torch.Tensor  # uint8, the mapped payload
     dtype: torch.dtype
-    checked: set[int]
+    checked: set[int | str]  # blocks (and "bounds") whose checksum passed
 
     @property
     def num_blocks(self) -> int:
         return len(self.header["block_crcs"])
+
+    def bounds(self) -> torch.Tensor | None:
+        """The blocks' key bounds saved with them (bfloat16 [blocks, layers, 2, Hkv, D]), or None
+        when the window was saved without them. Raises BadSegment when their bytes are damaged."""
+        shape = self.header.get("bounds_shape")
+        if not shape:
+            return None
+        raw = self.payload[self.header["block_bytes"] * self.num_blocks:]
+        if "bounds" not in self.checked:
+            if zlib.crc32(raw.numpy()) != self.header["bounds_crc"]:
+                raise BadSegment("corrupt (its key bounds fail their checksum)")
+            self.checked.add("bounds")
+        return raw.view(torch.bfloat16).view(*shape)
 
     def block(self, j: int) -> list[torch.Tensor]:
         """Per group, K/V [layers, 2, Hkv, 64, D] of block j. Raises BadSegment when its bytes are damaged."""
@@ -407,14 +420,21 @@ class KVCache:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def write_blocks(self, header: dict, blocks: list[list[torch.Tensor]], label: str, model: str) -> None:
+    def write_blocks(self, header: dict, blocks: list[list[torch.Tensor]], label: str, model: str,
+                     bounds: torch.Tensor | None = None) -> None:
         """Saves a library window (retrieval mode): per block, per full-attention group, K/V
         [layers, 2, Hkv, 64, D], block after block so that each block is one contiguous range
-        with its own checksum (read on its own later, through a memory map)."""
+        with its own checksum (read on its own later, through a memory map); then, when given, the
+        blocks' key bounds (bfloat16 [blocks, layers, 2, Hkv, D]) with one checksum of their own."""
         rows = [torch.cat([g.contiguous().view(torch.uint8).reshape(-1) for g in groups]) for groups in blocks]
         header = dict(header, layout="blocks", block_bytes=rows[0].numel() if rows else 0,
                       block_crcs=[zlib.crc32(r.numpy()) for r in rows])
-        self.write(header, [torch.cat(rows)] if rows else [], label, model)
+        payload = [torch.cat(rows)] if rows else []
+        if bounds is not None and rows:
+            raw = bounds.contiguous().view(torch.uint8).reshape(-1)
+            header.update(bounds_shape=list(bounds.shape), bounds_crc=zlib.crc32(raw.numpy()))
+            payload.append(raw)
+        self.write(header, payload, label, model)
 
     def map_blocks(self, key: str, seed: str) -> MappedBlocks:
         """The library window saved under `key`, memory-mapped (see MappedBlocks); its header and
@@ -435,8 +455,9 @@ class KVCache:
                 raise BadSegment("truncated or too long")
             try:
                 header = json.loads(file.read(header_bytes))
+                bounds_bytes = 2 * math.prod(header.get("bounds_shape", [0]))
                 ok = (header["seed"] == seed and header["key"] == key and header.get("layout") == "blocks"
-                      and header["block_bytes"] * len(header["block_crcs"]) == payload_bytes)
+                      and header["block_bytes"] * len(header["block_crcs"]) + bounds_bytes == payload_bytes)
                 dtype = _DTYPES[header["dtype"]]
             except (KeyError, TypeError, ValueError) as exc:
                 raise BadSegment(f"unreadable ({exc})") from None

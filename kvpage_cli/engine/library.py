@@ -42,6 +42,7 @@ from .context import BlockTable, Context
 from .events import EngineWarning, EventCallback, IndexProgress, emit
 from .home import private_dir, sweep_leftovers
 from .kvcache import BadSegment, KVCache, MappedBlocks
+from .policy import key_bound
 from .rope import rotate
 
 
@@ -85,6 +86,15 @@ class Library:
         # in a saved window mapped from disk (MappedBlocks and the block's index in it)
         self.ids: list[list[int | None]] = [[None] * len(self.blocks) for _ in engine.store.groups]
         self.mapped: list[tuple[MappedBlocks, int] | None] = [None] * len(self.blocks)
+        # per block, every full-attention layer's element-wise key min and max (Quest's bounds, for
+        # retrieval's cheap first stage), bfloat16 rounded outward; [blocks, F, Hkv, D], F the layers of
+        # the full-attention groups, group after group (the order of the saved blocks)
+        full = self._full_groups()
+        self.bound_layers = [layer for g in full for layer in g.layers]
+        bound_shape = (len(self.blocks), len(self.bound_layers), *(full[0].block_shape[::2] if full else (0, 0)))
+        self.kmin = torch.empty(bound_shape, dtype=torch.bfloat16)
+        self.kmax = torch.empty(bound_shape, dtype=torch.bfloat16)
+        self.has_bounds = torch.zeros(len(self.blocks), dtype=torch.bool)
         self.loaded_windows = 0  # of self.windows, those mapped from the saved-KV cache
         self.computed_tokens = 0  # document tokens prefilled into the index (the rest were mapped)
         self._seed = ""
@@ -239,14 +249,31 @@ class Library:
         return cache
 
     def _keep(self, ctx: Context, n: int) -> None:
-        """Takes a reference to window n's own blocks in the full-attention groups of `ctx`."""
-        for index in range(self._first_block[n], self._first_block[n + 1]):
+        """Takes a reference to window n's own blocks in the full-attention groups of `ctx`, and
+        notes their key bounds."""
+        indices = range(self._first_block[n], self._first_block[n + 1])
+        for index in indices:
             position = self.blocks[index].position
             for group, table, ids in zip(self.engine.store.groups, ctx.tables, self.ids):
                 if not group.window:
                     self.engine.blocks.share(group, [table.ids[position]])
                     ids[index] = table.ids[position]
             self.mapped[index] = None
+        f = 0
+        for group in self._full_groups():
+            for pos in range(len(group.layers)):
+                k = torch.stack([group.k_block(pos, self.ids[group.index][i]) for i in indices]).float().cpu()
+                self._set_bounds(indices, f, k.amin(dim=2), k.amax(dim=2))  # k: [n, Hkv, 64, D]
+                f += 1
+        self.has_bounds[indices.start:indices.stop] = True
+
+    def _set_bounds(self, indices: range, f: int, kmin: torch.Tensor, kmax: torch.Tensor) -> None:
+        """Blocks `indices`' bounds in bound layer f, rounded outward to bfloat16."""
+        low, high = kmin.to(torch.bfloat16), kmax.to(torch.bfloat16)
+        low = torch.where(low.float() > kmin, torch.nextafter(low, torch.full_like(low, float("-inf"))), low)
+        high = torch.where(high.float() < kmax, torch.nextafter(high, torch.full_like(high, float("inf"))), high)
+        self.kmin[indices.start:indices.stop, f] = low
+        self.kmax[indices.start:indices.stop, f] = high
 
     def _save(self, cache, n: int, label: str | None):
         w = self.windows[n]
@@ -260,16 +287,19 @@ class Library:
                   "start": len(self.head.tokens) + w.start, "end": len(self.head.tokens) + w.start + w.count,
                   "dtype": str(self.engine.config.dtype), "block_shape": list(groups[0].block_shape),
                   "group_layers": [len(g.layers) for g in groups]}
-        return cache.submit(lambda: cache.write_blocks(header, blocks, label or "", self.engine.name))
+        first, end = self._first_block[n], self._first_block[n + 1]
+        bounds = torch.stack([self.kmin[first:end], self.kmax[first:end]], dim=2)  # [n, F, 2, Hkv, D]
+        return cache.submit(lambda: cache.write_blocks(header, blocks, label or "", self.engine.name, bounds))
 
     def _full_groups(self):
         return [g for g in self.engine.store.groups if not g.window]
 
     # -- reading blocks ----------------------------------------------------------------------------
 
-    def _kv(self, group, pos: int, chosen: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V [n, Hkv, 64, D] of blocks `chosen` in the group's layer `pos` (a mapped block damaged
-        on disk: its window is computed again first)."""
+    def _kv(self, group, pos: int, chosen: list[int], values: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """K, V [n, Hkv, 64, D] of blocks `chosen` in the group's layer `pos` (V None when not
+        `values`: a mapped block's V is then not read). A mapped block damaged on disk: its window
+        is computed again first."""
         ks, vs = [], []
         full = [g.index for g in self._full_groups()].index(group.index)
         for index in chosen:
@@ -283,14 +313,14 @@ class Library:
                     if self._cache is not None:
                         _quietly(self._cache.discard, self._window_key(window))
                     self._compute([window], self._cache, self.on_event, None, 1)
-                    return self._kv(group, pos, chosen)
+                    return self._kv(group, pos, chosen, values)
                 ks.append(data[0])
                 vs.append(data[1])
             else:
                 block_id = self.ids[group.index][index]
                 ks.append(group.k_block(pos, block_id))
                 vs.append(group.v_block(pos, block_id))
-        return torch.stack(ks), torch.stack(vs)
+        return torch.stack(ks), torch.stack(vs) if values else None
 
     def assemble(self, chosen: list[int]) -> Context:
         """A context holding the head and the chosen blocks (indices into `blocks`), in document
@@ -318,31 +348,83 @@ class Library:
         full-attention layer (or `layers`): the share of the softmax over all the chosen blocks'
         keys, summed over query rows, heads and layers. Returns [len(chosen)] fp32."""
         engine = self.engine
-        spec = engine.spec
         total = torch.zeros(len(chosen))
         if not chosen:
             return total
-        positions = torch.tensor([self.blocks[i].position for i in chosen], dtype=torch.int64)
-        for layer in layers if layers is not None else range(spec.num_layers):
+        for layer in layers if layers is not None else self.bound_layers:
             group = engine.store.group_of(layer)
-            if group.window:
-                continue
-            q, start = queries[layer]
-            rope = engine.runner.rope[spec.layers[layer].rope_key]
-            qs = q.float().permute(1, 0, 2)  # [Hq, t, D]
-            # the question moved so that its first row sits right after each block
-            delta = ((positions + 1) * BLOCK_TOKENS - start).repeat_interleave(qs.shape[1])  # [C*t]
-            moved = rotate(qs.repeat(1, len(chosen), 1), delta, rope)  # [Hq, C*t, D]
-            k, _ = self._kv(group, engine.store.layer_pos[layer], chosen)  # [C, Hkv, 64, D]
-            num_kv_heads = k.shape[1]
-            moved = moved.reshape(num_kv_heads, -1, len(chosen), qs.shape[1], qs.shape[2])  # [Hkv, G, C, t, D]
-            moved = moved.permute(2, 0, 1, 3, 4).reshape(len(chosen), num_kv_heads, -1, qs.shape[2])  # [C, Hkv, G*t, D]
-            logits = torch.matmul(moved, k.float().transpose(-1, -2)) * spec.attn_scale  # [C, Hkv, G*t, 64]
+            moved = self._moved_queries(queries, layer, chosen)  # [C, Hkv, G*t, D]
+            k, _ = self._kv(group, engine.store.layer_pos[layer], chosen, values=False)  # [C, Hkv, 64, D]
+            logits = torch.matmul(moved, k.float().transpose(-1, -2)) * engine.spec.attn_scale  # [C, Hkv, G*t, 64]
             block_lse = torch.logsumexp(logits, dim=-1)  # [C, Hkv, G*t]
             total += torch.softmax(block_lse, dim=0).sum(dim=(1, 2))
-        if engine.runner.shard is not None:  # summed over this rank's heads: over every rank's, so they agree
-            total = engine.runner.shard.all_reduce(total)
-        return total
+        return self._over_ranks(total)
+
+    def bound_scores(self, queries: dict[int, tuple[torch.Tensor, int]], chosen: list[int] | None = None,
+                     chunk: int = 512) -> torch.Tensor:
+        """attention_scores from each block's key bounds instead of its keys (Quest's upper bound of
+        a block's largest q.k in place of its log-sum-exp): it reads 2 rows per block and head, not
+        64, held in memory, so it ranks every block of a long document cheaply. Over every block
+        (or `chosen`); returns [len] fp32."""
+        self._ensure_bounds()
+        chosen = list(range(self.num_blocks)) if chosen is None else chosen
+        total = torch.zeros(len(chosen))
+        if not chosen:
+            return total
+        index = torch.tensor(chosen, dtype=torch.int64)
+        for f, layer in enumerate(self.bound_layers):
+            parts = []
+            for first in range(0, len(chosen), chunk):
+                part = chosen[first:first + chunk]
+                moved = self._moved_queries(queries, layer, part)  # [c, Hkv, G*t, D]
+                rows = index[first:first + chunk]
+                parts.append(key_bound(moved, self.kmin[rows, f], self.kmax[rows, f]))  # [c, Hkv, G*t]
+            bound = torch.cat(parts) * self.engine.spec.attn_scale
+            total += torch.softmax(bound, dim=0).sum(dim=(1, 2))
+        return self._over_ranks(total)
+
+    def _moved_queries(self, queries: dict[int, tuple[torch.Tensor, int]], layer: int, chosen: list[int]) -> torch.Tensor:
+        """The question's queries in `layer`, moved so that its first row sits right after each of
+        the blocks `chosen`: [C, Hkv, G*t, D] fp32 (G query heads per KV head, t rows)."""
+        engine = self.engine
+        q, start = queries[layer]
+        rope = engine.runner.rope[engine.spec.layers[layer].rope_key]
+        qs = q.float().permute(1, 0, 2)  # [Hq, t, D]
+        rows = qs.shape[1]
+        positions = torch.tensor([self.blocks[i].position for i in chosen], dtype=torch.int64)
+        delta = ((positions + 1) * BLOCK_TOKENS - start).repeat_interleave(rows)  # [C*t]
+        moved = rotate(qs.repeat(1, len(chosen), 1), delta, rope)  # [Hq, C*t, D]
+        num_kv_heads = self._full_groups()[0].block_shape[0]
+        moved = moved.reshape(num_kv_heads, -1, len(chosen), rows, qs.shape[2])  # [Hkv, G, C, t, D]
+        return moved.permute(2, 0, 1, 3, 4).reshape(len(chosen), num_kv_heads, -1, qs.shape[2])
+
+    def _over_ranks(self, total: torch.Tensor) -> torch.Tensor:
+        """Scores summed over this rank's heads, made the sum over every rank's (so they agree)."""
+        shard = self.engine.runner.shard
+        return shard.all_reduce(total) if shard is not None else total
+
+    def _ensure_bounds(self) -> None:
+        """Every block's key bounds: a saved window's read from its file (computed from its keys,
+        read once, where the file has none or they are damaged)."""
+        for n in sorted({self.blocks[i].window for i in (~self.has_bounds).nonzero().flatten().tolist()}):
+            first, end = self._first_block[n], self._first_block[n + 1]
+            saved = None
+            if self.mapped[first] is not None:
+                try:
+                    saved = self.mapped[first][0].bounds()
+                except BadSegment as exc:
+                    emit(self.on_event, EngineWarning(f"a saved window's key bounds were {exc}; computing them again"))
+            if saved is not None:
+                self.kmin[first:end] = saved[:, :, 0]
+                self.kmax[first:end] = saved[:, :, 1]
+            else:
+                f = 0
+                for group in self._full_groups():
+                    for pos in range(len(group.layers)):
+                        k, _ = self._kv(group, pos, list(range(first, end)), values=False)
+                        self._set_bounds(range(first, end), f, k.float().amin(dim=2), k.float().amax(dim=2))
+                        f += 1
+            self.has_bounds[first:end] = True
 
     def release(self) -> None:
         _release(self.engine.blocks, self.ids)

@@ -101,11 +101,16 @@ class QuestPolicy(Policy):
     def scores(self, layer, q, ids, positions, ctx):
         index = ids.to(torch.int64)
         kmin, kmax = self.kmin[layer][index], self.kmax[layer][index]  # [n, Hkv, D]
-        num_kv_heads = kmin.shape[1]
-        qg = q.float().view(num_kv_heads, self.group_size, -1)  # [Hkv, G, D]
-        # upper bound of q.k over the block: per dim, the larger of q*min and q*max
-        bound = torch.maximum(qg[None] * kmin[:, :, None, :], qg[None] * kmax[:, :, None, :]).sum(-1)  # [n, Hkv, G]
-        return bound.sum(dim=(1, 2))
+        qg = q.float().view(kmin.shape[1], self.group_size, -1)  # [Hkv, G, D]
+        return key_bound(qg[None], kmin, kmax).sum(dim=(1, 2))
+
+
+def key_bound(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torch.Tensor:
+    """Quest's upper bound of q.k over a block's keys, from their element-wise min and max: per
+    dimension the larger of q*min and q*max, summed. q [n or 1, Hkv, R, D] (R query rows per KV
+    head), kmin, kmax [n, Hkv, D] -> [n, Hkv, R] fp32."""
+    q = q.float()
+    return (q.clamp(min=0) @ kmax.float()[..., None] + q.clamp(max=0) @ kmin.float()[..., None])[..., 0]
 
 
 class DraftPolicy(Policy):

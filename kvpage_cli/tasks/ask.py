@@ -19,7 +19,7 @@ from ..ingest import Document
 from .chat import PromptBuilder
 from .length import refuse_if_too_long
 from .prompts import render
-from .retrieval import Retriever, Selection, block_char_spans, default_window
+from .retrieval import Retriever, Selection, block_char_spans, default_window, question_budget
 
 _KINDS = {"pdf": "a PDF document", "docx": "a Word document", "text": "a text file", "repo": "a code repository"}
 
@@ -152,11 +152,10 @@ class Asker:
         return self.retriever
 
     def budget(self) -> int:
-        """Blocks a question may read: the configured budget, within the model's context."""
+        """Blocks a question may read (retrieval.question_budget)."""
         longest = max(len(ids) for ids in self.question_ids) + len(self.retriever.tail)
-        head = len(self.retriever.library.head.tokens)
-        room = self.engine.max_context - head - longest - self.max_new_tokens
-        return max(1, min(room, self.retrieval_tokens) // BLOCK_TOKENS)
+        fixed = len(self.retriever.library.head.tokens) + longest + self.max_new_tokens
+        return question_budget(self.engine, fixed, self.retrieval_tokens)
 
     def _retrieval_requests(self, stop) -> list[Request]:
         retriever = self.index()

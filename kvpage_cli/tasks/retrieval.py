@@ -5,8 +5,12 @@ blocks that matter are chosen (`Retriever.select`), always with the head (the in
 the document's first tokens) kept, then assembled in document order right after the head, and
 the question is asked of that context. Signals, combined by rank:
 - lexical: BM25 (bm25s) over each block's text, identifiers split into words;
+- bounds: the same queries against each block's key bounds (Quest: the element-wise min and max
+  of its keys per layer and head, kept in memory and saved with the index): an upper bound of the
+  block's largest q.k, cheap enough to rank every block of a long document;
 - keys: the question's own attention: its last tokens' queries, in every layer, against the
   keys of candidate blocks, each block seen as if it sat just before the question.
+The first-stage signals (lexical, bounds) rank every passage; keys scores the best of them.
 Every answer says which blocks it read: their files, pages and lines.
 """
 
@@ -52,6 +56,8 @@ class Selection:
         return len(self.blocks) / self.total if self.total else 1.0
 
 
+SIGNALS = ("lexical", "bounds", "keys")
+DEFAULT_SIGNALS = ("lexical", "keys")
 UNIT_BLOCKS = 4  # blocks chosen together: 256 consecutive tokens read as one passage
 CANDIDATES = 3  # the keys signal scores this many times the budget's passages, the lexical signal's best
 
@@ -83,38 +89,50 @@ class Retriever:
         texts = [lexical_terms(doc.text[char_spans[u[0]][0]:char_spans[u[-1]][1]], self.stopwords) for u in self.units]
         self.bm25.index([t or ["\u0000"] for t in texts], show_progress=False)
 
-    def select(self, question: str, question_ids: list[int], budget: int, signals: tuple[str, ...] = ("lexical", "keys"),
+    def select(self, question: str, question_ids: list[int], budget: int, signals: tuple[str, ...] = DEFAULT_SIGNALS,
                candidates: int | None = None) -> Selection:
         """About `budget` blocks that matter most to the question (whole passages), in document order.
 
-        candidates: passages the keys signal scores (default CANDIDATES x the budget's; with the
-        keys signal alone, every passage)."""
+        signals: some of SIGNALS. The first-stage signals (lexical, bounds) rank every passage; the
+        keys signal scores the candidates they rank best, or every passage without them.
+        candidates: passages the keys signal scores (default CANDIDATES x the budget's)."""
+        unknown = set(signals) - set(SIGNALS)
+        if unknown or not signals:
+            raise ValueError(f"signals must be some of {', '.join(SIGNALS)}; got {', '.join(signals) or 'none'}")
         total = self.library.num_blocks
         if total <= budget:
             return Selection(list(range(total)), total)
         count = len(self.units)
         wanted = max(1, budget // self.unit_blocks)
         ranks = []
+        queries = None
         if "lexical" in signals:
             terms = lexical_terms(question, self.stopwords)
             scores = torch.as_tensor(self.bm25.get_scores(terms), dtype=torch.float32) if terms else torch.zeros(count)
             ranks.append(_rank(scores))
+        if "bounds" in signals:
+            queries = self._question_queries(question_ids)
+            ranks.append(_rank(self._per_unit(self.library.bound_scores(queries), range(count))))
         if "keys" in signals:
             pool = list(range(count))
             limit = candidates if candidates is not None else CANDIDATES * wanted
             if ranks and limit < count:
-                pool = sorted(torch.argsort(ranks[0])[:limit].tolist())
-            blocks = [b for u in pool for b in self.units[u]]
-            per_block = self.library.attention_scores(self._question_queries(question_ids), blocks)
-            scores = torch.full((count,), float("-inf"))
-            offset = 0
-            for u in pool:
-                scores[u] = per_block[offset:offset + len(self.units[u])].sum()
-                offset += len(self.units[u])
-            ranks.append(_rank(scores))
-        fused = sum(1.0 / (60.0 + r) for r in ranks)  # reciprocal rank fusion
-        chosen = torch.argsort(fused, descending=True, stable=True)[:wanted].tolist()
+                pool = sorted(torch.argsort(_fuse(ranks), descending=True, stable=True)[:limit].tolist())
+            queries = queries if queries is not None else self._question_queries(question_ids)
+            per_block = self.library.attention_scores(queries, [b for u in pool for b in self.units[u]])
+            ranks.append(_rank(self._per_unit(per_block, pool)))
+        chosen = torch.argsort(_fuse(ranks), descending=True, stable=True)[:wanted].tolist()
         return Selection(sorted(b for u in chosen for b in self.units[u]), total)
+
+    def _per_unit(self, per_block: torch.Tensor, units) -> torch.Tensor:
+        """Passage scores [passages] from the scores of the blocks of `units` (in that order; the
+        other passages score -inf)."""
+        scores = torch.full((len(self.units),), float("-inf"))
+        offset = 0
+        for u in units:
+            scores[u] = per_block[offset:offset + len(self.units[u])].sum()
+            offset += len(self.units[u])
+        return scores
 
     def _question_queries(self, question_ids: list[int]) -> dict[int, tuple[torch.Tensor, int]]:
         """The question's last tokens' queries per layer, asked right after the head."""
@@ -130,6 +148,11 @@ class Retriever:
             else:
                 merged.append([start, end])
         return [{"where": self.doc.where(s, e), "start": s, "end": e} for s, e in merged if e > s]
+
+
+def _fuse(ranks: list[torch.Tensor]) -> torch.Tensor:
+    """Reciprocal rank fusion: higher is better."""
+    return sum(1.0 / (60.0 + r) for r in ranks)
 
 
 def _rank(scores: torch.Tensor) -> torch.Tensor:
@@ -150,6 +173,18 @@ def block_char_spans(library: Library, token_chars: list[tuple[int, int] | None]
         chars = [c for c in token_chars[head_tokens + block.first:head_tokens + block.first + BLOCK_TOKENS] if c]
         spans.append((chars[0][0], chars[-1][1]) if chars else (0, 0))
     return spans
+
+
+def question_budget(engine: Engine, fixed_tokens: int, tokens: int | None = None) -> int:
+    """Blocks a question may read in retrieval mode: `tokens` (default the engine's
+    retrieval_tokens), within the model's context less `fixed_tokens` (the head, what follows the
+    blocks, the answer), and where attention reads blocks through the pool's slots (kv_path
+    "pool", as on a GPU) within the slots those leave, so that the chosen blocks stay resident
+    while the answer is decoded: --pool-mib sets how much a question reads there."""
+    tokens = min(engine.max_context - fixed_tokens, tokens or engine.config.retrieval_tokens)
+    if engine.kv_path == "pool":
+        tokens = min(tokens, engine.pool.num_slots * BLOCK_TOKENS - fixed_tokens)
+    return max(1, tokens // BLOCK_TOKENS)
 
 
 def default_window(max_context: int) -> tuple[int, int]:

@@ -42,7 +42,7 @@ from .events import ReviewProgress
 from .length import refuse_if_too_long
 from .playbook import LEVELS, CategoryPlay, Condition, Playbook, fill
 from .prompts import render
-from .retrieval import Retriever, block_char_spans, default_window
+from .retrieval import Retriever, block_char_spans, default_window, question_budget
 from .schema import Assessment, Finding, Term, Value
 from .taxonomy import ALL_CATEGORIES
 from .values import FEES_OVER_A_PERIOD, amount, candidates, in_unit
@@ -354,10 +354,9 @@ class Reviewer:
         return self._index().tail + self.intro_ids if self.mode == "retrieval" else []
 
     def _budget(self, retriever: Retriever) -> int:
-        """Blocks a clause's questions may read: the configured budget, within the model's context."""
-        head = len(retriever.library.head.tokens)
-        room = self.engine.max_context - head - len(self._lead()) - self._longest_question() - BLOCK_TOKENS
-        return max(1, min(room, self.engine.config.retrieval_tokens) // BLOCK_TOKENS)
+        """Blocks a clause's questions may read (retrieval.question_budget)."""
+        fixed = len(retriever.library.head.tokens) + len(self._lead()) + self._longest_question() + BLOCK_TOKENS
+        return question_budget(self.engine, fixed)
 
     def _null_context(self) -> Context:
         """The content-free clause, after the document's head (retrieval) or the whole document (once)."""
