@@ -423,6 +423,12 @@ def test_a_document_longer_than_the_context_is_answered_from_its_blocks(cli, tmp
     assert data["mode"] == "retrieval" and 0 < data["attended_blocks"] < data["total_blocks"]
     assert data["sources"] and all(s["where"].startswith("line") for s in data["sources"])
     assert re.search(r"retrieval mode: attended \d+ of [\d,]+ blocks, \d+% of the document", result.stderr.splitlines()[-1])
+    assert "selective" not in result.stderr.splitlines()[-1]
+    selective = cli("ask", path, "When are goods delivered?", "--mode", "selective", "--json")
+    assert selective.exit_code == 0, selective.stderr
+    assert json.loads(selective.stdout)["mode"] == "retrieval"
+    assert re.search(r"retrieval mode: attended \d+ of [\d,]+ blocks, \d+% of the document; decode steps attended "
+                     r"the policy's blocks of those \(selective: approximate\)", selective.stderr.splitlines()[-1])
 
 
 @pytest.mark.parametrize("damage, says", [

@@ -246,3 +246,20 @@ def test_the_budget_follows_the_pool_where_blocks_are_read_through_it(tiny_cli_m
         assert len(selection.blocks) <= budgets[pool_mib]
         asker.retriever.library.release()
     assert budgets[0.3] < budgets[0.5] < budgets[64.0]
+
+
+def test_selective_mode_over_a_document_past_the_context_decodes_the_retrieved_blocks_selectively(tiny_cli_model, kv_home):
+    """Retrieval composes with selective decode: the blocks chosen for the question are assembled,
+    then each decode step attends the policy's share of them (no more than the pool's slots)."""
+    engine = Engine.load(str(tiny_cli_model), EngineConfig(home=str(kv_home), max_context=1024, backend="native",
+                                                           mode="selective", pool_mib=0.3))
+    doc = load(str(SAMPLES / "contract.txt"))
+    asker = Asker(engine, doc, "Which law governs the agreement?", max_new_tokens=6)
+    assert asker.mode == "retrieval"
+    before = engine.stats()
+    answer = "".join(piece for _, piece in asker.answers())
+    stats = engine.stats()
+    assert asker.complete == [True] and answer.strip()
+    attended = stats.blocks_attended - before.blocks_attended
+    candidates = stats.blocks_candidate - before.blocks_candidate
+    assert 0 < attended < candidates  # decode steps skipped some of the assembled blocks

@@ -175,7 +175,8 @@ class _Printer:
             self.sink.write(render.ask_json(results[0]) if len(results) == 1 else render.asks_json(results))
         elif self.fmt == "markdown":
             first = results[0]
-            self.sink.write(render.ask_markdown_tail(model, first.mode, source, first.attended_blocks, first.total_blocks))
+            self.sink.write(render.ask_markdown_tail(model, first.mode, source, first.attended_blocks, first.total_blocks,
+                                                     render.selective_decode(first)))
 
 
 def _mode_line(results: list[AskResult]) -> str:
@@ -185,4 +186,4 @@ def _mode_line(results: list[AskResult]) -> str:
         return render.mode_note(first.mode)
     attended = sum(r.attended_blocks or 0 for r in results) // len(results)
     each = " each (on average)" if len(results) > 1 else ""
-    return render.mode_note("retrieval", attended, first.total_blocks) + each
+    return render.mode_note("retrieval", attended, first.total_blocks, render.selective_decode(first), each)

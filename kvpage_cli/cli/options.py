@@ -68,8 +68,11 @@ SHARED: tuple[Shared, ...] = (
     Shared("model", str, DEFAULT_MODEL, _opt("--model", "-m", envvar="KVPAGE_MODEL", group=MODEL, show_envvar=True,
            help="Alias (smollm2, gemma3-270m), a Hugging Face model folder or a .gguf file."), MODEL),
     Shared("mode", Literal[MODES], default("mode"), _opt("--mode", group=MODEL,
-           help="exact: every block takes part in every attention step (lossless); selective: only "
-                "the blocks the policy keeps in the pool (approximate)."), MODEL, "mode"),
+           help="auto: exact when the document fits the model's context, else retrieval. exact: every block "
+                "takes part in every attention step (lossless). retrieval: the document is indexed once and each "
+                "question reads the blocks chosen for it. selective: decode steps attend only the blocks the "
+                "policy keeps in the pool (approximate); over a document longer than the context, those of the "
+                "blocks retrieval chose."), MODEL, "mode"),
     Shared("pool_mib", float, default("pool_mib"), _opt("--pool-mib", group=MODEL, metavar="MIB",
            help="Size of the slot pool on the compute device, in MiB; it does not grow with the document. "
                 "Where attention reads blocks through the pool (GPU), it also bounds how much of a long "

@@ -21,11 +21,23 @@ MODE_NOTES = {
 TABLE_QUOTE_CHARS = 160
 
 
-def mode_note(mode: str, attended: int | None = None, total: int | None = None) -> str:
-    """How an output was made: "exact mode (...)", or for retrieval how much of the document was read."""
+def mode_note(mode: str, attended: int | None = None, total: int | None = None, selective: bool = False,
+              each: str = "") -> str:
+    """How an output was made: "exact mode (...)", or for retrieval how much of the document was read
+    (`each`: said after the share, e.g. " each (on average)"; `selective`: the engine ran in selective
+    mode, so decode steps attended the policy's blocks of those)."""
     if mode == "retrieval" and total:
-        return f"retrieval mode: attended {attended:,} of {total:,} blocks, {100 * attended / total:.0f}% of the document"
+        return (f"retrieval mode: attended {attended:,} of {total:,} blocks, {100 * attended / total:.0f}% of the "
+                f"document{each}" + (SELECTIVE_DECODE if selective else ""))
     return MODE_NOTES.get(mode, f"{mode} mode")
+
+
+def selective_decode(result: AskResult | ReviewResult) -> bool:
+    """Whether the engine that made `result` ran in selective mode (its stats say)."""
+    return result.stats.get("mode") == "selective"
+
+
+SELECTIVE_DECODE = "; decode steps attended the policy's blocks of those (selective: approximate)"
 
 
 def by_risk(findings: Iterable[Finding]) -> list[tuple[str, list[Finding]]]:
@@ -52,7 +64,8 @@ def _summary(result: ReviewResult) -> str:
     mode = mode_note(result.mode, result.attended_blocks, result.total_blocks)
     if result.mode == "retrieval" and result.total_blocks:
         mode = (f"retrieval mode: each clause read at most {result.attended_blocks:,} of {result.total_blocks:,} "
-                f"blocks, {100 * result.attended_blocks / result.total_blocks:.0f}% of the document")
+                f"blocks, {100 * result.attended_blocks / result.total_blocks:.0f}% of the document"
+                + (SELECTIVE_DECODE if selective_decode(result) else ""))
     return (f"{result.document}: {clauses}, {len(result.findings)} findings, {result.document_tokens:,} tokens, "
             f"model {result.model}, {mode}")
 
@@ -119,7 +132,7 @@ def review_table(result: ReviewResult) -> RenderableType:
 def review_markdown(result: ReviewResult) -> str:
     lines = [f"# Contract review: {result.document}", "",
              f"- Model: {result.model}",
-             f"- Engine: {mode_note(result.mode, result.attended_blocks, result.total_blocks)}",
+             f"- Engine: {mode_note(result.mode, result.attended_blocks, result.total_blocks, selective_decode(result))}",
              f"- Document: {result.document_kind}, {result.document_tokens:,} tokens, {result.clauses_total} clauses",
              f"- {_counts(result).capitalize()}"]
     if not result.complete:
@@ -215,5 +228,6 @@ def ask_markdown_head(question: str, first: bool = True) -> str:
     return ("" if first else "\n") + f"## {question}\n\n"
 
 
-def ask_markdown_tail(model: str, mode: str, source: str, attended: int | None = None, total: int | None = None) -> str:
-    return f"\n\n_{source}, model {model}, {mode_note(mode, attended, total)}_\n"
+def ask_markdown_tail(model: str, mode: str, source: str, attended: int | None = None, total: int | None = None,
+                      selective: bool = False) -> str:
+    return f"\n\n_{source}, model {model}, {mode_note(mode, attended, total, selective)}_\n"

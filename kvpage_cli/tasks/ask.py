@@ -42,7 +42,7 @@ class Asker:
         self.label = label
         self.max_batch = max_batch
         self.retrieval_tokens = retrieval_tokens or engine.config.retrieval_tokens  # retrieval: tokens a question reads
-        if engine.config.mode in ("exact", "selective"):  # before tokenizing; retrieval reads any length
+        if engine.config.mode == "exact":  # before tokenizing; retrieval (and selective's) reads any length
             refuse_if_too_long(doc.text, engine.tokenizer, engine.max_context)
         self.prompts = PromptBuilder(engine.tokenizer)
         text = doc.text.strip()
@@ -62,6 +62,8 @@ class Asker:
         self.mode = engine.config.mode
         if self.mode == "auto":  # the whole document when it fits, else the blocks each question needs
             self.mode = "retrieval" if needed > engine.max_context else "exact"
+        elif self.mode == "selective" and needed > engine.max_context:
+            self.mode = "retrieval"  # the blocks each question needs; the engine's decode steps still select
         if self.mode != "retrieval" and needed > engine.max_context:
             raise ContextTooLongError(
                 needed, engine.max_context,

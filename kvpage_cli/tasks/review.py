@@ -93,7 +93,7 @@ class Reviewer:
         self.engine = engine
         self.doc = doc
         self.mode = engine.config.mode
-        if self.mode in ("exact", "selective"):  # before splitting and tokenizing; retrieval reads any length
+        if self.mode == "exact":  # before splitting and tokenizing; retrieval (and selective's) reads any length
             refuse_if_too_long(doc.text, engine.tokenizer, engine.max_context)
         self.clauses = clauses if clauses is not None else split_clauses(doc)
         self.playbook = playbook or Playbook.default()
@@ -153,6 +153,8 @@ class Reviewer:
         fits = needed <= self.engine.max_context
         if self.mode == "auto":
             self.mode = "exact" if fits else "retrieval"
+        elif self.mode == "selective" and not fits:
+            self.mode = "retrieval"  # each clause's blocks; the engine's decode steps still select
         if self.mode != "retrieval" and not fits:
             raise ContextTooLongError(
                 needed, self.engine.max_context,
