@@ -13,11 +13,16 @@ Systems (`--systems`):
              forks it (the in-process form of asking again over saved KV).
 
 Parts (the first argument):
-  check      fetch the sources (pinned sdists from PyPI, checked by sha256; CUAD contracts) into
+  check      fetch the sources (pinned sdists from PyPI and a Debian package holding a 311-page PDF
+             manual, checked by sha256; CUAD contracts) into
              the cache folder and verify every question's evidence against kvpage's ingest
   questions  the question set of bench/retrieval_questions.json, scored by its regexes
   recall     no answers: how often the BM25 packing of each question holds its evidence lines
              (the text baseline's retrieval alone, at the budget; quick, no decoding)
+  windows    the window size and overlap retrieval indexes with: each document's first --prefix
+             tokens indexed (every block attended in place), the next --continuation scored;
+             their extra negative log-likelihood against an exact prefill, and indexing speed
+             (three corpus contracts not in the question set, two Python standard library modules)
   select     no answers: retrieval mode's selection alone, for each set of `--signals` (lexical,
              bounds, keys and their combinations): how often the selected blocks hold the
              question's evidence, the selection's time and the K/V it read
@@ -98,7 +103,8 @@ def fetch_source(source_id: str, spec: dict, cache: Path, cuad_jsonl: Path = CUA
 
     pypi: `pip download --no-deps --no-binary :all: NAME==VERSION` into cache/sdist, sha256
     checked, unpacked into cache/src; the path is `root` inside it. corpus: a file of this
-    repository. cuad: a contract's text from CUAD's contracts.jsonl, written to cache/cuad."""
+    repository. cuad: a contract's text from CUAD's contracts.jsonl, written to cache/cuad. deb:
+    a file of a Debian package (a long PDF manual), see _fetch_deb."""
     kind = spec["kind"]
     if kind == "corpus":
         return REPO / spec["path"]
@@ -119,6 +125,8 @@ def fetch_source(source_id: str, spec: dict, cache: Path, cuad_jsonl: Path = CUA
         if _sha256(target) != spec["sha256"]:
             raise SystemExit(f"{source_id}: {target} does not have the recorded sha256")
         return target
+    if kind == "deb":
+        return _fetch_deb(source_id, spec, cache)
     if kind != "pypi":
         raise SystemExit(f"{source_id}: unknown source kind {kind!r}")
     name, version = spec["package"], spec["version"]
@@ -139,6 +147,54 @@ def fetch_source(source_id: str, spec: dict, cache: Path, cuad_jsonl: Path = CUA
     return unpacked / spec["root"]
 
 
+def _fetch_deb(source_id: str, spec: dict, cache: Path) -> Path:
+    """deb: a Debian package from `url` (sha256 checked) into cache/deb, and its file `member`
+    (a path in the package's data archive) written to cache/deb/<file>."""
+    import io
+    import urllib.request
+
+    folder = cache / "deb"
+    package = folder / spec["url"].rsplit("/", 1)[1]
+    target = folder / spec["file"]
+    if not package.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        with urllib.request.urlopen(spec["url"], timeout=120) as response:
+            package.write_bytes(response.read())
+    if _sha256(package) != spec["sha256"]:
+        raise SystemExit(f"{source_id}: {package} does not have the recorded sha256 {spec['sha256']}")
+    if not target.exists():
+        data = package.read_bytes()
+        if not data.startswith(b"!<arch>\n"):
+            raise SystemExit(f"{source_id}: {package} is not a Debian package")
+        at = 8
+        while at + 60 <= len(data):  # ar members: a 60-byte header (name, ..., size), the data, padded to even
+            name, size = data[at:at + 16].decode().strip().rstrip("/"), int(data[at + 48:at + 58])
+            body = data[at + 60:at + 60 + size]
+            at += 60 + size + size % 2
+            if name.startswith("data.tar"):
+                with tarfile.open(fileobj=io.BytesIO(body)) as archive:
+                    member = archive.extractfile(spec["member"])
+                    if member is None:
+                        raise SystemExit(f"{source_id}: {spec['member']} is not in {package}")
+                    target.write_bytes(member.read())
+                break
+        else:
+            raise SystemExit(f"{source_id}: {package} has no data archive")
+    return target
+
+
+def _evidence_spans(doc, ev: dict) -> list:
+    """The spans of `doc` an evidence item points at: its file's line, or (PDF) its page."""
+    same_file = [s for s in doc.spans if s.file == ev["file"] or Path(s.file).name == ev["file"]]
+    if "page" in ev:
+        return [s for s in same_file if s.page == ev["page"]]
+    return [s for s in same_file if s.line == ev["line"]]
+
+
+def _evidence_place(ev: dict) -> str:
+    return f"{ev['file']}:{ev['line']}" if "line" in ev else f"{ev['file']} page {ev['page']}"
+
+
 def check_evidence(question_set: dict, cache: Path, cuad_jsonl: Path) -> list[str]:
     """Problems found: an evidence quote not on its file:line in the ingested document, or a
     reference answer its own regexes do not match."""
@@ -154,10 +210,8 @@ def check_evidence(question_set: dict, cache: Path, cuad_jsonl: Path) -> list[st
         if not is_right(q["answer"], q["regexes"]):
             problems.append(f"{q['id']}: the reference answer does not match its regexes")
         for ev in q["evidence"]:
-            lines = [s for s in doc.spans if s.line == ev["line"]
-                     and (s.file == ev["file"] or Path(s.file).name == ev["file"])]
-            if not any(ev["quote"] in doc.text[s.start:s.end] for s in lines):
-                problems.append(f"{q['id']}: {ev['file']}:{ev['line']} does not hold {ev['quote']!r}")
+            if not any(ev["quote"] in doc.text[s.start:s.end] for s in _evidence_spans(doc, ev)):
+                problems.append(f"{q['id']}: {_evidence_place(ev)} does not hold {ev['quote']!r}")
     return problems
 
 
@@ -539,18 +593,64 @@ def signal_recall(engine, doc, questions: list[dict], settings: RunSettings, sig
     return rows
 
 
+WINDOW_DOCUMENTS = ("corpus/cuad/06-cooperation/contract.txt", "corpus/cuad/08-manufacturing/contract.txt",
+                    "corpus/cuad/09-development/contract.txt", "argparse.py", "email/_header_value_parser.py")
+
+
+def window_loss(engine, paths: list[Path], windows: list[int], overlaps: list[float], prefix: int, continuation: int,
+                log: Callable[[dict], None]) -> list[dict]:
+    """How much indexing window by window loses against one exact prefill, per window size and
+    overlap: the first `prefix` tokens of each document are indexed as retrieval mode indexes them
+    (after the `kvpage ask` prompt's head) and every block attended in place, then the next
+    `continuation` tokens of the document are scored (teacher-forced); their mean negative
+    log-likelihood is compared with the same tokens after an exact prefill of the same prefix.
+    Also the indexing throughput."""
+    from kvpage_cli.engine.library import Library
+    from kvpage_cli.ingest import load
+    from kvpage_cli.tasks import Asker
+
+    rows = []
+    for path in paths:
+        doc = load(str(path))
+        asker = Asker(engine, doc, "?", max_new_tokens=1)
+        first = next(i for i, c in enumerate(asker._chars) if c is not None)
+        head, body = asker.prefix_ids[:first], asker.prefix_ids[first:]
+        if len(body) < prefix + continuation:
+            raise SystemExit(f"{path}: {len(body)} tokens, fewer than --prefix + --continuation")
+        target = body[prefix:prefix + continuation]
+        ctx = engine.prefill(head + body[:prefix], use_cache=False)
+        exact = -mean(engine.score(ctx, target))
+        engine.release(ctx)
+        for window in windows:
+            for share in overlaps:
+                overlap = int(window * share) // 64 * 64
+                began = time.perf_counter()
+                library = Library.build(engine, head, body[:prefix], window, overlap, use_cache=False)
+                index_s = time.perf_counter() - began
+                ctx = engine.append(library.assemble(list(range(library.num_blocks))), library.rest)
+                nll = -mean(engine.score(ctx, target))
+                engine.release(ctx)
+                library.release()
+                row = {"document": path.parent.name if path.name == "contract.txt" else path.name,
+                       "path": str(path), "window": window, "overlap": overlap, "nll": nll, "exact_nll": exact,
+                       "extra_nll": nll - exact, "index_s": index_s, "index_tok_s": prefix / index_s}
+                rows.append(row)
+                log({"system": f"window {window} overlap {overlap}", "id": row["document"], **row})
+    return rows
+
+
 def evidence_ranges(doc, evidence: list[dict]) -> list[tuple[int, int]]:
-    """Character ranges of doc.text holding each evidence quote (file:line as in the question set)."""
+    """Character ranges of doc.text holding each evidence quote (file:line, or file and page, as in
+    the question set)."""
     found = []
     for ev in evidence:
-        for span in doc.spans:
-            if span.line == ev["line"] and (span.file == ev["file"] or Path(span.file).name == ev["file"]):
-                at = doc.text.find(ev["quote"], span.start, span.end)
-                if at >= 0:
-                    found.append((at, at + len(ev["quote"])))
-                    break
+        for span in _evidence_spans(doc, ev):
+            at = doc.text.find(ev["quote"], span.start, span.end)
+            if at >= 0:
+                found.append((at, at + len(ev["quote"])))
+                break
         else:
-            raise SystemExit(f"{ev['file']}:{ev['line']}: evidence not found (run the check part)")
+            raise SystemExit(f"{_evidence_place(ev)}: evidence not found (run the check part)")
     return found
 
 
@@ -683,7 +783,7 @@ def run_passkey(engines: Engines, systems: list[str], lengths: list[int], depths
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=("check", "questions", "recall", "select", "passkey"))
+    parser.add_argument("part", choices=("check", "questions", "recall", "select", "windows", "passkey"))
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--systems", default="retrieval,bm25,exact")
     parser.add_argument("--budget", type=int, default=4096, help="tokens of document text attended per question, every system")
@@ -693,6 +793,10 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="questions: at most this many per source")
     parser.add_argument("--signals", default="lexical;bounds;keys;lexical+keys;bounds+keys;lexical+bounds+keys",
                         help="select: the sets of retrieval signals compared (';' between sets, '+' within one)")
+    parser.add_argument("--windows", default="512,1024,2048,4096", help="windows: window sizes in tokens")
+    parser.add_argument("--overlaps", default="0,0.25,0.5", help="windows: overlaps, as shares of the window")
+    parser.add_argument("--prefix", type=int, default=6144, help="windows: tokens indexed per document")
+    parser.add_argument("--continuation", type=int, default=512, help="windows: tokens scored after them")
     parser.add_argument("--lengths", default=",".join(map(str, PASSKEY_LENGTHS)))
     parser.add_argument("--depths", default=",".join(map(str, PASSKEY_DEPTHS)))
     parser.add_argument("--seed", type=int, default=0)
@@ -736,11 +840,30 @@ def main() -> None:
 
     def log(row: dict) -> None:
         shown = {k: row[k] for k in ("system", "id", "right", "evidence_attended", "first_token_s", "index_s",
-                                     "select_s", "kv_read_bytes", "attended_tokens", "skipped") if k in row}
+                                     "select_s", "kv_read_bytes", "extra_nll", "attended_tokens", "skipped") if k in row}
         if "text" in row:
             shown["text"] = (row.get("text") or "")[:120]
         print(f"[{time.time() - started:6.0f}s] {json.dumps(shown)}", file=sys.stderr, flush=True)
 
+    if args.part == "windows":
+        stdlib = Path(argparse.__file__).parent
+        paths = [REPO / p if p.startswith("corpus/") else stdlib / p for p in WINDOW_DOCUMENTS]
+        rows = window_loss(engines.for_system("retrieval"), paths, [int(w) for w in args.windows.split(",")],
+                           [float(o) for o in args.overlaps.split(",")], args.prefix, args.continuation, log)
+        summary = [{"window": w, "overlap": o, "documents": len(mine),
+                    "extra_nll": f"{mean(r['extra_nll'] for r in mine):+.4f}",
+                    "worst_extra_nll": f"{max(r['extra_nll'] for r in mine):+.4f}",
+                    "index_tok_s": sum(args.prefix for _ in mine) / sum(r["index_s"] for r in mine)}
+                   for w, o in dict.fromkeys((r["window"], r["overlap"]) for r in rows)
+                   for mine in [[r for r in rows if (r["window"], r["overlap"]) == (w, o)]]]
+        print(table(summary, [("window", "window"), ("overlap", "overlap"), ("documents", "documents"),
+                              ("extra_nll", "extra NLL / token vs exact (mean)"), ("worst_extra_nll", "(worst)"),
+                              ("index_tok_s", "indexing tok/s")]))
+        print(f"model {args.model}; {args.prefix} tokens indexed, the next {args.continuation} scored; exact NLL "
+              f"{mean({r['document']: r['exact_nll'] for r in rows}.values()):.3f} (mean over documents); wall {time.time() - started:.0f} s")
+        if args.json_path:
+            Path(args.json_path).write_text(json.dumps({"args": vars(args), "summary": summary, "rows": rows}, indent=1))
+        return
     if args.part in ("questions", "recall", "select"):
         wanted = set(args.sources.split(",")) if args.sources else None
         by_source: dict[str, list[dict]] = {}

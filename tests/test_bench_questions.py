@@ -42,14 +42,15 @@ def test_question_is_well_formed(question):
     assert question["evidence"]
     for ev in question["evidence"]:
         assert isinstance(ev["file"], str) and ev["file"]
-        assert isinstance(ev["line"], int) and ev["line"] >= 1
+        place = ev["line"] if "line" in ev else ev["page"]  # a PDF's evidence names its page
+        assert isinstance(place, int) and place >= 1
         assert isinstance(ev["quote"], str) and ev["quote"].strip()
 
 
 @pytest.mark.parametrize("source_id", sorted(SOURCES))
 def test_sources_are_pinned(source_id):
     spec = SOURCES[source_id]
-    assert spec["kind"] in ("pypi", "corpus", "cuad")
+    assert spec["kind"] in ("pypi", "corpus", "cuad", "deb")
     if spec["kind"] == "pypi":
         assert spec["package"].lower() not in HELD_OUT
         assert re.fullmatch(r"\d+(\.\d+)+", spec["version"])
@@ -57,6 +58,9 @@ def test_sources_are_pinned(source_id):
         assert spec["root"].startswith(f"{spec['package'].lower()}-{spec['version']}")
     elif spec["kind"] == "cuad":
         assert re.fullmatch(r"[0-9a-f]{64}", spec["sha256"]) and spec["cuad_filename"]
+    elif spec["kind"] == "deb":  # a file of a Debian package, the package pinned by its hash
+        assert re.fullmatch(r"[0-9a-f]{64}", spec["sha256"]) and spec["url"].startswith("http://deb.debian.org/")
+        assert spec["member"].startswith("./") and spec["file"]
     else:
         assert (REPO / spec["path"]).is_file()
 
