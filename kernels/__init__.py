@@ -7,6 +7,7 @@ CPU tensors, set TRITON_INTERPRET=1 before triton (and this package) is imported
 
 from ._triton import HAS_TRITON, TritonUnavailableError
 from .constants import BLOCK_TOKENS
+from .dequant_matmul import dequant_matmul, dequant_matmul_ref, dequantize_ref
 from .merge_states import (
     merge_attention_states,
     merge_attention_states_ref,
@@ -29,6 +30,9 @@ __all__ = [
     "HAS_TRITON",
     "TritonUnavailableError",
     "default_num_splits",
+    "dequant_matmul",
+    "dequant_matmul_ref",
+    "dequantize_ref",
     "merge_attention_states",
     "merge_attention_states_ref",
     "merge_ragged_states",

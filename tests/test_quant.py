@@ -9,7 +9,7 @@ import torch
 
 from kvpage_cli.engine import BLOCK_TOKENS, Engine, EngineConfig, native
 from kvpage_cli.engine.quant import (BF16, BLOCKS, F16, F32, I8_ROW, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
-                                     QuantMatrix, UnsupportedFormat, quantize)
+                                     DeviceMatrix, QuantMatrix, UnsupportedFormat, quantize)
 from kvpage_cli.errors import ModelError, UsageError
 
 from .conftest import random_prompt, tiny_model
@@ -170,6 +170,56 @@ def test_a_permuted_matrix_gives_its_outputs_in_feature_order(lib):
     x = torch.randn(3, 64)
     assert torch.equal(permuted.matmul(lib, x, True), plain.matmul(lib, x, True)[:, perm])
     assert torch.equal(permuted.dequantize(lib), plain.dequantize(lib)[perm])
+
+
+# -- the Triton kernels' weights (the interpreter on this CPU) ----------------------------------
+
+@pytest.mark.parametrize("qtype", FORMATS + [I8_ROW], ids=str)
+def test_the_triton_kernels_read_every_format_as_the_native_kernels_do(qtype, lib):
+    """Decoded once into int8 values with group scales and offsets, the weights are the native
+    kernels' values bit for bit, and the dequantize-in-register product is theirs within fp32
+    rounding; permuted rows come out in feature order."""
+    kk = pytest.importorskip("kvpage_kernels")
+    if not kk.HAS_TRITON:
+        pytest.skip("triton is not installed")
+    rows, cols = 40, 512
+    matrix, weights = _matrix(qtype, rows, cols, lib)
+    device = DeviceMatrix(matrix, lib, torch.device("cpu"), kk)
+    assert torch.equal(device.dequantize(), weights)
+    if qtype not in (F16, BF16, F32):
+        assert device.q.dtype == torch.int8 and device.nbytes < rows * cols * 4 / 2.5  # not an fp32 copy
+    x = torch.randn(3, cols, generator=torch.Generator().manual_seed(2))
+    expected = x @ weights.t()
+    got = device.matmul(None, x, few_rows=True)
+    assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
+    rows_wanted = torch.tensor([5, 0, 39])
+    assert torch.equal(device.take(None, rows_wanted), weights[rows_wanted])
+    perm = torch.randperm(rows, generator=torch.Generator().manual_seed(3))
+    permuted = DeviceMatrix(QuantMatrix(matrix.qtype, matrix.data, rows, cols, perm), lib, torch.device("cpu"), kk)
+    assert torch.equal(permuted.dequantize(), weights[perm])
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_an_engine_on_the_triton_kernels_runs_quantized_weights_as_the_native_one(fmt, kv_home):
+    """backend triton (the interpreter here, a GPU's compiled kernels there) keeps the weights
+    quantized too: the same greedy tokens as the native kernels and logits within fp32 rounding."""
+    pytest.importorskip("triton")
+    model = tiny_model("llama", num_hidden_layers=2, head_dim=64, num_attention_heads=4, num_key_value_heads=1)
+    prompt = random_prompt(70, seed=9)
+    results = {}
+    for backend in ("native", "triton"):
+        engine = Engine.load(model, EngineConfig(home=str(kv_home), backend=backend, weights=fmt, kv_path="pool",
+                                                 pool_mib=0.0625, prefill_chunk=64))
+        assert engine.runner.weights == fmt
+        ctx = engine.prefill(prompt)
+        tokens = list(engine.generate(ctx, [], max_new_tokens=4, stop=()))
+        results[backend] = (tokens, engine.logits(ctx).clone(), engine.runner.weight_formats())
+    assert results["triton"][0] == results["native"][0]
+    assert (results["triton"][1] - results["native"][1]).abs().max() <= 1e-4 * results["native"][1].abs().max()
+    assert isinstance(engine.runner.layers[0].qkv_t.parts[0], DeviceMatrix)
+    with pytest.raises(UsageError, match="int8 activations run on the native CPU kernels"):
+        Engine.load(model, EngineConfig(home=str(kv_home), backend="triton", weights=fmt, activations="int8",
+                                        kv_path="pool"))
 
 
 @pytest.mark.parametrize("fmt, step", [("bfloat16", 2.0 ** -7), ("int8", 1 / 127), ("int4", 1 / 15)])

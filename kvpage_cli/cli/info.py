@@ -115,11 +115,15 @@ def _weights(d: dict) -> str:
     kept = {"gguf": "the GGUF file's own blocks, mapped from the file", "float32": f"{d['dtype']}",
             "bfloat16": "bfloat16, made at load", "int8": "int8 with a scale per output channel, made at load",
             "int4": "int4 in groups of 32 (Q4_1), made at load"}[d["weights"]]
+    if d["backend"] == "triton" and d["weights"] != "float32":
+        kept = f"{d['weights']} decoded at load to int8 values with a scale and offset per group, for the Triton kernels"
     how = (f"--weights auto chose {d['weights']}" if d["weights_option"] == "auto" else f"--weights {d['weights']}")
     text = f"{d['weights_mib']:,.1f} MiB as {kept} ({parts}); {how}"
     if d["weights"] != "float32":
         text += f"; float32 would take {d['weights_float32_mib_computed']:,.1f} MiB (computed)"
-    if d["weights"] in ("gguf", "int8", "int4"):  # quantized: integer dot products can apply
+    if d["weights"] in ("gguf", "int8", "int4") and d["backend"] == "triton":
+        text += "; the Triton kernels dequantize them in registers and multiply float32 activations"
+    elif d["weights"] in ("gguf", "int8", "int4"):  # quantized: integer dot products can apply
         text += ("; decoding multiplies them with int8 activations (--activations int8)" if d["activations"] == "int8"
                  else "; decoding multiplies them with float32 activations (--activations int8: faster, rounded)")
     return text

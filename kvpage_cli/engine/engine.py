@@ -138,6 +138,12 @@ class Engine:
             torch.set_num_threads(config.threads)
         device = _resolve_device(config.device)
         backend_name, native_lib, triton_ops = _resolve_backend(config.backend, device, home, on_event)
+        if backend_name == "triton" and config.weights not in ("auto", "float32") and native_lib is None:
+            try:  # quantized weights for the Triton kernels are decoded once at load, by the native decoder
+                native_lib = native.load(home)
+            except native.NativeUnavailable as exc:
+                raise UsageError(f"{config.weights} weights on the Triton kernels are decoded at load by the native "
+                                 f"kernels, which are unavailable: {exc}") from exc
         weights_format = _resolve_weights(config.weights, source, home, native_lib, device, on_event)
         try:
             weights = load_weights(source, home, on_event, tokenizer, blocks=weights_format == "gguf")
@@ -155,7 +161,7 @@ class Engine:
         # bench/gpu_check.sh tries NCCL so); a caller's own larger group with tp 1 is left alone
         shard = Shard.current(config.tp) if config.tp > 1 or _process_group_size() == 1 else None
         runner = ModelRunner(spec, weights.tensors, rope, dtype, device, native_lib, weights_format, shard,
-                             config.activations)
+                             config.activations, kernels=triton_ops if backend_name == "triton" else None)
         del weights.tensors
         spec = runner.spec  # a rank's own heads: its store, pool and kernels hold and read only those
         if backend_name == "native":
@@ -706,17 +712,18 @@ def _resolve_backend(name: str, device: torch.device, home: Path, on_event: Even
 def _resolve_weights(name: str, source, home: Path, native_lib, device: torch.device,
                      on_event: EventCallback | None) -> str:
     """The weights' format: "auto" keeps a GGUF file's own blocks where the native kernels run
-    (faster and smaller than fp32: see bench/engine.py --weights), float32 otherwise."""
+    (faster and smaller than fp32: see bench/engine.py --weights), float32 otherwise (on a GPU the
+    Triton kernels read quantized weights too, when asked for: not yet measured against fp32)."""
     if name == "auto":
-        if native_lib is None:
+        if native_lib is None or device.type != "cpu":
             return "float32"
         try:
             return "gguf" if gguf_file(source, home, on_event) is not None else "float32"
         except ModelError:
             return "float32"  # loading the source raises the error that says what is wrong with it
     if name != "float32" and native_lib is None:
-        raise UsageError(f"{name} weights run on the native CPU kernels, and this engine runs without them "
-                         f"(device {device.type}); use float32 weights here")
+        raise UsageError(f"{name} weights run on the native CPU kernels or the Triton kernels, and this engine "
+                         f"runs on neither (device {device.type}); use float32 weights here")
     return name
 
 

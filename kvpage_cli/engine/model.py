@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ..errors import ModelError, UsageError
 from . import native
 from .parallel import Shard
-from .quant import QuantLinear, QuantMatrix, quantize
+from .quant import DeviceMatrix, QuantLinear, QuantMatrix, quantize
 from .rope import RopeParams, apply_rope, rope_cos_sin
 from .spec import ModelSpec
 
@@ -93,16 +93,20 @@ class LayerWeights:
     down_bias: torch.Tensor | None
 
 
+COMPACT = (QuantMatrix, DeviceMatrix)  # weight matrices not kept as float W^T tensors
+
+
 class ModelRunner:
     """weights: the matrices' format: "float32" (W^T tensors of `dtype`, fused), or "bfloat16",
     "int8", "int4" (made at load) or "gguf" (the tensors are already QuantMatrix): QuantLinear,
-    run by the native CPU kernels. shard: this process's part of a tensor-parallel model
+    run by the native CPU kernels, or with `kernels` (kvpage_kernels: the Triton backend's) decoded
+    once at load into DeviceMatrix parts multiplied by the Triton dequantize-in-register kernel. shard: this process's part of a tensor-parallel model
     (parallel.py); `spec` is then the rank's own (its heads, its part of the MLP) and
     `full_spec` the model's."""
 
     def __init__(self, spec: ModelSpec, tensors: dict[str, torch.Tensor], rope: dict[str, RopeParams],
                  dtype: torch.dtype, device: torch.device, native_lib=None, weights: str = "float32",
-                 shard: Shard | None = None, activations: str = "float32") -> None:
+                 shard: Shard | None = None, activations: str = "float32", kernels=None) -> None:
         self.full_spec = spec
         self.shard = shard
         self.dtype = dtype
@@ -123,11 +127,13 @@ class ModelRunner:
             tensors = shard.split(tensors, spec)
             spec = shard.local_spec(spec)
         self.spec = spec
-        if compact and self.native is None:
-            raise ModelError(f"{weights} weights run on the native CPU kernels, which this engine does not have "
-                             f"(device {device.type}); use float32 weights")
+        if compact and (native_lib is None or (kernels is None and self.native is None)):
+            raise ModelError(f"{weights} weights are read (or decoded at load) by the native kernels, which this "
+                             f"engine does not have (device {device.type}); use float32 weights")
         if activations == "int8" and (not compact or weights == "bfloat16"):
             raise UsageError(f"int8 activations multiply quantized weights (gguf, int8, int4), not {weights} weights")
+        if activations == "int8" and kernels is not None:
+            raise UsageError("int8 activations run on the native CPU kernels, not on the Triton kernels")
         self.int8_dot = activations == "int8"
 
         def get(name: str, required: bool = True) -> torch.Tensor | None:
@@ -200,9 +206,27 @@ class ModelRunner:
         self.embed_scale = (
             torch.tensor(spec.embed_scale, dtype=dtype, device=device) if spec.embed_scale is not None else None
         )
+        if compact and kernels is not None:
+            self._to_device_matrices(native_lib, kernels)
         q_size = spec.num_heads * spec.head_dim
         kv_size = spec.num_kv_heads * spec.head_dim
         self._split = (q_size, kv_size, kv_size)
+
+    def _to_device_matrices(self, lib, kernels) -> None:
+        """Every QuantMatrix decoded for the Triton kernels (a tied LM head stays the embedding's)."""
+        made: dict[int, DeviceMatrix] = {}
+
+        def convert(m: QuantMatrix) -> DeviceMatrix:
+            if id(m) not in made:
+                made[id(m)] = DeviceMatrix(m, lib, self.device, kernels)
+            return made[id(m)]
+
+        for layer in self.layers:
+            for name in ("qkv_t", "o_t", "gate_up_t", "down_t"):
+                linear = getattr(layer, name)
+                linear.parts = [convert(p) for p in linear.parts]
+        self.lm_head_t.parts = [convert(p) for p in self.lm_head_t.parts]
+        self.embed = convert(self.embed)
 
     def linear(self, x: torch.Tensor, w_t: torch.Tensor | QuantLinear, rows: Rows) -> torch.Tensor:
         """x: [N, in] @ w_t: [in, out], part by part (see Rows)."""
@@ -240,13 +264,13 @@ class ModelRunner:
 
     def weight_values(self) -> int:
         """Number of values in the weight matrices (vectors not counted)."""
-        return sum(m.rows * m.cols if isinstance(m, QuantMatrix) else m.numel() for m in self._matrices())
+        return sum(m.rows * m.cols if isinstance(m, COMPACT) else m.numel() for m in self._matrices())
 
     def weight_formats(self) -> dict[str, int]:
         """Bytes of the weight matrices by format ("float32", "Q4_1", "int8", ...), largest first."""
         sizes: dict[str, int] = {}
         for m in self._matrices():
-            if isinstance(m, QuantMatrix):
+            if isinstance(m, COMPACT):
                 name, size = m.format, m.nbytes
             else:
                 name, size = str(m.dtype).removeprefix("torch."), m.numel() * m.element_size()
@@ -277,8 +301,9 @@ class ModelRunner:
         return h.contiguous()
 
     def _embed_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.embed, QuantMatrix):
-            h = self.embed.take(self.native, token_ids.cpu()).to(device=self.device, dtype=self.dtype)
+        if isinstance(self.embed, COMPACT):
+            rows = token_ids.cpu() if isinstance(self.embed, QuantMatrix) else token_ids
+            h = self.embed.take(self.native, rows).to(device=self.device, dtype=self.dtype)
         elif self.embed is not None:
             h = self.embed[token_ids]
         else:

@@ -71,6 +71,8 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_qgemm_rows_q8.restype = i32
     lib.kvp_dequant_rows.argtypes = [i32, ptr, i64, ptr, i32, i32, ptr, i64]
     lib.kvp_dequant_rows.restype = i32
+    lib.kvp_decode_i8_rows.argtypes = [i32, ptr, i64, i32, i32, ptr, ptr, ptr]
+    lib.kvp_decode_i8_rows.restype = i32
     _LIB = lib
     return lib
 

@@ -158,11 +158,70 @@ class QuantMatrix:
         return out
 
 
-class QuantLinear:
-    """Several QuantMatrix whose outputs are concatenated (Q, K and V; gate and up): each keeps
-    its own format (a GGUF file mixes them), so they are not fused into one matrix."""
+class DeviceMatrix:
+    """A QuantMatrix for the Triton kernels (the GPU's, or the interpreter's on a CPU): its block
+    formats decoded once at load into int8 values with a scale and an offset per group of inputs
+    (`kvp_decode_i8_rows`; every weight is exactly scale * q + offset, the values the native
+    kernels use), on the device, rows in output-feature order, and multiplied by the
+    dequantize-in-register kernel (kvpage_kernels.dequant_matmul). Float formats (F16, BF16, F32)
+    are kept as a W^T tensor of their own dtype and multiplied by torch."""
 
-    def __init__(self, parts: list[QuantMatrix]) -> None:
+    def __init__(self, source: QuantMatrix, lib: ctypes.CDLL, device: torch.device, ops) -> None:
+        self.ops = ops
+        self.rows, self.cols = source.rows, source.cols
+        self.qtype = source.qtype
+        order = source.out_perm.to(torch.int64) if source.out_perm is not None else None
+        if source.qtype in FLOAT_FORMATS:
+            dtype = {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16}[source.qtype]
+            values = torch.from_numpy(np.ascontiguousarray(source.data)).view(dtype).reshape(self.rows, self.cols)
+            self.w_t = (values if order is None else values[order]).t().contiguous().to(device)
+            self.q = self.scale = self.offset = None
+            return
+        group = 16 if source.qtype == Q6_K else 32
+        q = torch.empty(self.rows, self.cols, dtype=torch.int8)
+        scale = torch.empty(self.rows, self.cols // group)
+        offset = torch.empty(self.rows, self.cols // group)
+        rc = lib.kvp_decode_i8_rows(source.qtype, source._addr, source.data.shape[1], self.rows, self.cols,
+                                    q.data_ptr(), scale.data_ptr(), offset.data_ptr())
+        if rc != 0:
+            raise RuntimeError(f"the native {source.format} decoder failed ({rc})")
+        if order is not None:
+            q, scale, offset = q[order], scale[order], offset[order]
+        self.q, self.scale, self.offset = q.to(device), scale.to(device), offset.to(device)
+        self.w_t = None
+
+    @property
+    def format(self) -> str:
+        return NAMES[self.qtype]
+
+    @property
+    def nbytes(self) -> int:
+        parts = [self.w_t] if self.w_t is not None else [self.q, self.scale, self.offset]
+        return sum(t.numel() * t.element_size() for t in parts)
+
+    def matmul(self, lib: ctypes.CDLL | None, x: torch.Tensor, few_rows: bool, int8: bool = False) -> torch.Tensor:
+        """x: [M, K] -> x @ W^T: [M, N] fp32 (lib, few_rows, int8: QuantMatrix's signature, unused)."""
+        x = x.float().contiguous()
+        if self.w_t is not None:
+            return x @ self.w_t.float()
+        return self.ops.dequant_matmul(x, self.q, self.scale, self.offset)
+
+    def take(self, lib: ctypes.CDLL | None, features: torch.Tensor) -> torch.Tensor:
+        """Output features' rows of W (token embeddings), dequantized: [len(features), K] fp32."""
+        rows = features.to(device=self.q.device if self.q is not None else self.w_t.device, dtype=torch.int64)
+        if self.w_t is not None:
+            return self.w_t[:, rows].t().float()
+        return self.ops.dequantize_ref(self.q[rows], self.scale[rows], self.offset[rows])
+
+    def dequantize(self, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+        return self.take(lib, torch.arange(self.rows))
+
+
+class QuantLinear:
+    """Several QuantMatrix (or DeviceMatrix) whose outputs are concatenated (Q, K and V; gate and
+    up): each keeps its own format (a GGUF file mixes them), so they are not fused into one matrix."""
+
+    def __init__(self, parts: list[QuantMatrix | DeviceMatrix]) -> None:
         self.parts = parts
         self.out_features = sum(p.rows for p in parts)
 

@@ -714,3 +714,19 @@ int kvp_dequant_rows(int type, const uint8_t *w, int64_t row_bytes, const int64_
     }
     return failed ? -2 : 0;
 }
+
+/* Rows 0..n-1 of a block format (not F32/F16/BF16) as their integer values q[n][K] with, per
+ * group of block_of(type) values, a scale d and an offset m ([n][K / block_of(type)]; m is 0 where
+ * the format has none): every weight is exactly d*q + m. The layout the Triton kernels read.
+ * Returns 0; -1 for a float or unknown format or a K that is not a whole number of blocks. */
+int kvp_decode_i8_rows(int type, const uint8_t *w, int64_t row_bytes, int n, int K, int8_t *q, float *d, float *m) {
+    if (!check(type, K) || is_float(type)) return -1;
+    const int groups = K / block_of(type);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        float *mi = m + (int64_t)i * groups;
+        for (int b = 0; b < groups; b++) mi[b] = 0.0f;
+        decode_i8(type, w + (int64_t)i * row_bytes, K, q + (int64_t)i * K, d + (int64_t)i * groups, mi);
+    }
+    return 0;
+}
