@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check (issue: Triton kernels): kernel tests on CUDA, kernel benchmarks, then the engine end to
-# end with Gemma 3 270M at 32K (exact and selective decode tokens/s, pool MiB), then the tensor-parallel
+# end with Gemma 3 270M at 32K (exact and selective decode tokens/s, pool MiB), SmolLM2 on its GGUF
+# blocks through the Triton dequantize-in-register kernel beside float32, then the tensor-parallel
 # path at world size 1 under torchrun with NCCL (one GPU; two ranks need two GPUs). Prints one table per
 # part. On a machine without CUDA it runs what the CPU can: the kernel tests under the Triton
 # interpreter, and says that the GPU parts were skipped.
@@ -26,6 +27,13 @@ if [ "$cuda" = 1 ]; then
   echo "== engine end to end: Gemma 3 270M, 32K context, exact and selective (1/8 pool)"
   python bench/decode.py --model gemma3-270m --device cuda --lengths 32768 --new-tokens 64 \
     --policies quest,draft --json "$out/engine.json" || status=1
+  echo "== quantized weights on the Triton kernels (SmolLM2's GGUF blocks) beside float32: decode tok/s, answers"
+  for w in float32 gguf; do
+    kvpage ask samples/contract.pdf "Which law governs this agreement?" --device cuda --weights "$w" \
+      --max-new-tokens 64 --no-cache --json > "$out/weights-$w.json" || status=1
+    python -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], d['stats']['decode_tokens_per_s'], 'tok/s', \
+      d['stats']['weight_bytes'] // 2**20, 'MiB weights:', d['answer'][:80])" "$out/weights-$w.json" "$w" || status=1
+  done
   echo "== tensor-parallel path at world size 1 with NCCL (torchrun): the answer equals the plain run's"
   q="Which law governs this agreement?"
   kvpage ask samples/contract.pdf "$q" --device cuda --max-new-tokens 24 --no-cache --json > "$out/tp-plain.json" || status=1

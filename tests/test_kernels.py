@@ -518,6 +518,37 @@ def test_shared_and_ragged_launchers_reject_bad_inputs(device):
         kk.merge_ragged_states(states, lse, plan.q_off.to(device), plan.q_pairs.repeat(2).to(device)[::2])
 
 
+# -- dequantize-in-register matmul (quantized weights on the GPU) -------------------------------
+
+@pytest.mark.parametrize("M, N, K, group, offsets", [(1, 40, 256, 32, True), (37, 70, 192, 16, False),
+                                                     (16, 32, 64, 32, True)])
+def test_dequant_matmul_matches_reference(device, M, N, K, group, offsets):
+    g = torch.Generator().manual_seed(M + N)
+    x = torch.randn(M, K, generator=g)
+    q = torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8)
+    scale = torch.rand(N, K // group, generator=g) * 0.02
+    offset = torch.randn(N, K // group, generator=g) * 0.05 if offsets else torch.zeros(N, K // group)
+    args = [t.to(device) for t in (x, q, scale, offset)]
+    got = kk.dequant_matmul(*args)
+    torch.testing.assert_close(got, kk.dequant_matmul_ref(*args), atol=1e-5, rtol=1e-5)
+    w = kk.dequantize_ref(q, scale, offset)
+    assert torch.equal(w[3, group:2 * group], scale[3, 1] * q[3, group:2 * group].float() + offset[3, 1])
+
+
+def test_dequant_matmul_rejects_bad_inputs(device):
+    x, q = torch.randn(2, 64, device=device), torch.zeros(8, 64, dtype=torch.int8, device=device)
+    scale = torch.ones(8, 2, device=device)
+    with pytest.raises(ValueError, match="x has 64 inputs and q 32"):
+        kk.dequant_matmul(x, q[:, :32].contiguous(), scale, scale)
+    with pytest.raises(ValueError, match=r"scale and offset must be \[N, K / group\]"):
+        kk.dequant_matmul(x, q, scale[:4], scale[:4])
+    with pytest.raises(ValueError, match="groups of 128 inputs do not divide"):
+        kk.dequant_matmul(torch.randn(2, 128, device=device), torch.zeros(8, 128, dtype=torch.int8, device=device),
+                          scale[:, :1], scale[:, :1])
+    with pytest.raises(TypeError):
+        kk.dequant_matmul(x, q.float(), scale, scale)
+
+
 def test_package_imports_without_triton():
     code = """
 import sys
