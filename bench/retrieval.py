@@ -856,13 +856,12 @@ def main() -> None:
                     "index_tok_s": sum(args.prefix for _ in mine) / sum(r["index_s"] for r in mine)}
                    for w, o in dict.fromkeys((r["window"], r["overlap"]) for r in rows)
                    for mine in [[r for r in rows if (r["window"], r["overlap"]) == (w, o)]]]
-        print(table(summary, [("window", "window"), ("overlap", "overlap"), ("documents", "documents"),
-                              ("extra_nll", "extra NLL / token vs exact (mean)"), ("worst_extra_nll", "(worst)"),
-                              ("index_tok_s", "indexing tok/s")]))
-        print(f"model {args.model}; {args.prefix} tokens indexed, the next {args.continuation} scored; exact NLL "
-              f"{mean({r['document']: r['exact_nll'] for r in rows}.values()):.3f} (mean over documents); wall {time.time() - started:.0f} s")
-        if args.json_path:
-            Path(args.json_path).write_text(json.dumps({"args": vars(args), "summary": summary, "rows": rows}, indent=1))
+        report(args, summary, rows, [("window", "window"), ("overlap", "overlap"), ("documents", "documents"),
+                                     ("extra_nll", "extra NLL / token vs exact (mean)"), ("worst_extra_nll", "(worst)"),
+                                     ("index_tok_s", "indexing tok/s")],
+               f"model {args.model}; {args.prefix} tokens indexed, the next {args.continuation} scored; exact NLL "
+               f"{mean({r['document']: r['exact_nll'] for r in rows}.values()):.3f} (mean over documents); "
+               f"wall {time.time() - started:.0f} s")
         return
     if args.part in ("questions", "recall", "select"):
         wanted = set(args.sources.split(",")) if args.sources else None
@@ -890,10 +889,9 @@ def main() -> None:
                        for s in documents for mine in [[r for r in rows if r["source"] == s]]]
             summary.append({"source": "all", "questions": len(rows),
                             "evidence_pct": 100 * mean(r["evidence_attended"] for r in rows)})
-            print(table(summary, [("source", "source"), ("questions", "questions"), ("evidence_pct", "evidence in BM25 pack %")]))
-            print(f"model {args.model} (tokenizer); budget {args.budget} tokens; chunks of {args.chunk_tokens} tokens")
-            if args.json_path:
-                Path(args.json_path).write_text(json.dumps({"args": vars(args), "summary": summary, "rows": rows}, indent=1))
+            report(args, summary, rows, [("source", "source"), ("questions", "questions"),
+                                         ("evidence_pct", "evidence in BM25 pack %")],
+                   f"model {args.model} (tokenizer); budget {args.budget} tokens; chunks of {args.chunk_tokens} tokens")
             return
         if args.part == "select":
             summary = [{"signals": name, "questions": len(mine),
@@ -903,14 +901,12 @@ def main() -> None:
                         "bounds_mib": mean(r["bounds_read_bytes"] for r in mine) / 2**20,
                         "blocks": f"{mean(r['blocks'] for r in mine):.0f} of {mean(r['total_blocks'] for r in mine):.0f}"}
                        for name in dict.fromkeys(r["signals"] for r in rows) for mine in [[r for r in rows if r["signals"] == name]]]
-            print(table(summary, [("signals", "signals"), ("questions", "questions"), ("evidence_pct", "evidence selected %"),
-                                  ("select_s", "selection s (median)"), ("kv_mib", "K read MiB / q"),
-                                  ("bounds_mib", "bounds read MiB / q"),
-                                  ("blocks", "blocks selected (mean)")]))
-            print(f"model {args.model}; budget {args.budget} tokens; indexing "
-                  f"{', '.join(f'{k} {v:,} tok' for k, v in documents.items())}; wall {time.time() - started:.0f} s")
-            if args.json_path:
-                Path(args.json_path).write_text(json.dumps({"args": vars(args), "summary": summary, "rows": rows}, indent=1))
+            report(args, summary, rows, [("signals", "signals"), ("questions", "questions"),
+                                         ("evidence_pct", "evidence selected %"), ("select_s", "selection s (median)"),
+                                         ("kv_mib", "K read MiB / q"), ("bounds_mib", "bounds read MiB / q"),
+                                         ("blocks", "blocks selected (mean)")],
+                   f"model {args.model}; budget {args.budget} tokens; indexing "
+                   f"{', '.join(f'{k} {v:,} tok' for k, v in documents.items())}; wall {time.time() - started:.0f} s")
             return
         summary = summarise(rows, systems)
         print(table(summary, SUMMARY_COLUMNS))
@@ -931,6 +927,14 @@ def main() -> None:
               f"wall {time.time() - started:.0f} s")
     for line in skipped_lines(summary):
         print(line)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"args": vars(args), "summary": summary, "rows": rows}, indent=1))
+
+
+def report(args, summary: list[dict], rows: list[dict], columns: list[tuple[str, str]], footer: str) -> None:
+    """A part's table and its settings line on stdout; with --json, everything in that file."""
+    print(table(summary, columns))
+    print(footer)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({"args": vars(args), "summary": summary, "rows": rows}, indent=1))
 
