@@ -80,3 +80,34 @@ def test_evidence_in_the_corpus_contracts_is_on_its_line():
             assert all(doc.text[a:b] == ev["quote"] for (a, b), ev in zip(ranges, question["evidence"]))
             checked += 1
     assert checked >= 10
+
+
+def test_a_file_is_taken_from_a_debian_package_checked_by_its_hash(tmp_path):
+    """The deb source kind: an ar archive whose data.tar.* holds the file (no download when the
+    package is already in the cache; a package with another hash is refused)."""
+    import hashlib
+    import io
+    import tarfile
+
+    def member(name: str, data: bytes) -> bytes:
+        header = f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n".encode()
+        return header + data + (b"\n" if len(data) % 2 else b"")
+
+    payload = io.BytesIO()
+    with tarfile.open(fileobj=payload, mode="w:xz") as archive:
+        content = b"%PDF-1.4 a manual"
+        info = tarfile.TarInfo("./usr/share/doc/tool/manual.pdf")
+        info.size = len(content)
+        archive.addfile(info, io.BytesIO(content))
+    package = b"!<arch>\n" + member("debian-binary", b"2.0\n") + member("data.tar.xz", payload.getvalue())
+    folder = tmp_path / "deb"
+    folder.mkdir()
+    (folder / "tool-doc_1.0_all.deb").write_bytes(package)
+    spec = {"kind": "deb", "url": "http://deb.debian.org/debian/pool/main/t/tool/tool-doc_1.0_all.deb",
+            "sha256": hashlib.sha256(package).hexdigest(), "member": "./usr/share/doc/tool/manual.pdf",
+            "file": "manual.pdf"}
+    path = retrieval.fetch_source("tool", spec, tmp_path)
+    assert path == folder / "manual.pdf" and path.read_bytes() == content
+    (folder / "manual.pdf").unlink()
+    with pytest.raises(SystemExit, match="does not have the recorded sha256"):
+        retrieval.fetch_source("tool", {**spec, "sha256": "0" * 64}, tmp_path)
