@@ -7,7 +7,7 @@ CPU tensors, set TRITON_INTERPRET=1 before triton (and this package) is imported
 
 from ._triton import HAS_TRITON, TritonUnavailableError
 from .constants import BLOCK_TOKENS
-from .dequant_matmul import dequant_matmul, dequant_matmul_ref, dequantize_ref
+from .dequant_matmul import dequant_matmul, dequant_matmul_ref, dequantize_ref, pack4, unpack4
 from .merge_states import (
     merge_attention_states,
     merge_attention_states_ref,
@@ -43,9 +43,11 @@ __all__ = [
     "paged_decode_attention_ref",
     "paged_prefill_attention",
     "paged_prefill_attention_ref",
+    "pack4",
     "rope_bake_store",
     "rope_bake_store_ref",
     "rope_k_ref",
     "shared_decode_states",
     "shared_decode_states_ref",
+    "unpack4",
 ]

@@ -535,6 +535,22 @@ def test_dequant_matmul_matches_reference(device, M, N, K, group, offsets):
     assert torch.equal(w[3, group:2 * group], scale[3, 1] * q[3, group:2 * group].float() + offset[3, 1])
 
 
+@pytest.mark.parametrize("shift", [8, 0])
+def test_dequant_matmul_reads_4_bit_values_packed_two_a_byte(device, shift):
+    g = torch.Generator().manual_seed(shift)
+    M, N, K = 5, 48, 256
+    x = torch.randn(M, K, generator=g)
+    q = (torch.randint(0, 16, (N, K), generator=g) - shift).to(torch.int8)
+    scale, offset = torch.rand(N, K // 32, generator=g) * 0.02, torch.randn(N, K // 32, generator=g) * 0.05
+    packed = kk.pack4(q, shift)
+    assert packed.dtype == torch.uint8 and packed.shape == (N, K // 2) and torch.equal(kk.unpack4(packed, shift), q)
+    args = [t.to(device) for t in (x, packed, scale, offset)]
+    torch.testing.assert_close(kk.dequant_matmul(*args, shift=shift), kk.dequant_matmul_ref(x, q, scale, offset).to(device),
+                               atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="each in"):
+        kk.pack4(q, shift + 1 if shift == 0 else shift - 1)
+
+
 def test_dequant_matmul_rejects_bad_inputs(device):
     x, q = torch.randn(2, 64, device=device), torch.zeros(8, 64, dtype=torch.int8, device=device)
     scale = torch.ones(8, 2, device=device)

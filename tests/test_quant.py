@@ -186,8 +186,10 @@ def test_the_triton_kernels_read_every_format_as_the_native_kernels_do(qtype, li
     matrix, weights = _matrix(qtype, rows, cols, lib)
     device = DeviceMatrix(matrix, lib, torch.device("cpu"), kk)
     assert torch.equal(device.dequantize(), weights)
-    if qtype not in (F16, BF16, F32):
-        assert device.q.dtype == torch.int8 and device.nbytes < rows * cols * 4 / 2.5  # not an fp32 copy
+    if qtype in (Q4_0, Q4_1, Q4_K):  # two values a byte, a scale and an offset per 32
+        assert device.q.dtype == torch.uint8 and device.nbytes == rows * cols * 3 // 4
+    elif qtype not in (F16, BF16, F32):  # a byte a value, a scale and an offset per 16 or 32
+        assert device.q.dtype == torch.int8 and device.nbytes <= rows * cols * 3 // 2
     x = torch.randn(3, cols, generator=torch.Generator().manual_seed(2))
     expected = x @ weights.t()
     got = device.matmul(None, x, few_rows=True)

@@ -158,11 +158,15 @@ class QuantMatrix:
         return out
 
 
+PACKED_SHIFT = {Q4_0: 8, Q4_1: 0, Q4_K: 0}  # 4-bit formats' decoded values, less this, fit a nibble
+
+
 class DeviceMatrix:
     """A QuantMatrix for the Triton kernels (the GPU's, or the interpreter's on a CPU): its block
     formats decoded once at load into int8 values with a scale and an offset per group of inputs
     (`kvp_decode_i8_rows`; every weight is exactly scale * q + offset, the values the native
-    kernels use), on the device, rows in output-feature order, and multiplied by the
+    kernels use; 4-bit formats' values packed two a byte), on the device, rows in output-feature
+    order, and multiplied by the
     dequantize-in-register kernel (kvpage_kernels.dequant_matmul). Float formats (F16, BF16, F32)
     are kept as a W^T tensor of their own dtype and multiplied by torch."""
 
@@ -171,6 +175,7 @@ class DeviceMatrix:
         self.rows, self.cols = source.rows, source.cols
         self.qtype = source.qtype
         order = source.out_perm.to(torch.int64) if source.out_perm is not None else None
+        self.shift = PACKED_SHIFT.get(source.qtype, 0)
         if source.qtype in FLOAT_FORMATS:
             dtype = {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16}[source.qtype]
             values = torch.from_numpy(np.ascontiguousarray(source.data)).view(dtype).reshape(self.rows, self.cols)
@@ -187,6 +192,8 @@ class DeviceMatrix:
             raise RuntimeError(f"the native {source.format} decoder failed ({rc})")
         if order is not None:
             q, scale, offset = q[order], scale[order], offset[order]
+        if source.qtype in PACKED_SHIFT:  # 4-bit values: two a byte
+            q = ops.pack4(q, self.shift)
         self.q, self.scale, self.offset = q.to(device), scale.to(device), offset.to(device)
         self.w_t = None
 
@@ -204,14 +211,14 @@ class DeviceMatrix:
         x = x.float().contiguous()
         if self.w_t is not None:
             return x @ self.w_t.float()
-        return self.ops.dequant_matmul(x, self.q, self.scale, self.offset)
+        return self.ops.dequant_matmul(x, self.q, self.scale, self.offset, self.shift)
 
     def take(self, lib: ctypes.CDLL | None, features: torch.Tensor) -> torch.Tensor:
         """Output features' rows of W (token embeddings), dequantized: [len(features), K] fp32."""
         rows = features.to(device=self.q.device if self.q is not None else self.w_t.device, dtype=torch.int64)
         if self.w_t is not None:
             return self.w_t[:, rows].t().float()
-        return self.ops.dequantize_ref(self.q[rows], self.scale[rows], self.offset[rows])
+        return self.ops.dequantize_ref(self.q[rows], self.scale[rows], self.offset[rows], self.shift)
 
     def dequantize(self, lib: ctypes.CDLL | None = None) -> torch.Tensor:
         return self.take(lib, torch.arange(self.rows))
