@@ -192,6 +192,9 @@ def question_budget(engine: Engine, fixed_tokens: int, tokens: int | None = None
 
 
 def default_window(max_context: int) -> tuple[int, int]:
-    """(window, overlap) in tokens for a model trained on `max_context` positions."""
+    """(window, overlap) in tokens for a model trained on `max_context` positions. For SmolLM2
+    (8K) 2,048 and 512: `bench/retrieval.py windows` measured +0.014 nats a token over an exact
+    prefill with them, +0.023 without overlap, +0.049 with 1,024-token windows, +0.006 with 4,096
+    and half of each window overlapping (which computes half of the document twice)."""
     window = max(BLOCK_TOKENS, min(2048, max_context // 4) // BLOCK_TOKENS * BLOCK_TOKENS)
     return window, max(0, window // 4 // BLOCK_TOKENS * BLOCK_TOKENS)
