@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 from ..engine import ALIASES, BLOCK_TOKENS, Engine
+from ..tasks.retrieval import question_budget
 from . import ranks
 from .options import MODEL, OUTPUT, RUN, Options, shared_options
 from .output import Sink, check_out_path, choose_format
-from ..tasks.retrieval import question_budget
 from .session import MIB, Session, pool_capacity_bytes
 
 FORMATS = ("text", "json")
@@ -116,7 +116,8 @@ def _weights(d: dict) -> str:
             "bfloat16": "bfloat16, made at load", "int8": "int8 with a scale per output channel, made at load",
             "int4": "int4 in groups of 32 (Q4_1), made at load"}[d["weights"]]
     if d["backend"] == "triton" and d["weights"] != "float32":
-        kept = f"{d['weights']} decoded at load to int8 values with a scale and offset per group, for the Triton kernels"
+        kept = (f"{d['weights']} decoded at load to integers (4-bit ones two a byte) with a scale and an offset "
+                "per group, for the Triton kernels")
     how = (f"--weights auto chose {d['weights']}" if d["weights_option"] == "auto" else f"--weights {d['weights']}")
     text = f"{d['weights_mib']:,.1f} MiB as {kept} ({parts}); {how}"
     if d["weights"] != "float32":

@@ -99,10 +99,10 @@ COMPACT = (QuantMatrix, DeviceMatrix)  # weight matrices not kept as float W^T t
 class ModelRunner:
     """weights: the matrices' format: "float32" (W^T tensors of `dtype`, fused), or "bfloat16",
     "int8", "int4" (made at load) or "gguf" (the tensors are already QuantMatrix): QuantLinear,
-    run by the native CPU kernels, or with `kernels` (kvpage_kernels: the Triton backend's) decoded
-    once at load into DeviceMatrix parts multiplied by the Triton dequantize-in-register kernel. shard: this process's part of a tensor-parallel model
-    (parallel.py); `spec` is then the rank's own (its heads, its part of the MLP) and
-    `full_spec` the model's."""
+    run by the native CPU kernels, or with `kernels` (kvpage_kernels: the Triton backend's)
+    decoded once at load into DeviceMatrix parts multiplied by the Triton dequantize-in-register
+    kernel. shard: this process's part of a tensor-parallel model (parallel.py); `spec` is then
+    the rank's own (its heads, its part of the MLP) and `full_spec` the model's."""
 
     def __init__(self, spec: ModelSpec, tensors: dict[str, torch.Tensor], rope: dict[str, RopeParams],
                  dtype: torch.dtype, device: torch.device, native_lib=None, weights: str = "float32",

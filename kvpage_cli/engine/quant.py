@@ -8,7 +8,8 @@ minimum: GGUF's Q4_1 layout). A few rows (decode steps, batches) go through the 
 dequantize-and-dot kernel, each row's result independent of the others, or, with int8
 activations (EngineConfig.activations), through integer dot products with the rows rounded to
 int8 in groups of 32; a long prompt chunk dequantizes W a slice of output rows at a time into
-fp32 and multiplies it with torch.
+fp32 and multiplies it with torch. On the Triton backend a `DeviceMatrix` holds the same values
+decoded for the Triton dequantize-in-register kernel.
 """
 
 from __future__ import annotations
@@ -163,12 +164,11 @@ PACKED_SHIFT = {Q4_0: 8, Q4_1: 0, Q4_K: 0}  # 4-bit formats' decoded values, les
 
 class DeviceMatrix:
     """A QuantMatrix for the Triton kernels (the GPU's, or the interpreter's on a CPU): its block
-    formats decoded once at load into int8 values with a scale and an offset per group of inputs
+    format decoded once at load into int8 values with a scale and an offset per group of inputs
     (`kvp_decode_i8_rows`; every weight is exactly scale * q + offset, the values the native
     kernels use; 4-bit formats' values packed two a byte), on the device, rows in output-feature
-    order, and multiplied by the
-    dequantize-in-register kernel (kvpage_kernels.dequant_matmul). Float formats (F16, BF16, F32)
-    are kept as a W^T tensor of their own dtype and multiplied by torch."""
+    order, multiplied by the dequantize-in-register kernel (kvpage_kernels.dequant_matmul). Float
+    formats (F16, BF16, F32) are kept as a W^T tensor of their own dtype and multiplied by torch."""
 
     def __init__(self, source: QuantMatrix, lib: ctypes.CDLL, device: torch.device, ops) -> None:
         self.ops = ops
