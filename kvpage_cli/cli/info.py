@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ..engine import ALIASES, BLOCK_TOKENS, Engine
-from ..tasks.retrieval import question_budget
+from ..tasks.retrieval import budget_bounds, question_budget
 from . import ranks
 from .options import MODEL, OUTPUT, RUN, Options, shared_options
 from .output import Sink, check_out_path, choose_format
@@ -104,9 +104,7 @@ def describe(engine: Engine, source: str) -> dict:
 
 def _retrieval_bound(engine: Engine) -> str:
     """What sets the retrieval budget: the least of its bounds."""
-    bounds = {"kvpage's budget": engine.config.retrieval_tokens, "the context limit": engine.max_context}
-    if engine.kv_path == "pool":
-        bounds["the pool (--pool-mib)"] = engine.pool.num_slots * BLOCK_TOKENS
+    bounds = budget_bounds(engine)
     return min(bounds, key=bounds.get)
 
 

@@ -185,10 +185,18 @@ def question_budget(engine: Engine, fixed_tokens: int, tokens: int | None = None
     blocks, the answer), and where attention reads blocks through the pool's slots (kv_path
     "pool", as on a GPU) within the slots those leave, so that the chosen blocks stay resident
     while the answer is decoded: --pool-mib sets how much a question reads there."""
-    tokens = min(engine.max_context - fixed_tokens, tokens or engine.config.retrieval_tokens)
+    bounds = budget_bounds(engine, tokens)
+    room = min(limit - (fixed_tokens if name != "kvpage's budget" else 0) for name, limit in bounds.items())
+    return max(1, room // BLOCK_TOKENS)
+
+
+def budget_bounds(engine: Engine, tokens: int | None = None) -> dict[str, int]:
+    """What bounds the tokens a question reads in retrieval mode, by name (kvpage info says the
+    least): the budget, the context limit and, where blocks are read through the pool, its slots."""
+    bounds = {"kvpage's budget": tokens or engine.config.retrieval_tokens, "the context limit": engine.max_context}
     if engine.kv_path == "pool":
-        tokens = min(tokens, engine.pool.num_slots * BLOCK_TOKENS - fixed_tokens)
-    return max(1, tokens // BLOCK_TOKENS)
+        bounds["the pool (--pool-mib)"] = engine.pool.num_slots * BLOCK_TOKENS
+    return bounds
 
 
 def default_window(max_context: int) -> tuple[int, int]:
