@@ -211,6 +211,19 @@ def review(engine, contract, batch: int | None):
             "quote_overlap": overlap, "values": values}
 
 
+def _logged(path: str | None, model: str) -> dict[str, dict]:
+    """The reviews of `model` a --log file holds, by contract."""
+    if not path or not Path(path).exists():
+        return {}
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            item = json.loads(line)
+            if item.pop("model") == model:
+                out[item["contract"]] = item
+    return out
+
+
 def _fmt(micro: dict) -> dict:
     return {k: f"{v:.2f}" if isinstance(v, float) else v for k, v in micro.items()}
 
@@ -225,6 +238,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--contracts", default=None)
     parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads of each model's engine")
+    parser.add_argument("--log", default=None,
+                        help="append each full review to this file (JSON lines) and take the ones already there "
+                             "instead of reviewing those contracts again (a stopped run resumes)")
     args = parser.parse_args()
 
     _, dev = cuad.split(cuad.load_contracts(args.contracts))
@@ -254,12 +271,20 @@ def main() -> None:
 
     reviews = {}
     for model in [m for m in args.models.split(",") if m]:
-        engine = Engine.load(model, EngineConfig())
+        engine = Engine.load(model, EngineConfig(threads=args.threads))
+        logged = _logged(args.log, model)
         done = []
         chosen = [c for c in dev if args.max_chars is None or len(c.text) <= args.max_chars][:args.reviews]
         for contract in chosen:
+            if contract.name in logged:
+                done.append(logged[contract.name])
+                continue
             done.append(review(engine, contract, args.batch))
-            print(json.dumps(done[-1]), file=sys.stderr, flush=True)
+            line = json.dumps(done[-1])
+            print(line, file=sys.stderr, flush=True)
+            if args.log:
+                with open(args.log, "a") as log:
+                    log.write(json.dumps({"model": model, **done[-1]}) + "\n")
         reviews[model] = done
         result = prf([set(d["pred"]) for d in done], [set(d["truth"]) for d in done])
         tps = [v for d in done for v in d["quote_overlap"].values()]

@@ -79,6 +79,21 @@ def test_a_few_rows_get_the_bits_they_get_alone_and_the_product_of_the_dequantiz
         assert torch.equal(matrix.matmul(lib, x[r:r + 1], few_rows=True)[0], few[r])
 
 
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q8_0], ids=str)
+@pytest.mark.parametrize("cols", [32, 800, 1536])
+def test_one_row_read_straight_from_the_blocks_gets_the_bits_of_a_batch(qtype, cols, lib):
+    """A decode step's single row reads Q4_0/Q4_1/Q8_0 blocks without decoding them first (two
+    blocks a register where the CPU has AVX-512): the same operations as a batch's decoded rows,
+    so the same bits, for one block, an odd number of blocks and many, float and int8 activations."""
+    rows = 40
+    matrix, _ = _matrix(qtype, rows, cols, lib)
+    x = torch.randn(3, cols, generator=torch.Generator().manual_seed(4))
+    for int8 in (False, True):
+        batch = matrix.matmul(lib, x, few_rows=True, int8=int8)
+        for r in range(3):
+            assert torch.equal(matrix.matmul(lib, x[r:r + 1], few_rows=True, int8=int8)[0], batch[r]), (int8, r)
+
+
 def rounded_activations(x: torch.Tensor) -> torch.Tensor:
     """x as int8 activations see it (llama.cpp's rounding): per group of 32, round(x * 127 / max|x|)
     times max|x| / 127, in float32 as the kernel computes it."""
@@ -256,6 +271,34 @@ def test_a_batch_on_compact_weights_gives_every_sequence_the_bits_it_gets_alone(
     assert tokens == alone_tokens
     for a, b in zip(alone_logits, logits):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("activations", ["float32", "int8"])
+def test_the_native_layer_computes_what_the_torch_layer_computes(arch, activations, kv_home):
+    """Decode steps on compact weights run each llama-family layer in two native calls (norm and
+    Q/K/V; output projection, norms and MLP): the same greedy tokens as the layer run op by op in
+    torch over the same kernels, logits within 1e-4 of their largest (other roundings of the norms
+    and SiLU), biases (qwen2) and Q/K norms (qwen3) included."""
+    model, prompt = tiny_model(arch), random_prompt(100, seed=7)
+    config = EngineConfig(home=str(kv_home), backend="native", weights="int4", activations=activations)
+    native_layers, torch_layers = Engine.load(model, config), Engine.load(model, config)
+    assert native_layers.runner.native_layers is not None
+    torch_layers.runner.native_layers = None
+    calls = []
+    first = native_layers.runner.native_layers[0]
+    first.pre = lambda h, pre=first.pre: calls.append(h.shape[0]) or pre(h)
+    runs = []
+    for engine in (native_layers, torch_layers):
+        ctx = engine.prefill(prompt)
+        tokens = list(engine.generate(ctx, max_new_tokens=6, stop=()))
+        runs.append((tokens, engine.logits(ctx)))
+    (tokens, logits), (torch_tokens, torch_logits) = runs
+    assert tokens == torch_tokens
+    assert (logits - torch_logits).abs().max() <= 1e-4 * torch_logits.abs().max()
+    assert calls == [1] * 6  # each decode step's row went through the native layer (the prompt did not)
+    gemma = Engine.load(tiny_model("gemma3_text"), config)
+    assert gemma.runner.native_layers is None  # Gemma's norms and GELU stay op by op
 
 
 @pytest.mark.parametrize("fmt, close", [("bfloat16", 0.02), ("int8", 0.05), ("int4", 0.5)])

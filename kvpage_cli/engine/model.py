@@ -16,6 +16,7 @@ all of them; each long segment (a prefill chunk) gets its own matrix multiplicat
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from ..errors import ModelError, UsageError
 from . import native
 from .parallel import Shard
-from .quant import DeviceMatrix, QuantLinear, QuantMatrix, quantize
+from .quant import FLOAT_FORMATS, DeviceMatrix, QuantLinear, QuantMatrix, quantize
 from .rope import RopeParams, apply_rope, rope_cos_sin
 from .spec import ModelSpec
 
@@ -94,6 +95,72 @@ class LayerWeights:
 
 
 COMPACT = (QuantMatrix, DeviceMatrix)  # weight matrices not kept as float W^T tensors
+
+
+class _Matrix(ctypes.Structure):  # native/layer.c's kvp_matrix
+    _fields_ = [("type", ctypes.c_int32), ("rows", ctypes.c_int32), ("cols", ctypes.c_int32),
+                ("is_float", ctypes.c_int32), ("data", ctypes.c_void_p), ("row_bytes", ctypes.c_int64),
+                ("perm", ctypes.c_void_p)]
+
+
+class _Layer(ctypes.Structure):  # native/layer.c's kvp_layer
+    _fields_ = [("hidden", ctypes.c_int32), ("q_size", ctypes.c_int32), ("kv_size", ctypes.c_int32),
+                ("inter", ctypes.c_int32), ("int8", ctypes.c_int32), ("eps", ctypes.c_float)]
+    _fields_ += [(name, ctypes.c_void_p) for name in ("norm_attn", "norm_mlp", "qkv_bias", "o_bias", "gate_up_bias",
+                                                      "down_bias")]
+    _fields_ += [(name, _Matrix) for name in ("q", "k", "v", "o", "gate", "up", "down")]
+
+
+class NativeLayer:
+    """A layer's weights as native/layer.c reads them: the rows of decode steps and batches go
+    through two native calls a layer (`pre`: norm and Q/K/V; `post`: output projection, residual,
+    norm, MLP, residual) instead of a dozen torch operations and seven kernel calls. For the
+    llama family (RMSNorm, SiLU) on compact weights; the tensors it points into are kept alive."""
+
+    def __init__(self, lib, spec: ModelSpec, w: "LayerWeights", int8: bool) -> None:
+        self.lib = lib
+        self.keep: list = []
+
+        def pointer(t: torch.Tensor | None) -> int | None:
+            if t is None:
+                return None
+            t = t.float().contiguous()
+            self.keep.append(t)
+            return t.data_ptr()
+
+        def matrix(m: QuantMatrix) -> _Matrix:
+            perm = None
+            if m.out_perm is not None:
+                perm = m.out_perm.to(torch.int64).contiguous()
+                self.keep.append(perm)
+            return _Matrix(m.qtype, m.rows, m.cols, int(m.qtype in FLOAT_FORMATS), m._addr, m.data.shape[1],
+                           perm.data_ptr() if perm is not None else None)
+
+        (q, k, v), (gate, up), (o,), (down,) = (w.qkv_t.parts, w.gate_up_t.parts, w.o_t.parts, w.down_t.parts)
+        self.q_size, self.kv_size = q.rows, k.rows
+        self.layer = _Layer(spec.hidden_size, q.rows, k.rows, gate.rows, int(int8), spec.rms_eps,
+                            pointer(w.norm_attn), pointer(w.norm_mlp), pointer(w.qkv_bias), pointer(w.o_bias),
+                            pointer(w.gate_up_bias), pointer(w.down_bias),
+                            matrix(q), matrix(k), matrix(v), matrix(o), matrix(gate), matrix(up), matrix(down))
+        self.ref = ctypes.byref(self.layer)
+
+    def pre(self, h: torch.Tensor) -> torch.Tensor:
+        """h: [M, hidden] fp32 contiguous -> Q, K, V of norm(h): [M, q + 2 kv]."""
+        out = torch.empty(h.shape[0], self.q_size + 2 * self.kv_size)
+        self._check(self.lib.kvp_layer_pre(self.ref, h.data_ptr(), h.shape[0], out.data_ptr()))
+        return out
+
+    def post(self, h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The layer's output for h [M, hidden] and attention's a [M, q] (h is not changed)."""
+        out = h.clone()
+        a = a.float().contiguous()
+        self._check(self.lib.kvp_layer_post(self.ref, out.data_ptr(), a.data_ptr(), h.shape[0]))
+        return out
+
+    @staticmethod
+    def _check(rc: int) -> None:
+        if rc != 0:
+            raise RuntimeError(f"the native layer kernel failed ({rc})")
 
 
 class ModelRunner:
@@ -211,6 +278,12 @@ class ModelRunner:
         q_size = spec.num_heads * spec.head_dim
         kv_size = spec.num_kv_heads * spec.head_dim
         self._split = (q_size, kv_size, kv_size)
+        # the rows of decode steps and batches run each layer in two native calls where the layer
+        # is one layer.c computes: llama-family norms and MLP, compact weights read by the native
+        # kernels, fp32, one process
+        fused = (compact and self.native is not None and kernels is None and shard is None and dtype == torch.float32
+                 and not spec.gemma_norms and spec.activation == "silu")
+        self.native_layers = [NativeLayer(self.native, spec, w, self.int8_dot) for w in self.layers] if fused else None
 
     def _to_device_matrices(self, lib, kernels) -> None:
         """Every QuantMatrix decoded for the Triton kernels (a tied LM head stays the embedding's)."""
@@ -332,10 +405,7 @@ class ModelRunner:
         cos_sin = {key: rope_cos_sin(params, positions, self.dtype) for key, params in self.rope.items()}
         h = self.embed_tokens(token_ids)
         for i, (layer_spec, w) in enumerate(zip(spec.layers, self.layers)):
-            x = self.norm(h, w.norm_attn)
-            qkv = self.linear(x, w.qkv_t, rows)
-            if w.qkv_bias is not None:
-                qkv = qkv + w.qkv_bias
+            qkv = self._pre(i, h, w, rows)
             q, k, v = qkv.split(self._split, dim=-1)
             q = q.view(num_tokens, spec.num_heads, spec.head_dim)
             k = k.view(num_tokens, spec.num_kv_heads, spec.head_dim)
@@ -347,18 +417,7 @@ class ModelRunner:
             q = apply_rope(q, cos, sin)
             write_kv(i, k, v, RopeAt(cos, sin, self.rope[layer_spec.rope_key], positions))
             a = attend(i, q).to(self.dtype).reshape(num_tokens, spec.num_heads * spec.head_dim)
-            a = self.linear(a, w.o_t, rows)
-            if self.shard is not None:  # each rank's heads give a partial sum of the projection
-                a = self.shard.all_reduce(a)
-            if w.o_bias is not None:
-                a = a + w.o_bias
-            if spec.gemma_norms:
-                h = h + self.norm(a, w.norm_post_attn)
-                m = self.mlp(self.norm(h, w.norm_mlp), w, rows)
-                h = h + self.norm(m, w.norm_post_mlp)
-            else:
-                h = h + a
-                h = h + self.mlp(self.norm(h, w.norm_mlp), w, rows)
+            h = self._post(i, h, a, w, rows)
         if logit_rows.numel() == 0:  # prompt chunks before their last: no logits wanted
             return torch.empty(0, self.vocab if self.shard is None else self.full_spec.vocab_size)
         last = h[logit_rows]
@@ -369,6 +428,40 @@ class ModelRunner:
             cap = spec.final_logit_softcap
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def _pre(self, i: int, h: torch.Tensor, w: LayerWeights, rows: Rows) -> torch.Tensor:
+        """Q, K, V of norm(h): [N, q + 2 kv]; small parts through the native layer where there is one."""
+        if self.native_layers is None:
+            return self._pre_torch(h, w, rows)
+        parts = [self.native_layers[i].pre(h[part].contiguous()) if small else self._pre_torch(h[part], w, Rows(((slice(None), False),)))
+                 for part, small in rows.parts]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _pre_torch(self, h: torch.Tensor, w: LayerWeights, rows: Rows) -> torch.Tensor:
+        qkv = self.linear(self.norm(h, w.norm_attn), w.qkv_t, rows)
+        return qkv + w.qkv_bias if w.qkv_bias is not None else qkv
+
+    def _post(self, i: int, h: torch.Tensor, a: torch.Tensor, w: LayerWeights, rows: Rows) -> torch.Tensor:
+        """The layer's output from h and attention's output a: [N, hidden]."""
+        if self.native_layers is None:
+            return self._post_torch(h, a, w, rows)
+        parts = [self.native_layers[i].post(h[part].contiguous(), a[part]) if small
+                 else self._post_torch(h[part], a[part], w, Rows(((slice(None), False),))) for part, small in rows.parts]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _post_torch(self, h: torch.Tensor, a: torch.Tensor, w: LayerWeights, rows: Rows) -> torch.Tensor:
+        spec = self.spec
+        a = self.linear(a, w.o_t, rows)
+        if self.shard is not None:  # each rank's heads give a partial sum of the projection
+            a = self.shard.all_reduce(a)
+        if w.o_bias is not None:
+            a = a + w.o_bias
+        if spec.gemma_norms:
+            h = h + self.norm(a, w.norm_post_attn)
+            m = self.mlp(self.norm(h, w.norm_mlp), w, rows)
+            return h + self.norm(m, w.norm_post_mlp)
+        h = h + a
+        return h + self.mlp(self.norm(h, w.norm_mlp), w, rows)
 
     def mlp(self, x: torch.Tensor, w: LayerWeights, rows: Rows) -> torch.Tensor:
         gate_up = self.linear(x, w.gate_up_t, rows)

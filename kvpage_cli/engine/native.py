@@ -30,7 +30,7 @@ from .config import BLOCK_TOKENS
 
 _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
           f"-DBLOCK_TOKENS={BLOCK_TOKENS}"]
-_SOURCES = ("attention.c", "linear.c", "quant.c")
+_SOURCES = ("attention.c", "layer.c", "linear.c", "quant.c")
 _LIB: ctypes.CDLL | None = None
 
 
@@ -73,6 +73,10 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_dequant_rows.restype = i32
     lib.kvp_decode_i8_rows.argtypes = [i32, ptr, i64, i32, i32, ptr, ptr, ptr]
     lib.kvp_decode_i8_rows.restype = i32
+    lib.kvp_layer_pre.argtypes = [ptr, ptr, i32, ptr]
+    lib.kvp_layer_pre.restype = i32
+    lib.kvp_layer_post.argtypes = [ptr, ptr, ptr, i32]
+    lib.kvp_layer_post.restype = i32
     _LIB = lib
     return lib
 

@@ -416,6 +416,56 @@ static inline __attribute__((always_inline)) void block_dot4(const float *x, int
 }
 #endif
 
+/* One row of W read straight from its blocks, for one row of activations (decode steps): formats
+ * with blocks of 32 values (Q4_0, Q4_1, Q8_0). Each keeps, operation for operation, the float
+ * arithmetic of block_dot / q8_dot (so the bits a row gets do not depend on the path, the rows
+ * beside it or the CPU's vector width), without decoding the row into scratch first: a 512-bit
+ * register holds what the 256-bit code keeps in two (lanes 0-7: its acc0, 8-15: its acc1). */
+#define DIRECT_MAX_BLOCKS 512 /* K up to 16,384 */
+static inline int direct_format(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__FMA__) && defined(__F16C__)
+static inline int block_size(int type) { return type == T_Q4_0 ? 18 : type == T_Q4_1 ? 20 : 34; }
+
+/* Block b's 32 values as fp32 (the integers decode_i8 gives): values 0-15 and 16-31. */
+static inline __attribute__((always_inline)) void block_values(int type, const uint8_t *p, __m512 *lo, __m512 *hi) {
+    if (type == T_Q8_0) {
+        *lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 2))));
+        *hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 18))));
+        return;
+    }
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + (type == T_Q4_1 ? 4 : 2))));
+    const __m512i bias = _mm512_set1_epi32(type == T_Q4_0 ? 8 : 0);
+    *lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x0F)), bias));
+    *hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b, 4), bias));
+}
+
+/* block_dot(x, row) for one row of W (p: its bytes). */
+static inline __attribute__((always_inline)) float direct_dot_t(const int type, const uint8_t *p, const float *x,
+                                                                const float *xs, int K) {
+    const int nb = K / 32, size = block_size(type), offset = type == T_Q4_1;
+    float m[DIRECT_MAX_BLOCKS];
+    __m512 acc = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++, p += size, x += 32) {
+        __m512 lo, hi;
+        block_values(type, p, &lo, &hi);
+        __m512 t = _mm512_mul_ps(_mm512_loadu_ps(x), lo);
+        t = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), hi, t);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(half_value(p)), t, acc);
+        if (offset) m[b] = half_value(p + 2);
+    }
+    const __m256 sum = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+    return hsum8(sum) + (offset ? offset_sum(m, xs, nb) : 0.0f);
+}
+
+static float direct_dot(int type, const uint8_t *p, const float *x, const float *xs, int K) {
+    return type == T_Q4_0 ? direct_dot_t(T_Q4_0, p, x, xs, K)
+         : type == T_Q4_1 ? direct_dot_t(T_Q4_1, p, x, xs, K) : direct_dot_t(T_Q8_0, p, x, xs, K);
+}
+#define HAVE_DIRECT_DOT 1
+#endif
+
+
 static int check(int type, int K) {
     int values, bytes;
     if (type == T_I8_ROW) return K % 32 == 0;
@@ -436,6 +486,14 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
             for (int j = 0; j < bs; j++) t += x[(int64_t)r * ldx + b * bs + j];
             xs[(int64_t)r * nb + b] = t;
         }
+#if defined(HAVE_DIRECT_DOT)
+    if (M == 1 && direct_format(type) && nb <= DIRECT_MAX_BLOCKS) {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++) y[n] = direct_dot(type, w + (int64_t)n * row_bytes, x, xs, K);
+        free(xs);
+        return 0;
+    }
+#endif
     int failed = 0;
 #pragma omp parallel
     {
@@ -607,6 +665,72 @@ static inline __attribute__((always_inline)) void q8_dot4(int8_t *const *w, floa
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__FMA__) && defined(__F16C__)
+/* The 32 bytes dpbusd multiplies for block b, as unsigned bytes (Q4_0's bias 8 is taken off the sums) */
+static inline __attribute__((always_inline)) __m256i nibble_bytes(const uint8_t *v) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)v), mask = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), _mm_and_si128(bytes, mask));
+}
+
+/* q8_dot(row, q) for one row of W read from its blocks: per block, eight lanes of sums of four
+ * integer products (exactly dot4_i8's), then q8_dot's float operations in its order. */
+static inline __attribute__((always_inline)) float direct_q8_dot_t(const int type, const uint8_t *p, const int8_t *q,
+                                                                   const float *e, const float *es, int K) {
+    const int nc = K / 32, size = block_size(type), offset = type == T_Q4_1, q8 = type == T_Q8_0;
+    float m[DIRECT_MAX_BLOCKS];
+    __m512 acc = _mm512_setzero_ps();
+    const __m512i eight = _mm512_set1_epi8(8);
+    int c = 0;
+    for (; c + 2 <= nc; c += 2, p += 2 * size) {
+        const __m512i xv = _mm512_loadu_si512((const void *)(q + 32 * c));
+        __m512i s;
+        if (q8) {
+            const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2))),
+                                                  _mm256_loadu_si256((const __m256i *)(p + size + 2)), 1);
+            const __m512i u = _mm512_abs_epi8(wv);
+            /* sign(x, w): x where w > 0, -x where w < 0, 0 where w == 0 */
+            const __mmask64 neg = _mm512_movepi8_mask(wv), zero = _mm512_testn_epi8_mask(wv, wv);
+            __m512i sx = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+            sx = _mm512_maskz_mov_epi8(~zero, sx);
+            s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, sx);
+        } else {
+            const int head = offset ? 4 : 2;
+            const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(nibble_bytes(p + head)), nibble_bytes(p + size + head), 1);
+            s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+            if (!offset) s = _mm512_sub_epi32(s, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, xv));
+        }
+        const __m512 scale = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(half_value(p) * e[c])),
+                                                _mm256_set1_ps(half_value(p + size) * e[c + 1]), 1);
+        acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc);
+        if (offset) {
+            m[c] = half_value(p + 2);
+            m[c + 1] = half_value(p + size + 2);
+        }
+    }
+    __m256 acc0 = _mm512_castps512_ps256(acc);
+    const __m256 acc1 = _mm512_extractf32x8_ps(acc, 1);
+    if (c < nc) { /* an odd last block: acc0's */
+        __m256i s;
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
+        if (q8) {
+            s = dot4_i8(_mm256_loadu_si256((const __m256i *)(p + 2)), xv);
+        } else {
+            s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), nibble_bytes(p + (offset ? 4 : 2)), xv);
+            if (!offset) s = _mm256_sub_epi32(s, _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), xv));
+        }
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_value(p) * e[c]), _mm256_cvtepi32_ps(s), acc0);
+        if (offset) m[c] = half_value(p + 2);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1)) + (offset ? offset_sum(m, es, nc) : 0.0f);
+}
+
+static float direct_q8_dot(int type, const uint8_t *p, const int8_t *q, const float *e, const float *es, int K) {
+    return type == T_Q4_0 ? direct_q8_dot_t(T_Q4_0, p, q, e, es, K)
+         : type == T_Q4_1 ? direct_q8_dot_t(T_Q4_1, p, q, e, es, K) : direct_q8_dot_t(T_Q8_0, p, q, e, es, K);
+}
+#define HAVE_DIRECT_Q8_DOT 1
+#endif
+
 /* y[M, N] = q8(x)[M, K] @ W^T with integer dot products: x quantized as quantize_rows does, W[N, K]
  * in a block format (not F32/F16/BF16). Faster than kvp_qgemm_rows, and not its bits (the
  * activations are rounded to 8 bits). Each output element is one fixed reduction, whatever M,
@@ -625,6 +749,15 @@ int kvp_qgemm_rows_q8(int type, const float *x, int64_t ldx, const uint8_t *w, i
     }
     float *es = e + (size_t)M * (size_t)nc;
     quantize_rows(x, ldx, M, K, q, e, es);
+#if defined(HAVE_DIRECT_Q8_DOT)
+    if (M == 1 && direct_format(type) && nc <= DIRECT_MAX_BLOCKS) {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++) y[n] = direct_q8_dot(type, w + (int64_t)n * row_bytes, q, e, es, K);
+        free(q);
+        free(e);
+        return 0;
+    }
+#endif
     int failed = 0;
 #pragma omp parallel
     {
