@@ -185,6 +185,8 @@ class Engine:
         computed = config.dtype if weights_format == "float32" else f"{config.dtype}|{weights_format} weights"
         if config.activations != "float32":
             computed += f"|{config.activations} activations"
+        if runner.native_layers is not None:  # decode rows' norms and SiLU are rounded as layer.c rounds them
+            computed += "|native layers"
         if shard is not None:  # the all-reduce's order changes the bits; each rank saves its own heads' share
             computed += f"|tensor-parallel over {shard.world} ranks"
         fingerprint = model_fingerprint(weights.fingerprint, computed, rope)
