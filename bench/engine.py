@@ -9,6 +9,7 @@ decode: 128 greedy tokens, each fed back). Run:
     python bench/engine.py --models smollm2 --contexts 4096 --json out.json
     python bench/engine.py --models smollm2 --kv-paths store --weights gguf,float32,int8,int4,bfloat16
     python bench/engine.py --models smollm2 --kv-paths store --weights gguf,gguf:int8   # :int8 = --activations int8
+    python bench/engine.py --models smollm2 --kv-paths store --weights gguf --kv-dtypes auto,bfloat16
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ DEFAULT_CONTEXTS = {"smollm2": [1024, 4096, 8192], "gemma3-270m": [8192, 16384, 
 
 
 def worker_kvpage(model: str, length: int, new_tokens: int, dtype: str, pool_mib: float, kv_path: str, home: str | None,
-                  weights: str = "auto") -> dict:
+                  weights: str = "auto", kv_dtype: str = "auto") -> dict:
     from kvpage_cli.engine import Engine, EngineConfig
 
     started = time.perf_counter()
     weights, _, activations = weights.partition(":")
     engine = Engine.load(model, EngineConfig(pool_mib=pool_mib, dtype=dtype, kv_path=kv_path, home=home, weights=weights,
-                                             activations=activations or "float32"))
+                                             activations=activations or "float32", kv_dtype=kv_dtype))
     load_s = time.perf_counter() - started
     ids = prompt_ids(engine.tokenizer, length - new_tokens)
     list(engine.generate(engine.prefill(ids[:80]), max_new_tokens=2, stop=()))  # warm-up: first calls, kernels
@@ -58,7 +59,8 @@ def worker_kvpage(model: str, length: int, new_tokens: int, dtype: str, pool_mib
         "weight_mib": stats.weight_bytes / 2**20,
         "kv_bytes_per_token": engine.kv_bytes_per_token(),
         "path": f"{stats.backend}/{stats.kv_path}",
-        "weights": engine.runner.weights + (" + int8 act." if activations == "int8" else ""),
+        "weights": engine.runner.weights + (" + int8 act." if activations == "int8" else "")
+                   + (f" + {kv_dtype} KV" if kv_dtype not in ("auto", dtype) else ""),
         "load_s": load_s,
         "blocks_moved": stats.blocks_moved,
         "peak_rss_mib": peak_rss_mib(),
@@ -146,6 +148,8 @@ def main() -> None:
     parser.add_argument("--systems", default="kvpage,transformers,llama.cpp")
     parser.add_argument("--weights", default="auto", help="kvpage weight formats to run, comma-separated "
                                                           "(auto, float32, gguf, int8, int4, bfloat16; FORMAT:int8 adds --activations int8)")
+    parser.add_argument("--kv-dtypes", default="auto", help="kvpage KV element types to run, comma-separated "
+                        "(auto: --dtype; bfloat16 with float32 --dtype halves the KV bytes)")
     parser.add_argument("--home", default=None, help="KVPAGE_HOME for converted weights")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
@@ -156,7 +160,7 @@ def main() -> None:
         home = args.home
         if system == "kvpage":
             result = worker_kvpage(model, length, args.new_tokens, args.dtype, args.pool_mib, args.worker[3], home,
-                                   args.worker[4])
+                                   args.worker[4], args.worker[5])
         elif system == "transformers":
             result = worker_transformers(model, length, args.new_tokens, args.dtype, home)
         else:
@@ -187,8 +191,9 @@ def main() -> None:
                 if "not installed" not in result.get("error", ""):
                     rows.append({"model": model, "context": length, **result, **_ratios(result, base)})
             if "kvpage" in systems:
-                for kv_path, weights in [(p, w) for p in args.kv_paths.split(",") for w in args.weights.split(",")]:
-                    result = run_worker(Path(__file__), ["kvpage", model, str(length), kv_path, weights, *common])
+                for kv_path, weights, kv_dtype in [(p, w, k) for p in args.kv_paths.split(",") for w in args.weights.split(",")
+                                                   for k in args.kv_dtypes.split(",")]:
+                    result = run_worker(Path(__file__), ["kvpage", model, str(length), kv_path, weights, kv_dtype, *common])
                     result.update(_ratios(result, base))
                     if "weight_mib" in result:
                         # bytes a decode step must read: the weights and every block held (sliding-window

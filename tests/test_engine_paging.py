@@ -257,3 +257,29 @@ def test_a_host_budget_far_below_the_kv_gives_the_same_bits(arch, backend, kv_pa
     assert oct(spill_folder.stat().st_mode & 0o777) == oct(0o700)
     assert list(spill_folder.iterdir()) == []  # the files are unlinked once mapped: nothing outlives the process
     del ctx
+
+
+@pytest.mark.parametrize("backend", ["torch", "native"])
+def test_bfloat16_kv_rounds_the_blocks_as_they_are_written_and_halves_their_bytes(backend, kv_home):
+    """--kv-dtype bfloat16 with fp32 weights and activations: the first layer's blocks are the fp32
+    engine's rounded to bfloat16 (later layers read rounded K/V, so theirs differ by more), the
+    store takes half the bytes, the answers stay close, and saved KV of one is never read by the
+    other."""
+    model, prompt = tiny_model("llama"), random_prompt(3 * BLOCK_TOKENS + 5, seed=3)
+    engines = [Engine.load(model, EngineConfig(home=str(kv_home), backend=backend, kv_dtype=kv)) for kv in ("auto", "bfloat16")]
+    full, half = engines
+    contexts = [engine.prefill(prompt) for engine in engines]
+    assert half.store.groups[0].dtype == torch.bfloat16 and full.store.groups[0].dtype == torch.float32
+    group = [engine.store.group_of(0) for engine in engines]
+    for block_id, half_id in zip(contexts[0].tables[0].ids, contexts[1].tables[0].ids):
+        assert torch.equal(group[1].k_block(0, half_id), group[0].k_block(0, block_id).to(torch.bfloat16))
+        assert torch.equal(group[1].v_block(0, half_id), group[0].v_block(0, block_id).to(torch.bfloat16))
+    assert half.stats().store_bytes * 2 == full.stats().store_bytes
+    assert half.kv_bytes_per_token() * 2 == full.kv_bytes_per_token()
+    a, b = (engine.logits(ctx) for engine, ctx in zip(engines, contexts))
+    assert not torch.equal(a, b) and (a - b).abs().max() <= 0.02 * a.abs().max()
+    tokens = [list(engine.generate(ctx, max_new_tokens=6, stop=())) for engine, ctx in zip(engines, contexts)]
+    assert tokens[0] == tokens[1]
+    assert full.fingerprint != half.fingerprint
+    with pytest.raises(ValueError, match="kv_dtype must be one of"):
+        EngineConfig(kv_dtype="int3")

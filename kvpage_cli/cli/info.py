@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ..engine import ALIASES, BLOCK_TOKENS, Engine
+from ..engine.config import kv_dtype_of
 from ..tasks.retrieval import budget_bounds, question_budget
 from . import ranks
 from .options import MODEL, OUTPUT, RUN, Options, shared_options
@@ -61,7 +62,7 @@ def info(*, opts: Options) -> None:
 def describe(engine: Engine, source: str) -> dict:
     """The model (whole, also when split over ranks) and this process's engine."""
     spec = engine.runner.full_spec
-    element = ELEMENT_BYTES[engine.config.dtype]
+    element = ELEMENT_BYTES[kv_dtype_of(engine.config)]
     stats = engine.stats()
     windows = sorted({layer.window for layer in spec.layers if layer.window})
     alias = ALIASES.get(source)
@@ -79,6 +80,7 @@ def describe(engine: Engine, source: str) -> dict:
         "vocab_size": spec.vocab_size,
         "context_limit": engine.max_context,
         "dtype": engine.config.dtype,
+        "kv_dtype": kv_dtype_of(engine.config),
         "kv_bytes_per_token": spec.kv_bytes_per_token(element),
         "kv_bytes_per_token_by_dtype": {d: spec.kv_bytes_per_token(b) for d, b in ELEMENT_BYTES.items()},
         "kv_bytes_per_token_full_attention_layers": spec.kv_bytes_per_token(element, full_layers_only=True),
@@ -138,7 +140,7 @@ def _text(d: dict) -> str:
         ("model", d["model"] + (f" ({d['description']})" if d["description"] else "")),
         ("architecture", arch),
         ("context limit", f"{d['context_limit']:,} tokens"),
-        ("kv per token", f"{d['kv_bytes_per_token']:,} bytes ({d['kv_bytes_per_token'] / 1024:.1f} KiB) in {d['dtype']}; "
+        ("kv per token", f"{d['kv_bytes_per_token']:,} bytes ({d['kv_bytes_per_token'] / 1024:.1f} KiB) in {d['kv_dtype']}; "
                          + ", ".join(f"{name} {value:,}" for name, value in kv.items())
                          + (f"; full-attention layers only {d['kv_bytes_per_token_full_attention_layers']:,} "
                             "(sliding layers keep a fixed window)" if d["sliding_window_layers"] else "")),

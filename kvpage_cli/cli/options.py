@@ -26,7 +26,7 @@ from typing import Annotated, Any, Callable, Literal
 import typer
 
 from ..engine import DEFAULT_MODEL, EngineConfig
-from ..engine.config import ACTIVATIONS, BACKENDS, DEVICES, DTYPES, MODES, POLICIES, WEIGHTS, default
+from ..engine.config import ACTIVATIONS, BACKENDS, DEVICES, DTYPES, KV_DTYPES, MODES, POLICIES, WEIGHTS, default
 from ..errors import UsageError
 
 # Groups of shared options.
@@ -80,6 +80,11 @@ SHARED: tuple[Shared, ...] = (
            MODEL, "pool_mib"),
     Shared("dtype", Literal[DTYPES], default("dtype"), _opt("--dtype", group=MODEL,
            help="Weights, activations and KV blocks."), MODEL, "dtype"),
+    Shared("kv_dtype", Literal[KV_DTYPES], default("kv_dtype"), _opt("--kv-dtype", group=MODEL,
+           help="The KV blocks' element type, where it differs from --dtype: bfloat16 halves the bytes each "
+                "decode step reads and the memory the document takes, with fp32 weights and activations; "
+                "answers differ by that rounding (bench/engine.py --kv-dtypes measures it). auto: --dtype."),
+           MODEL, "kv_dtype"),
     Shared("weights", Literal[WEIGHTS], default("weights"), _opt("--weights", group=MODEL,
            help="How weight matrices are kept and read: gguf keeps a .gguf file's own quantized blocks, "
                 "mapped from the file (faster decoding than float32 in a fraction of the memory: "

@@ -190,8 +190,8 @@ class BlockManager:
                           group.v_arenas[pos][arena].transpose(0, 1), slot_ids, plan.offsets_int32(k.device),
                           attention_scaling=rope.params.attention_scaling)
             return
-        k = rope.apply(k).to(group.device)
-        v = v.to(group.device)
+        k = rope.apply(k).to(device=group.device, dtype=group.dtype)  # rounded here where the KV dtype is narrower
+        v = v.to(device=group.device, dtype=group.dtype)
         for arena, rows, offsets, select in plan.parts:
             ks, vs = (k, v) if select is None else (k[select], v[select])
             # arena [Hkv, A, 64, D][:, rows, offsets] <- [Hkv, n, D]

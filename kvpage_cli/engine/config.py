@@ -8,6 +8,7 @@ from kvpage_kernels.constants import BLOCK_TOKENS  # tokens per block: the unit 
 
 MODES = ("auto", "exact", "selective", "retrieval")
 DTYPES = ("float32", "bfloat16")
+KV_DTYPES = ("auto", "float32", "bfloat16")
 WEIGHTS = ("auto", "float32", "bfloat16", "int8", "int4", "gguf")
 ACTIVATIONS = ("float32", "int8")
 BACKENDS = ("auto", "torch", "native", "triton")
@@ -30,6 +31,10 @@ class EngineConfig:
         (exact when the prompt fits the model's context, retrieval when it does not). The engine
         attends exactly in all but selective mode; the tasks build retrieval on it.
     dtype: "float32" or "bfloat16" for weights, activations and KV.
+    kv_dtype: the KV blocks' element type where it differs from `dtype`: "bfloat16" halves the
+        bytes every decode step reads (and the store, the pool and the saved KV) while weights and
+        activations stay fp32; K and V are rounded to bfloat16 as they are written, and attention
+        computes in fp32 from them. "auto": `dtype`. On the native and torch backends.
     weights: the format the weight matrices are kept and read in: "float32" (of `dtype`),
         "gguf" (a GGUF file's own quantized blocks, memory-mapped from the file), or made at
         load: "bfloat16", "int8" (a scale per output channel), "int4" (groups of 32). All but
@@ -74,6 +79,7 @@ class EngineConfig:
     pool_mib: float = 64.0
     mode: str = "auto"
     dtype: str = "float32"
+    kv_dtype: str = "auto"
     weights: str = "auto"
     activations: str = "float32"
     backend: str = "auto"
@@ -99,6 +105,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, MODES)
         _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)
         _check_choice("weights", self.weights, WEIGHTS)
         _check_choice("backend", self.backend, BACKENDS)
         _check_choice("kv_path", self.kv_path, KV_PATHS)
@@ -128,6 +135,11 @@ class EngineConfig:
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def kv_dtype_of(config: EngineConfig) -> str:
+    """The KV blocks' element type: kv_dtype, or dtype where kv_dtype is auto."""
+    return config.dtype if config.kv_dtype == "auto" else config.kv_dtype
 
 
 def default(name: str):

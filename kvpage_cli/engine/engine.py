@@ -20,7 +20,7 @@ from ..errors import ContextTooLongError, ModelError, UsageError
 from . import native
 from .backend import NativeBackend, TorchBackend, TritonBackend
 from .block_manager import BlockManager, Write
-from .config import BLOCK_TOKENS, EngineConfig
+from .config import BLOCK_TOKENS, EngineConfig, kv_dtype_of
 from .context import Context
 from .dispatch import SCORE_QUERY_TOKENS, AttentionDispatch, Segment, Step
 from .events import DecodeProgress, EngineWarning, EventCallback, KVRestored, PrefillProgress, StepDone, emit
@@ -91,11 +91,12 @@ class Engine:
         self.home = home
         self.fingerprint = fingerprint
         self.dtype = _DTYPES[config.dtype]
+        self.kv_dtype = _DTYPES[kv_dtype_of(config)]  # the blocks' element type
         self.max_context = config.max_context or spec.max_position
         host_bytes = int(config.host_mib * 2**20) if config.host_mib is not None else None
-        self.store = BlockStore([layer.window for layer in spec.layers], spec.num_kv_heads, spec.head_dim, self.dtype,
+        self.store = BlockStore([layer.window for layer in spec.layers], spec.num_kv_heads, spec.head_dim, self.kv_dtype,
                                 torch.device("cpu"), host_bytes, home / "tmp")
-        element = torch.empty(0, dtype=self.dtype).element_size()
+        element = torch.empty(0, dtype=self.kv_dtype).element_size()
         # the slots a pool of pool_mib holds for the whole model: with tensor parallelism every rank
         # has as many (its pool is its heads' share of the bytes), so that selective budgets agree
         slot_bytes = 2 * runner.full_spec.num_kv_heads * BLOCK_TOKENS * spec.head_dim * element
@@ -107,7 +108,7 @@ class Engine:
         mover = Mover(device) if selective and kv_path == "pool" else None
         self.metrics = Metrics()
         self._listener: EventCallback | None = None  # the callback of the step running now
-        self.pool = SlotPool(spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, self.dtype, device, mover,
+        self.pool = SlotPool(spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, self.kv_dtype, device, mover,
                              self._relay)
         # selective mode keeps each block's key min/max (the quest policy, and retrieval's first stage)
         self.key_bounds = QuestPolicy(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.group_size) if selective else None
@@ -138,6 +139,9 @@ class Engine:
             torch.set_num_threads(config.threads)
         device = _resolve_device(config.device)
         backend_name, native_lib, triton_ops = _resolve_backend(config.backend, device, home, on_event)
+        if backend_name == "triton" and kv_dtype_of(config) != config.dtype:
+            raise UsageError(f"--kv-dtype {config.kv_dtype} with --dtype {config.dtype} runs on the native and torch "
+                             "backends; the Triton kernels read KV of the compute dtype")
         if backend_name == "triton" and config.weights not in ("auto", "float32") and native_lib is None:
             try:  # quantized weights for the Triton kernels are decoded once at load, by the native decoder
                 native_lib = native.load(home)
@@ -166,7 +170,7 @@ class Engine:
         spec = runner.spec  # a rank's own heads: its store, pool and kernels hold and read only those
         if backend_name == "native":
             backend = NativeBackend(native_lib, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.attn_scale,
-                                    dtype == torch.bfloat16)
+                                    kv_dtype_of(config) == "bfloat16")
         elif backend_name == "triton":
             backend = TritonBackend(triton_ops, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.attn_scale)
         else:
@@ -185,6 +189,8 @@ class Engine:
         computed = config.dtype if weights_format == "float32" else f"{config.dtype}|{weights_format} weights"
         if config.activations != "float32":
             computed += f"|{config.activations} activations"
+        if kv_dtype_of(config) != config.dtype:
+            computed += f"|{kv_dtype_of(config)} KV"
         if runner.native_layers is not None:  # decode rows' norms and SiLU are rounded as layer.c rounds them
             computed += "|native layers"
         if shard is not None:  # the all-reduce's order changes the bits; each rank saves its own heads' share
@@ -643,7 +649,7 @@ class Engine:
         self.metrics.reset()
 
     def kv_bytes_per_token(self) -> int:
-        element = torch.empty(0, dtype=self.dtype).element_size()
+        element = torch.empty(0, dtype=self.kv_dtype).element_size()
         return self.spec.kv_bytes_per_token(element)
 
     def __repr__(self) -> str:

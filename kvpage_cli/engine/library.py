@@ -144,7 +144,7 @@ class Library:
             raise KvpageError(
                 f"indexing this document needs {library.index_bytes / 2**30:.1f} GiB of disk for its KV and "
                 f"{cache.folder} has {free / 2**30:.1f} GiB free: free some space, set KVPAGE_HOME to a larger "
-                "disk, or use --dtype bfloat16 (half the bytes)")
+                "disk, or use --kv-dtype bfloat16 (half the bytes)")
         library._seed = hashlib.sha256(f"{engine.cache_seed}|library|{window}|{overlap}|".encode()
                                        + np.asarray(head.tokens, dtype="<i4").tobytes()).hexdigest()
         todo = library._map_saved(cache, on_event)
@@ -285,7 +285,7 @@ class Library:
                                         for pos in range(len(g.layers))]) for g in groups])
         header = {"key": self._window_key(n), "parent": "", "root": self._seed[:64], "seed": self._seed,
                   "start": len(self.head.tokens) + w.start, "end": len(self.head.tokens) + w.start + w.count,
-                  "dtype": str(self.engine.config.dtype), "block_shape": list(groups[0].block_shape),
+                  "dtype": str(self.engine.store.groups[0].dtype).removeprefix("torch."), "block_shape": list(groups[0].block_shape),
                   "group_layers": [len(g.layers) for g in groups]}
         first, end = self._first_block[n], self._first_block[n + 1]
         bounds = torch.stack([self.kmin[first:end], self.kmax[first:end]], dim=2)  # [n, F, 2, Hkv, D]
