@@ -611,6 +611,9 @@ def test_info_text_and_json(cli):
     assert data["retrieval_tokens"] == 4096 and data["retrieval_bound"] == "kvpage's budget"  # not the store's pool
     # 2 (K and V) x 2 layers x 2 KV heads x head dim 16 x 4 bytes
     assert data["kv_bytes_per_token"] == 512 and data["kv_bytes_per_token_by_dtype"]["bfloat16"] == 256
+    half = json.loads(cli("info", "--kv-dtype", "bfloat16", "--json").stdout)
+    assert half["kv_dtype"] == "bfloat16" and half["dtype"] == "float32" and half["kv_bytes_per_token"] == 256
+    assert re.search(r"^kv per token +256 bytes .* in bfloat16", cli("info", "--kv-dtype", "bfloat16").stdout, re.M)
     assert data["context_limit"] == 8192 and data["architecture"] == "llama"
     assert data["pool_slots_per_layer"] > 0 and data["store_mib"] == 0
     assert data["device"] == "cpu" and data["backend"] in ("native", "torch")
