@@ -136,9 +136,8 @@ static inline __attribute__((always_inline)) void block_head_512(const float *q,
     }
     float inv_l[MAX_GROUP];
     softmax_rows(scores, G, t_lo, t_hi, lse, inv_l);
-    /* chunks of 16 dims per pass, so that G * CC accumulators fit in registers (a constant once G
-     * and D are: a bound computed in a loop left the accumulators in memory, 3-5x slower) */
-    const int CC = G * C <= 24 ? C : G * (C / 2) <= 24 ? C / 2 : G * (C / 4) <= 24 ? C / 4 : G * (C / 8) <= 24 ? C / 8 : 1;
+    int CC = C; /* chunks of 16 dims per pass, so that G * CC accumulators fit in registers */
+    while (G * CC > 24 && CC > 1) CC /= 2;
     for (int c0 = 0; c0 < C; c0 += CC) {
         __m512 acc[8][16];
         for (int g = 0; g < G; g++)
@@ -191,19 +190,15 @@ static inline __attribute__((always_inline)) void pair_state(
     }
 }
 
-/* Every pair of every item, shared among the threads of the enclosing parallel region by items:
- * an item is one block and the queries that read it (several sequences sharing a forked prefix
- * read it once, from cache, for all of them). The region is opened by the caller, around the
- * switch that picks G and D: a parallel region opened here would be outlined before this
- * function is inlined, with G and D as run-time values, and the AVX-512 path would run generic
- * code with its accumulators in memory (measured: 3-4x slower). */
+/* Every pair of every item, in parallel over items: an item is one block and the queries that
+ * read it (several sequences sharing a forked prefix read it once, from cache, for all of them). */
 static inline __attribute__((always_inline)) void decode_items(
     const int SPECIAL, const int BF16, const int G, const int D, const float *q, const int64_t *k_addr,
     const int64_t *v_addr, int n_items, const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
     const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hkv, int64_t window, float scale,
     float *states, float *lse) {
     const int Hq = Hkv * G;
-#pragma omp for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < n_items; i++) {
         const int64_t *ka = k_addr + (int64_t)item_ids[i] * Hkv;
         const int64_t *va = v_addr + (int64_t)item_ids[i] * Hkv;
@@ -221,7 +216,7 @@ static inline __attribute__((always_inline)) void decode_items(
     decode_items(SPECIAL, BF16, G, D, q, k_addr, v_addr, n_items, item_ids, item_pos, item_off, pair_query, q_pos, \
                  q_end, Hkv, window, scale, states, lse)
 #define CASE_G(BF16, D, G) \
-    case G: DECODE(1, BF16, G, D); done = 1; break;
+    case G: DECODE(1, BF16, G, D); return 0;
 #define CASES_G(BF16, D)                                                                                      \
     switch (G) {                                                                                              \
         CASE_G(BF16, D, 1) CASE_G(BF16, D, 2) CASE_G(BF16, D, 3) CASE_G(BF16, D, 4) CASE_G(BF16, D, 5) \
@@ -241,23 +236,21 @@ int kvp_decode_states(int bf16, const float *q, const int64_t *k_addr, const int
                       int64_t window, float scale, float *states, float *lse) {
     if (Hkv <= 0 || Hq % Hkv != 0 || Hq / Hkv > MAX_GROUP || D > MAX_DIM) return -1;
     const int G = Hq / Hkv;
-#pragma omp parallel
-    {
-        int done = 0;
 #if defined(__AVX512F__)
-        if (bf16) {
-            if (D == 64) { CASES_G(1, 64) }
-            if (D == 128) { CASES_G(1, 128) }
-            if (D == 256) { CASES_G(1, 256) }
-        } else {
-            if (D == 64) { CASES_G(0, 64) }
-            if (D == 128) { CASES_G(0, 128) }
-            if (D == 256) { CASES_G(0, 256) }
-        }
-#endif
-        if (!done && bf16) DECODE(0, 1, G, D);
-        if (!done && !bf16) DECODE(0, 0, G, D);
+    if (bf16) {
+        if (D == 64) { CASES_G(1, 64) }
+        if (D == 128) { CASES_G(1, 128) }
+        if (D == 256) { CASES_G(1, 256) }
+    } else {
+        if (D == 64) { CASES_G(0, 64) }
+        if (D == 128) { CASES_G(0, 128) }
+        if (D == 256) { CASES_G(0, 256) }
     }
+#endif
+    if (bf16)
+        DECODE(0, 1, G, D);
+    else
+        DECODE(0, 0, G, D);
     return 0;
 }
 
