@@ -11,7 +11,9 @@ A forward pass runs the rows of one step: tokens of several sequences at their o
 Rows are grouped for the linear layers (`Rows`): the rows of short segments (decode tokens,
 short prompts) go through one call of a kernel whose every row is computed alone (the native
 `gemm_rows`), so a sequence gets the same bits batched or not, and the weights are read once for
-all of them; each long segment (a prefill chunk) gets its own matrix multiplication.
+all of them; each long segment (a prefill chunk) gets its own matrix multiplication. On
+weights in a compact format, the short segments' rows of a llama-family layer go through two
+native calls (`NativeLayer`: native/layer.c) instead of the operations below, one at a time.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class Rows:
                 parts.append((slice(start, start + count), small))
             start += count
         return cls(tuple(parts))
+
+
+_ONE_LONG = Rows(((slice(None), False),))  # a long segment's rows, alone
 
 
 def _is_matrix(name: str, tensor) -> bool:
@@ -433,7 +438,7 @@ class ModelRunner:
         """Q, K, V of norm(h): [N, q + 2 kv]; small parts through the native layer where there is one."""
         if self.native_layers is None:
             return self._pre_torch(h, w, rows)
-        parts = [self.native_layers[i].pre(h[part].contiguous()) if small else self._pre_torch(h[part], w, Rows(((slice(None), False),)))
+        parts = [self.native_layers[i].pre(h[part].contiguous()) if small else self._pre_torch(h[part], w, _ONE_LONG)
                  for part, small in rows.parts]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -446,7 +451,7 @@ class ModelRunner:
         if self.native_layers is None:
             return self._post_torch(h, a, w, rows)
         parts = [self.native_layers[i].post(h[part].contiguous(), a[part]) if small
-                 else self._post_torch(h[part], a[part], w, Rows(((slice(None), False),))) for part, small in rows.parts]
+                 else self._post_torch(h[part], a[part], w, _ONE_LONG) for part, small in rows.parts]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _post_torch(self, h: torch.Tensor, a: torch.Tensor, w: LayerWeights, rows: Rows) -> torch.Tensor:
