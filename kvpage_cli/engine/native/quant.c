@@ -424,7 +424,7 @@ static inline __attribute__((always_inline)) void block_dot4(const float *x, int
 #define DIRECT_MAX_BLOCKS 512 /* K up to 16,384 */
 static inline int direct_format(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__FMA__) && defined(__F16C__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__FMA__) && defined(__F16C__)
 static inline int block_size(int type) { return type == T_Q4_0 ? 18 : type == T_Q4_1 ? 20 : 34; }
 
 /* Block b's 32 values as fp32 (the integers decode_i8 gives): values 0-15 and 16-31. */
@@ -665,7 +665,7 @@ static inline __attribute__((always_inline)) void q8_dot4(int8_t *const *w, floa
 }
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__FMA__) && defined(__F16C__)
+#if defined(HAVE_DIRECT_DOT) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
 /* The 32 bytes dpbusd multiplies for block b, as unsigned bytes (Q4_0's bias 8 is taken off the sums) */
 static inline __attribute__((always_inline)) __m256i nibble_bytes(const uint8_t *v) {
     const __m128i bytes = _mm_loadu_si128((const __m128i *)v), mask = _mm_set1_epi8(0x0F);
