@@ -280,8 +280,7 @@ def main() -> None:
                 done.append(logged[contract.name])
                 continue
             done.append(review(engine, contract, args.batch))
-            line = json.dumps(done[-1])
-            print(line, file=sys.stderr, flush=True)
+            print(json.dumps(done[-1]), file=sys.stderr, flush=True)
             if args.log:
                 with open(args.log, "a") as log:
                     log.write(json.dumps({"model": model, **done[-1]}) + "\n")
