@@ -614,6 +614,8 @@ def test_info_text_and_json(cli):
     half = json.loads(cli("info", "--kv-dtype", "bfloat16", "--json").stdout)
     assert half["kv_dtype"] == "bfloat16" and half["dtype"] == "float32" and half["kv_bytes_per_token"] == 256
     assert re.search(r"^kv per token +256 bytes .* in bfloat16", cli("info", "--kv-dtype", "bfloat16").stdout, re.M)
+    # int8: 2 x 2 layers x 2 KV heads x (16 int8 numbers + a float32 scale) per row
+    assert json.loads(cli("info", "--kv-dtype", "int8", "--json").stdout)["kv_bytes_per_token"] == 160
     assert data["context_limit"] == 8192 and data["architecture"] == "llama"
     assert data["pool_slots_per_layer"] > 0 and data["store_mib"] == 0
     assert data["device"] == "cpu" and data["backend"] in ("native", "torch")

@@ -282,4 +282,81 @@ def test_bfloat16_kv_rounds_the_blocks_as_they_are_written_and_halves_their_byte
     assert tokens[0] == tokens[1]
     assert full.fingerprint != half.fingerprint
     with pytest.raises(ValueError, match="kv_dtype must be one of"):
-        EngineConfig(kv_dtype="int3")
+        EngineConfig(kv_dtype="int4")
+
+
+@pytest.mark.parametrize("backend,kv_path", [("torch", "store"), ("native", "store"), ("native", "pool")])
+def test_int8_kv_keeps_each_row_with_its_scale(backend, kv_path, kv_home):
+    """--kv-dtype int8: layer 0's blocks are the fp32 engine's rows rounded to int8 with one scale
+    each (largest magnitude / 127), kept in the block; the store takes the bytes that says, and the
+    answers stay close to fp32's (a small pool: blocks and their scales go through the slots)."""
+    from kvpage_cli.engine.store import decode_rows, encode_rows, row_scales
+
+    model, prompt = tiny_model("llama"), random_prompt(3 * BLOCK_TOKENS + 5, seed=3)
+    engines = [Engine.load(model, EngineConfig(home=str(kv_home), backend=backend, kv_path=kv_path, pool_mib=0.05,
+                                               kv_dtype=kv)) for kv in ("auto", "int8")]
+    full, small = engines
+    contexts = [engine.prefill(prompt) for engine in engines]
+    group = [engine.store.group_of(0) for engine in engines]
+    heads, dim = model.config.num_key_value_heads, model.config.head_dim
+    assert group[1].stored_shape == (heads, BLOCK_TOKENS + BLOCK_TOKENS * 4 // dim, dim)
+    for block_id, small_id in zip(contexts[0].tables[0].ids, contexts[1].tables[0].ids):
+        for exact, kept in ((group[0].k_block(0, block_id), group[1].k_block(0, small_id)),
+                            (group[0].v_block(0, block_id), group[1].v_block(0, small_id))):
+            rows, scales = encode_rows(exact)
+            filled = exact.abs().amax(dim=(0, 2)) > 0  # the last block's unwritten rows hold nothing
+            assert torch.equal(kept[:, :BLOCK_TOKENS][:, filled], rows[:, filled])
+            assert torch.equal(row_scales(kept)[:, filled], scales[:, filled])
+            assert torch.equal(scales, exact.abs().amax(dim=-1) / 127)
+            error = (decode_rows(kept) - exact).abs()[:, filled]
+            assert bool((error <= scales[:, filled, None] / 2 * 1.001).all())
+    per_token = 2 * model.config.num_hidden_layers * heads * (dim + 4)  # int8 numbers and a float32 scale a row
+    assert small.kv_bytes_per_token() == per_token
+    assert small.stats().store_bytes * BLOCK_TOKENS * dim * 4 == full.stats().store_bytes * (BLOCK_TOKENS + BLOCK_TOKENS * 4 // dim) * dim
+    a, b = (engine.logits(ctx) for engine, ctx in zip(engines, contexts))
+    assert not torch.equal(a, b) and (a - b).abs().max() <= 0.03 * a.abs().max()
+    tokens = [list(engine.generate(ctx, max_new_tokens=6, stop=())) for engine, ctx in zip(engines, contexts)]
+    assert tokens[0] == tokens[1]
+    assert full.fingerprint != small.fingerprint
+
+
+@pytest.mark.parametrize("head_dim,group,window", [(64, 3, 0), (64, 3, 70), (16, 2, 0), (128, 1, 0)])
+def test_native_kernel_reads_int8_blocks_as_their_decoded_values(head_dim, group, window, kv_home):
+    """The native decode kernel over int8 blocks computes what it computes over fp32 blocks holding
+    the rows times their scales: the same bits (AVX-512 paths for head sizes 64 and 128, the
+    portable path for 16), and what the torch reference computes from those values."""
+    from kvpage_cli.engine import native
+    from kvpage_cli.engine.backend import DecodePlan, LayerBlocks, NativeBackend, TorchBackend
+    from kvpage_cli.engine.store import decode_rows, encode_rows, head_addresses, row_scales, stored_block_shape
+
+    try:
+        lib = native.load(kv_home)
+    except native.NativeUnavailable as exc:
+        pytest.skip(f"no C compiler here: {exc}")
+    gen = torch.Generator().manual_seed(21)
+    num_kv_heads, blocks = 2, 5
+    values = torch.randn(2, blocks, num_kv_heads, BLOCK_TOKENS, head_dim, generator=gen)
+    values[:, :, :, 7] *= 40  # an outlier row: its own scale, the others unaffected
+    stored = torch.zeros(2, blocks, *stored_block_shape(num_kv_heads, head_dim, torch.int8), dtype=torch.int8)
+    rows, scales = encode_rows(values)
+    stored[:, :, :, :BLOCK_TOKENS] = rows
+    row_scales(stored)[:] = scales
+    decoded = decode_rows(stored).contiguous()
+    lists = [[(0, 0), (1, 1), (2, 2)], [(0, 0), (3, 1), (4, 2), (1, 3)], [(2, 0)]]
+    q_pos = [2 * BLOCK_TOKENS + 9, 4 * BLOCK_TOKENS - 1, 30]
+    plan = DecodePlan.build([(torch.tensor([b for b, _ in blocks_of], dtype=torch.int32),
+                              torch.tensor([p for _, p in blocks_of], dtype=torch.int32)) for blocks_of in lists], q_pos)
+    q = torch.randn(len(lists), num_kv_heads * group, head_dim, generator=gen)
+    results = []
+    for kind, (k, v) in (("int8", stored), ("float32", decoded)):
+        backend = NativeBackend(lib, num_kv_heads * group, num_kv_heads, head_dim, head_dim ** -0.5, kind)
+        states, lse = backend.states(plan.num_pairs, q.device)
+        backend.decode_states(q, plan, LayerBlocks(head_addresses(k, 0), head_addresses(v, 0), None), window, states, lse)
+        results.append(backend.merge(states, lse, plan))
+    assert torch.equal(results[0], results[1])
+    reference = TorchBackend(num_kv_heads * group, num_kv_heads, head_dim, head_dim ** -0.5)
+    states, lse = reference.states(plan.num_pairs, q.device)
+    reference.decode_states(q, plan, LayerBlocks(None, None, lambda ids: (decoded[0][ids], decoded[1][ids])), window,
+                            states, lse)
+    # fp32 both ways, summed in different orders; the outlier rows make values up to ~40x larger
+    torch.testing.assert_close(results[0], reference.merge(states, lse, plan), atol=1e-4, rtol=1e-4)

@@ -47,12 +47,14 @@ def llama():
     return tiny_model("llama")
 
 
-@pytest.mark.parametrize("arch,kv_path", [("llama", "store"), ("llama", "pool"), ("gemma3_text", "store"), ("mistral", "pool")])
-def test_second_prefill_loads_the_document_and_gives_the_same_bits(arch, kv_path, tmp_path):
+@pytest.mark.parametrize("arch,kv_path,kv_dtype", [("llama", "store", "auto"), ("llama", "pool", "auto"),
+                                                   ("gemma3_text", "store", "auto"), ("mistral", "pool", "auto"),
+                                                   ("gemma3_text", "pool", "int8")])
+def test_second_prefill_loads_the_document_and_gives_the_same_bits(arch, kv_path, kv_dtype, tmp_path):
     model = tiny_model(arch)  # gemma3 and mistral have sliding-window layers (window 100)
     ids = random_prompt(7 * SEGMENT + 100, seed=3)
-    reference = fresh_logits(model, tmp_path, ids, kv_path=kv_path)
-    engine = load(model, tmp_path, kv_path=kv_path)
+    reference = fresh_logits(model, tmp_path, ids, kv_path=kv_path, kv_dtype=kv_dtype)
+    engine = load(model, tmp_path, kv_path=kv_path, kv_dtype=kv_dtype)
 
     first, first_logits, _ = prefill(engine, ids)
     assert first.cached_prefix == 0

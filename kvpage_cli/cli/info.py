@@ -6,6 +6,7 @@ import json
 
 from ..engine import ALIASES, BLOCK_TOKENS, Engine
 from ..engine.config import kv_dtype_of
+from ..engine.spec import KV_ELEMENT_BYTES
 from ..tasks.retrieval import budget_bounds, question_budget
 from . import ranks
 from .options import MODEL, OUTPUT, RUN, Options, shared_options
@@ -13,7 +14,6 @@ from .output import Sink, check_out_path, choose_format
 from .session import MIB, Session, pool_capacity_bytes
 
 FORMATS = ("text", "json")
-ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 @shared_options(MODEL, OUTPUT, RUN)
@@ -62,7 +62,7 @@ def info(*, opts: Options) -> None:
 def describe(engine: Engine, source: str) -> dict:
     """The model (whole, also when split over ranks) and this process's engine."""
     spec = engine.runner.full_spec
-    element = ELEMENT_BYTES[kv_dtype_of(engine.config)]
+    kv_dtype = kv_dtype_of(engine.config)
     stats = engine.stats()
     windows = sorted({layer.window for layer in spec.layers if layer.window})
     alias = ALIASES.get(source)
@@ -80,10 +80,10 @@ def describe(engine: Engine, source: str) -> dict:
         "vocab_size": spec.vocab_size,
         "context_limit": engine.max_context,
         "dtype": engine.config.dtype,
-        "kv_dtype": kv_dtype_of(engine.config),
-        "kv_bytes_per_token": spec.kv_bytes_per_token(element),
-        "kv_bytes_per_token_by_dtype": {d: spec.kv_bytes_per_token(b) for d, b in ELEMENT_BYTES.items()},
-        "kv_bytes_per_token_full_attention_layers": spec.kv_bytes_per_token(element, full_layers_only=True),
+        "kv_dtype": kv_dtype,
+        "kv_bytes_per_token": spec.kv_bytes_per_token(kv_dtype),
+        "kv_bytes_per_token_by_dtype": {d: spec.kv_bytes_per_token(d) for d in KV_ELEMENT_BYTES},
+        "kv_bytes_per_token_full_attention_layers": spec.kv_bytes_per_token(kv_dtype, full_layers_only=True),
         "block_tokens": BLOCK_TOKENS,
         "pool_mib": round(pool_capacity_bytes(engine) / MIB, 2),
         "pool_slots_per_layer": engine.pool.num_slots,
@@ -141,7 +141,7 @@ def _text(d: dict) -> str:
         ("architecture", arch),
         ("context limit", f"{d['context_limit']:,} tokens"),
         ("kv per token", f"{d['kv_bytes_per_token']:,} bytes ({d['kv_bytes_per_token'] / 1024:.1f} KiB) in {d['kv_dtype']}; "
-                         + ", ".join(f"{name} {value:,}" for name, value in kv.items())
+                         + ", ".join(f"{name} {value:,}" for name, value in kv.items()) + " (int8: with each row's scale)"
                          + (f"; full-attention layers only {d['kv_bytes_per_token_full_attention_layers']:,} "
                             "(sliding layers keep a fixed window)" if d["sliding_window_layers"] else "")),
         ("pool", f"{d['pool_mib']:,.1f} MiB, {d['pool_slots_per_layer']:,} slots of {d['block_tokens']} tokens per layer"),

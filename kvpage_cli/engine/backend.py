@@ -196,10 +196,10 @@ class NativeBackend(TorchBackend):
 
     name = "native"
 
-    def __init__(self, lib, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, bf16: bool) -> None:
+    def __init__(self, lib, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, kv_dtype: str) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         self.lib = lib
-        self.bf16 = bf16
+        self.kv_dtype = kv_dtype
         self._states: torch.Tensor | None = None
         self._lse: torch.Tensor | None = None
 
@@ -213,7 +213,7 @@ class NativeBackend(TorchBackend):
 
     def decode_states(self, q, plan, blocks, window, states, lse) -> None:
         native.decode_states(self.lib, q.contiguous(), blocks.k_addr, blocks.v_addr, plan, window, self.scale,
-                             states, lse, self.bf16)
+                             states, lse, self.kv_dtype)
 
     def merge(self, states, lse, plan) -> torch.Tensor:
         out = torch.empty(plan.num_queries, self.num_heads, self.head_dim)

@@ -17,7 +17,7 @@ import torch
 
 from .config import BLOCK_TOKENS
 from .context import BlockTable
-from .store import BlockStore
+from .store import BlockStore, encode_rows, row_scales
 
 
 class BlockWatcher(Protocol):
@@ -39,14 +39,17 @@ class Write:
 
 class BlockManager:
     def __init__(self, store: BlockStore, on_free: Callable[[list[int], list[int]], None],
-                 watchers: Iterable[BlockWatcher] = (), bake=None) -> None:
+                 watchers: Iterable[BlockWatcher] = (), bake=None, native_lib=None) -> None:
         """on_free(group layers, freed block ids): blocks became free (the pool forgets them).
         watchers: told of every K write and every copy-on-write copy. bake: an optional fused
-        rotate-and-store kernel (Triton's rope_bake_store) used when no watcher needs the rows."""
+        rotate-and-store kernel (Triton's rope_bake_store) used when no watcher needs the rows.
+        native_lib: the native kernels, whose row writer encodes rows into int8 blocks in one call
+        (the same bits as the torch encoding, in a fraction of a decode step's time)."""
         self.store = store
         self.on_free = on_free
         self.watchers = list(watchers)
         self.bake = bake
+        self.native_lib = native_lib
 
     # -- tables ----------------------------------------------------------------------------------
 
@@ -105,7 +108,7 @@ class BlockManager:
                 saved: list[tuple[list[int], torch.Tensor]]) -> None:
         """Appends logical blocks first_block .. first_block+count-1 to every table, filled with
         saved K (already rotated) and V: per group, (the logical blocks saved, data
-        [layers, 2, n, Hkv, 64, D]). A sliding-window group keeps only the blocks a query after
+        [layers, 2, n, *stored block shape]). A sliding-window group keeps only the blocks a query after
         them can still see. Watchers are told of every restored K as of a written one."""
         end = (first_block + count) * BLOCK_TOKENS
         for group, table, (indices, data) in zip(self.store.groups, tables, saved):
@@ -119,7 +122,7 @@ class BlockManager:
                     group.k_block(pos, block_id).copy_(data[pos, 0, row])
                     group.v_block(pos, block_id).copy_(data[pos, 1, row])
                     for watcher in self.watchers:
-                        watcher.written(layer, block_id, group.k_block(pos, block_id), True)
+                        watcher.written(layer, block_id, group.k_values(pos, block_id), True)
             if group.window:
                 self._free(group, group.allocator.decref(table.drop_before(first_visible)))
             table.changed()
@@ -128,7 +131,8 @@ class BlockManager:
         """Appends len(deltas) blocks to every table. Full-attention groups get blocks read
         elsewhere (`read(group, layer_pos)` -> K, V [n, Hkv, 64, D]), each moved by `deltas`
         positions: its K rows rotated once more (RoPE is baked in, so a move is a rotation), V as
-        it is. Sliding-window groups get holes: their layers see only what follows.
+        it is (values; int8 blocks are encoded again after the rotation). Sliding-window groups get
+        holes: their layers see only what follows.
         rope: rope key -> RopeParams; layer_specs: the model's LayerSpec per layer."""
         for group, table in zip(self.store.groups, tables):
             if group.window:
@@ -150,10 +154,10 @@ class BlockManager:
             moved = rotate(rows, delta, rope[layer_specs[layer].rope_key])
             moved = moved.reshape(num_kv_heads, len(target), BLOCK_TOKENS, head_dim).permute(1, 0, 2, 3)
             for i, block_id in enumerate(target):
-                group.k_block(pos, block_id).copy_(moved[i])
-                group.v_block(pos, block_id).copy_(v[i])
+                put_block(group.k_block(pos, block_id), moved[i])
+                put_block(group.v_block(pos, block_id), v[i])
                 for watcher in self.watchers:
-                    watcher.written(layer, block_id, moved[i], True)
+                    watcher.written(layer, block_id, group.k_values(pos, block_id), True)
 
     def drop_outside_windows(self, tables: list[BlockTable], num_cached: int) -> None:
         """Frees the blocks no query after position num_cached-1 can see in a sliding-window group."""
@@ -190,13 +194,30 @@ class BlockManager:
                           group.v_arenas[pos][arena].transpose(0, 1), slot_ids, plan.offsets_int32(k.device),
                           attention_scaling=rope.params.attention_scaling)
             return
-        k = rope.apply(k).to(device=group.device, dtype=group.dtype)  # rounded here where the KV dtype is narrower
-        v = v.to(device=group.device, dtype=group.dtype)
+        k = rope.apply(k).to(device=group.device)
+        v = v.to(device=group.device)
+        if group.quantized and self.native_lib is not None and not self.watchers and group.device.type == "cpu":
+            from . import native
+
+            ids, offsets = plan.row_blocks()
+            native.write_int8_rows(self.native_lib, k, group.k_addr[pos][ids], offsets)
+            native.write_int8_rows(self.native_lib, v, group.v_addr[pos][ids], offsets)
+            return
+        if group.quantized:
+            (k, k_scale), (v, v_scale) = encode_rows(k), encode_rows(v)
+        else:  # rounded here where the KV dtype is narrower
+            k, v = k.to(group.dtype), v.to(group.dtype)
         for arena, rows, offsets, select in plan.parts:
             ks, vs = (k, v) if select is None else (k[select], v[select])
             # arena [Hkv, A, 64, D][:, rows, offsets] <- [Hkv, n, D]
             group.k_arenas[pos][arena][:, rows, offsets] = ks.transpose(0, 1)
             group.v_arenas[pos][arena][:, rows, offsets] = vs.transpose(0, 1)
+            if group.quantized:
+                k_scales, v_scales = (k_scale, v_scale) if select is None else (k_scale[select], v_scale[select])
+                row_scales(group.k_arenas[pos][arena])[:, rows, offsets] = k_scales.transpose(0, 1)
+                row_scales(group.v_arenas[pos][arena])[:, rows, offsets] = v_scales.transpose(0, 1)
+        if group.quantized and self.watchers:  # the watchers see the values kept
+            k = k.float() * k_scale[..., None]
         for write in plan.writes if self.watchers else ():
             self._tell_watchers(layer, group, write, k[write.rows])
 
@@ -213,6 +234,16 @@ class BlockManager:
             done += count
 
 
+def put_block(stored: torch.Tensor, values: torch.Tensor) -> None:
+    """Writes a block's values [Hkv, 64, D] into a stored block (int8 blocks: encoded, with scales)."""
+    if stored.dtype != torch.int8:
+        stored.copy_(values)
+        return
+    rows, scales = encode_rows(values)
+    stored[:, :BLOCK_TOKENS].copy_(rows)
+    row_scales(stored).copy_(scales)
+
+
 @dataclass
 class WritePlan:
     """One store group's destinations for a step's rows: per arena, (arena, rows [n], offsets [n],
@@ -223,14 +254,17 @@ class WritePlan:
     arenas: list[int]
     rows: list[int]
     offsets: list[int]
+    block_ids: list[int]
+    _row_blocks: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def of(cls, group, writes: list[Write]) -> "WritePlan":
-        arenas, rows, offsets = [], [], []
+        arenas, rows, offsets, block_ids = [], [], [], []
         for write in writes:
             ids = write.tables[group.index].ids
             for position in range(write.start, write.start + write.rows.stop - write.rows.start):
                 block_id = ids[position // BLOCK_TOKENS]
+                block_ids.append(block_id)
                 arenas.append(group.arena_of[block_id])
                 rows.append(group.row_of[block_id])
                 offsets.append(position % BLOCK_TOKENS)
@@ -239,7 +273,14 @@ class WritePlan:
             mine = [i for i, a in enumerate(arenas) if a == arena]
             select = torch.tensor(mine) if len(mine) != len(arenas) else None
             parts.append((arena, torch.tensor([rows[i] for i in mine]), torch.tensor([offsets[i] for i in mine]), select))
-        return cls(writes, parts, arenas, rows, offsets)
+        return cls(writes, parts, arenas, rows, offsets, block_ids)
+
+    def row_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each row's block id int64 [N], its offset in the block int32 [N]), made once a step."""
+        if self._row_blocks is None:
+            self._row_blocks = (torch.tensor(self.block_ids, dtype=torch.int64),
+                                torch.tensor(self.offsets, dtype=torch.int32))
+        return self._row_blocks
 
     def arena_rows(self, arena: int, device) -> torch.Tensor:
         """int32 [N]: each row's block row in `arena`, -1 for rows that go to another arena."""

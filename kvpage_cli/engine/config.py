@@ -8,7 +8,7 @@ from kvpage_kernels.constants import BLOCK_TOKENS  # tokens per block: the unit 
 
 MODES = ("auto", "exact", "selective", "retrieval")
 DTYPES = ("float32", "bfloat16")
-KV_DTYPES = ("auto", "float32", "bfloat16")
+KV_DTYPES = ("auto", "float32", "bfloat16", "int8")
 WEIGHTS = ("auto", "float32", "bfloat16", "int8", "int4", "gguf")
 ACTIVATIONS = ("float32", "int8")
 BACKENDS = ("auto", "torch", "native", "triton")
@@ -34,7 +34,10 @@ class EngineConfig:
     kv_dtype: the KV blocks' element type where it differs from `dtype`: "bfloat16" halves the
         bytes every decode step reads (and the store, the pool and the saved KV) while weights and
         activations stay fp32; K and V are rounded to bfloat16 as they are written, and attention
-        computes in fp32 from them. "auto": `dtype`. On the native and torch backends.
+        computes in fp32 from them. "int8": each K and V row (one token, one KV head) is kept as
+        int8 with its own float32 scale (largest magnitude / 127), carried in the block: about a
+        quarter of fp32's bytes; attention computes in fp32 from the rows times their scales.
+        "auto": `dtype`. On the native and torch backends.
     weights: the format the weight matrices are kept and read in: "float32" (of `dtype`),
         "gguf" (a GGUF file's own quantized blocks, memory-mapped from the file), or made at
         load: "bfloat16", "int8" (a scale per output channel), "int4" (groups of 32). All but

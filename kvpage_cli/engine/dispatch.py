@@ -24,7 +24,7 @@ from .config import BLOCK_TOKENS
 from .context import Context
 from .pool import SlotPool
 from .spec import ModelSpec
-from .store import BlockStore
+from .store import BlockStore, copy_rows
 
 SCORE_QUERY_TOKENS = 16  # a prompt's final tokens whose queries rank blocks ("scores" policy, retrieval)
 
@@ -204,8 +204,8 @@ class AttentionDispatch:
         pos = self.store.layer_pos[layer]
 
         def copy_in(block_id: int, k_slot: torch.Tensor, v_slot: torch.Tensor, tokens: int) -> None:
-            k_slot[:, :tokens].copy_(group.k_block(pos, block_id)[:, :tokens], non_blocking=True)
-            v_slot[:, :tokens].copy_(group.v_block(pos, block_id)[:, :tokens], non_blocking=True)
+            copy_rows(k_slot, group.k_block(pos, block_id), tokens, non_blocking=True)
+            copy_rows(v_slot, group.v_block(pos, block_id), tokens, non_blocking=True)
 
         return copy_in
 

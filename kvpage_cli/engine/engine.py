@@ -20,7 +20,7 @@ from ..errors import ContextTooLongError, ModelError, UsageError
 from . import native
 from .backend import NativeBackend, TorchBackend, TritonBackend
 from .block_manager import BlockManager, Write
-from .config import BLOCK_TOKENS, EngineConfig, kv_dtype_of
+from .config import EngineConfig, kv_dtype_of
 from .context import Context
 from .dispatch import SCORE_QUERY_TOKENS, AttentionDispatch, Segment, Step
 from .events import DecodeProgress, EngineWarning, EventCallback, KVRestored, PrefillProgress, StepDone, emit
@@ -37,10 +37,10 @@ from .rope import rope_params_from_config
 from .sampler import sample
 from .selector import Selector
 from .spec import ModelSpec
-from .store import BlockStore
+from .store import BlockStore, block_bytes_per_layer
 from .weights import DEFAULT_MODEL, gguf_file, load_weights
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
 
 
 @dataclass(eq=False)
@@ -96,10 +96,9 @@ class Engine:
         host_bytes = int(config.host_mib * 2**20) if config.host_mib is not None else None
         self.store = BlockStore([layer.window for layer in spec.layers], spec.num_kv_heads, spec.head_dim, self.kv_dtype,
                                 torch.device("cpu"), host_bytes, home / "tmp")
-        element = torch.empty(0, dtype=self.kv_dtype).element_size()
         # the slots a pool of pool_mib holds for the whole model: with tensor parallelism every rank
         # has as many (its pool is its heads' share of the bytes), so that selective budgets agree
-        slot_bytes = 2 * runner.full_spec.num_kv_heads * BLOCK_TOKENS * spec.head_dim * element
+        slot_bytes = block_bytes_per_layer(runner.full_spec.num_kv_heads, spec.head_dim, self.kv_dtype)
         slots = int(config.pool_mib * 2**20) // (spec.num_layers * slot_bytes)
         if slots < 1:
             need = spec.num_layers * slot_bytes / 2**20
@@ -113,7 +112,8 @@ class Engine:
         # selective mode keeps each block's key min/max (the quest policy, and retrieval's first stage)
         self.key_bounds = QuestPolicy(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.group_size) if selective else None
         bake = backend.ops.rope_bake_store if backend.name == "triton" else None
-        self.blocks = BlockManager(self.store, self.pool.forget, [self.key_bounds] if self.key_bounds else [], bake)
+        self.blocks = BlockManager(self.store, self.pool.forget, [self.key_bounds] if self.key_bounds else [], bake,
+                                   backend.lib if backend.name == "native" else None)
         self.dispatch = AttentionDispatch(spec, self.store, self.pool, backend, kv_path,
                                           SCORE_QUERY_TOKENS if selective else 0, observer)
         self.draft = draft
@@ -170,7 +170,7 @@ class Engine:
         spec = runner.spec  # a rank's own heads: its store, pool and kernels hold and read only those
         if backend_name == "native":
             backend = NativeBackend(native_lib, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.attn_scale,
-                                    kv_dtype_of(config) == "bfloat16")
+                                    kv_dtype_of(config))
         elif backend_name == "triton":
             backend = TritonBackend(triton_ops, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.attn_scale)
         else:
@@ -649,8 +649,8 @@ class Engine:
         self.metrics.reset()
 
     def kv_bytes_per_token(self) -> int:
-        element = torch.empty(0, dtype=self.kv_dtype).element_size()
-        return self.spec.kv_bytes_per_token(element)
+        """K and V of one token in every layer, as kept (int8 blocks: with their rows' scales)."""
+        return self.spec.kv_bytes_per_token(kv_dtype_of(self.config))
 
     def __repr__(self) -> str:
         return f"Engine({self.name!r}, {self.spec.arch}, {self.config.dtype}, backend={self.backend.name}, kv_path={self.kv_path})"

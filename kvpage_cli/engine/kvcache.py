@@ -75,7 +75,7 @@ LOCK_TIMEOUT_S = 30.0
 _MAGIC = b"KVPAGE\x00S"
 _FIXED = struct.Struct("<8sIIQ")  # magic, format version, header bytes, payload bytes
 _TRAILER = struct.Struct("<I")  # crc32 of everything before it
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS segments (
@@ -687,7 +687,7 @@ class CachedPrefill:
         self._lock_slow = threading.Event()  # set by the writer: it is waiting for the lock
         self._said_waiting = False
         self._dtype = next(name for name, dtype in _DTYPES.items() if dtype == store.groups[0].dtype)
-        self._block_shape = list(store.groups[0].block_shape)
+        self._block_shape = list(store.groups[0].stored_shape)
 
     @property
     def segment_bytes(self) -> int:
@@ -826,7 +826,7 @@ class CachedPrefill:
         groups, described = [], []
         for group, table in zip(self.store.groups, ctx.tables):
             blocks = [b for b in range(first, first + per_segment) if table.ids[b] is not None]
-            data = torch.empty((len(group.layers), 2, len(blocks), *group.block_shape), dtype=group.dtype)
+            data = torch.empty((len(group.layers), 2, len(blocks), *group.stored_shape), dtype=group.dtype)
             for i, block in enumerate(blocks):
                 block_id = table.ids[block]
                 for pos in range(len(group.layers)):

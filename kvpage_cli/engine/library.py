@@ -44,6 +44,7 @@ from .home import private_dir, sweep_leftovers
 from .kvcache import BadSegment, KVCache, MappedBlocks
 from .policy import key_bound
 from .rope import rotate
+from .store import decode_rows
 
 
 @dataclass(frozen=True)
@@ -262,7 +263,7 @@ class Library:
         f = 0
         for group in self._full_groups():
             for pos in range(len(group.layers)):
-                k = torch.stack([group.k_block(pos, self.ids[group.index][i]) for i in indices]).float().cpu()
+                k = decode_rows(torch.stack([group.k_block(pos, self.ids[group.index][i]) for i in indices])).float().cpu()
                 self._set_bounds(indices, f, k.amin(dim=2), k.amax(dim=2))  # k: [n, Hkv, 64, D]
                 f += 1
         self.has_bounds[indices.start:indices.stop] = True
@@ -285,7 +286,7 @@ class Library:
                                         for pos in range(len(g.layers))]) for g in groups])
         header = {"key": self._window_key(n), "parent": "", "root": self._seed[:64], "seed": self._seed,
                   "start": len(self.head.tokens) + w.start, "end": len(self.head.tokens) + w.start + w.count,
-                  "dtype": str(self.engine.store.groups[0].dtype).removeprefix("torch."), "block_shape": list(groups[0].block_shape),
+                  "dtype": str(self.engine.store.groups[0].dtype).removeprefix("torch."), "block_shape": list(groups[0].stored_shape),
                   "group_layers": [len(g.layers) for g in groups]}
         first, end = self._first_block[n], self._first_block[n + 1]
         bounds = torch.stack([self.kmin[first:end], self.kmax[first:end]], dim=2)  # [n, F, 2, Hkv, D]
@@ -297,7 +298,7 @@ class Library:
     # -- reading blocks ----------------------------------------------------------------------------
 
     def _kv(self, group, pos: int, chosen: list[int], values: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """K, V [n, Hkv, 64, D] of blocks `chosen` in the group's layer `pos` (V None when not
+        """K, V values [n, Hkv, 64, D] of blocks `chosen` in the group's layer `pos` (V None when not
         `values`: a mapped block's V is then not read). A mapped block damaged on disk: its window
         is computed again first."""
         ks, vs = [], []
@@ -306,7 +307,7 @@ class Library:
             if self.mapped[index] is not None:
                 mapped, j = self.mapped[index]
                 try:
-                    data = mapped.block(j)[full][pos]  # [2, Hkv, 64, D]
+                    data = mapped.block(j)[full][pos]  # [2, *stored block shape]
                 except BadSegment as exc:
                     emit(self.on_event, EngineWarning(f"a saved window of the document was {exc}; computing it again"))
                     window = self.blocks[index].window
@@ -320,7 +321,7 @@ class Library:
                 block_id = self.ids[group.index][index]
                 ks.append(group.k_block(pos, block_id))
                 vs.append(group.v_block(pos, block_id))
-        return torch.stack(ks), torch.stack(vs) if values else None
+        return decode_rows(torch.stack(ks)), decode_rows(torch.stack(vs)) if values else None
 
     def assemble(self, chosen: list[int]) -> Context:
         """A context holding the head and the chosen blocks (indices into `blocks`), in document

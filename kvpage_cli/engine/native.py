@@ -59,6 +59,8 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_decode_states.argtypes = [i32, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i64, f32,
                                       ptr, ptr]
     lib.kvp_decode_states.restype = i32
+    lib.kvp_write_int8_rows.argtypes = [ptr, i32, i32, i32, ptr, ptr]
+    lib.kvp_write_int8_rows.restype = None
     lib.kvp_merge_pairs.argtypes = [ptr, ptr, i32, ptr, ptr, i32, i32, ptr]
     lib.kvp_merge_pairs.restype = None
     lib.kvp_fold_states.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, ptr]
@@ -174,20 +176,33 @@ def _cpu_flags() -> bytes:
     return platform.processor().encode()
 
 
+KV_KINDS = {"float32": 0, "bfloat16": 1, "int8": 2}  # the kernel's element kinds
+
+
 def decode_states(lib: ctypes.CDLL, q: torch.Tensor, k_addr: torch.Tensor, v_addr: torch.Tensor, plan, window: int,
-                  scale: float, states: torch.Tensor, lse: torch.Tensor, bf16: bool) -> None:
+                  scale: float, states: torch.Tensor, lse: torch.Tensor, kv_dtype: str) -> None:
     """Per-pair states of decode queries (see `DecodePlan`). q: [Nq, Hq, D] fp32 contiguous;
-    k_addr, v_addr: [capacity, Hkv] int64 address tables; states: [P, Hq, D] and lse: [P, Hq]
+    k_addr, v_addr: [capacity, Hkv] int64 address tables of blocks of kv_dtype ("float32",
+    "bfloat16", or "int8" with the scale rows of store.py); states: [P, Hq, D] and lse: [P, Hq]
     fp32 (written)."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_addr.shape[1]
     rc = lib.kvp_decode_states(
-        int(bf16), q.data_ptr(), k_addr.data_ptr(), v_addr.data_ptr(), plan.item_ids.numel(), plan.item_ids.data_ptr(),
+        KV_KINDS[kv_dtype], q.data_ptr(), k_addr.data_ptr(), v_addr.data_ptr(), plan.item_ids.numel(), plan.item_ids.data_ptr(),
         plan.item_pos.data_ptr(), plan.item_off.data_ptr(), plan.pair_query.data_ptr(), plan.q_pos.data_ptr(),
         plan.q_end.data_ptr(), num_heads, num_kv_heads, head_dim, window, scale, states.data_ptr(), lse.data_ptr(),
     )
     if rc != 0:
         raise ValueError(f"native decode attention does not support {num_heads} heads over {num_kv_heads} KV heads of dim {head_dim}")
+
+
+def write_int8_rows(lib: ctypes.CDLL, x: torch.Tensor, addr: torch.Tensor, offsets: torch.Tensor) -> None:
+    """Rows x [N, Hkv, D] (fp32) into int8 blocks with their scales (store.py's layout): row r's
+    head h at the block head addr[r, h] (int64 [N, Hkv]), row offsets[r] (int32 [N]); the bits
+    store.encode_rows gives."""
+    x = x.float().contiguous()
+    assert addr.dtype == torch.int64 and addr.is_contiguous() and offsets.dtype == torch.int32
+    lib.kvp_write_int8_rows(x.data_ptr(), x.shape[0], x.shape[1], x.shape[2], addr.data_ptr(), offsets.data_ptr())
 
 
 def merge_pairs(lib: ctypes.CDLL, states: torch.Tensor, lse: torch.Tensor, plan, out: torch.Tensor) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from .config import BLOCK_TOKENS
 from .events import BlocksMoved
-from .store import head_addresses
+from .store import block_bytes_per_layer, decode_rows, head_addresses, stored_block_shape
 
 
 @dataclass
@@ -35,10 +35,10 @@ class SlotPool:
         on_event: receives BlocksMoved for every load or prefetch that copied blocks."""
         self.num_layers = num_layers
         self.num_slots = slots_per_layer
-        self.block_shape = (num_kv_heads, BLOCK_TOKENS, head_dim)
+        self.block_shape = stored_block_shape(num_kv_heads, head_dim, dtype)  # as kept (int8: with scales)
         self.dtype = dtype
         self.device = device
-        self.k: list[torch.Tensor] = []  # per layer: [S, Hkv, 64, D], made on first use
+        self.k: list[torch.Tensor] = []  # per layer: [S, *block_shape], made on first use
         self.v: list[torch.Tensor] = []
         self.valid: list[torch.Tensor] = []  # per layer: [S] int8
         self.k_addr: list[torch.Tensor] = []  # per layer: [S, Hkv] addresses of each slot's head rows
@@ -46,8 +46,7 @@ class SlotPool:
         self.holders: list[list[SlotHolder | None]] = [[None] * slots_per_layer for _ in range(num_layers)]
         self.slot_of: list[dict[int, int]] = [{} for _ in range(num_layers)]
         self.recency: list[OrderedDict[int, None]] = [OrderedDict((s, None) for s in range(slots_per_layer)) for _ in range(num_layers)]
-        element = torch.empty(0, dtype=dtype).element_size()
-        self.slot_bytes = 2 * num_kv_heads * BLOCK_TOKENS * head_dim * element
+        self.slot_bytes = block_bytes_per_layer(num_kv_heads, head_dim, dtype)
         self.on_event = on_event
         self.mover = mover
 
@@ -116,9 +115,9 @@ class SlotPool:
         return slots  # type: ignore[return-value]
 
     def slots(self, layer: int, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V held in `slots` of `layer`: [n, Hkv, 64, D] copies."""
+        """K, V values held in `slots` of `layer`: [n, Hkv, 64, D] copies."""
         index = torch.tensor(slots, dtype=torch.int64, device=self.device)
-        return self.k[layer].index_select(0, index), self.v[layer].index_select(0, index)
+        return decode_rows(self.k[layer].index_select(0, index)), decode_rows(self.v[layer].index_select(0, index))
 
     def prefetch(self, layer: int, blocks: list[tuple[int, int, int]], copy_in) -> int:
         """Starts copying blocks the layer is expected to read into its slots, without waiting.

@@ -48,10 +48,15 @@ class ModelSpec:
     def group_size(self) -> int:
         return self.num_heads // self.num_kv_heads
 
-    def kv_bytes_per_token(self, element_bytes: int, full_layers_only: bool = False) -> int:
-        """2 x layers x kv_heads x head_dim x bytes (sliding layers counted unless asked not to)."""
+    def kv_bytes_per_token(self, kv_dtype: str, full_layers_only: bool = False) -> int:
+        """2 x layers x kv_heads x a row's bytes: head_dim elements of kv_dtype, and for int8 the
+        row's float32 scale (sliding layers counted unless asked not to)."""
         layers = sum(1 for layer in self.layers if not (full_layers_only and layer.window))
-        return 2 * layers * self.num_kv_heads * self.head_dim * element_bytes
+        row = self.head_dim * KV_ELEMENT_BYTES[kv_dtype] + (4 if kv_dtype == "int8" else 0)
+        return 2 * layers * self.num_kv_heads * row
+
+
+KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1}
 
 
 def spec_from_config(config) -> ModelSpec:

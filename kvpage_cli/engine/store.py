@@ -9,6 +9,12 @@ run of consecutive ids in one arena is a plain view.
 Arenas are made in host RAM while the host budget allows; beyond it they are memory-mapped
 files (the disk tier), read back on demand through the page cache. Either way an arena is a
 tensor at a fixed address, so the kernels read both alike and the values are the same bits.
+
+int8 blocks carry their scales: each KV head's 64 rows of int8 are followed by `scale_rows`
+rows that hold the 64 rows' scales (float32, one per row: symmetric, largest magnitude / 127).
+A block stays self-contained, so every copy (pool slots, copy-on-write, the disk tier, saved KV)
+moves its scales with it; a row's value is its int8 numbers times its scale, in float32, the
+same product in every reader (`decode_rows` here, the native kernel).
 """
 
 from __future__ import annotations
@@ -26,6 +32,50 @@ from .blocks import BlockAllocator
 from .config import BLOCK_TOKENS
 
 MIN_ARENA_BLOCKS = 16
+SCALE_BYTES = 4  # one float32 scale per int8 row
+
+
+def scale_rows(dtype: torch.dtype, head_dim: int) -> int:
+    """Rows after a block's 64 that hold its row scales: 0 for float blocks."""
+    if dtype != torch.int8:
+        return 0
+    if head_dim % SCALE_BYTES:
+        raise ValueError(f"int8 KV needs a head size divisible by {SCALE_BYTES}, got {head_dim}")
+    return -(-BLOCK_TOKENS * SCALE_BYTES // head_dim)
+
+
+def stored_block_shape(num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """A block's shape as kept (store, pool, saved KV): [Hkv, 64 (+ scale rows), D]."""
+    return num_kv_heads, BLOCK_TOKENS + scale_rows(dtype, head_dim), head_dim
+
+
+def block_bytes_per_layer(num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """K and V of one block in one layer, as kept."""
+    heads, rows, dim = stored_block_shape(num_kv_heads, head_dim, dtype)
+    return 2 * heads * rows * dim * torch.empty(0, dtype=dtype).element_size()
+
+
+def row_scales(blocks: torch.Tensor) -> torch.Tensor:
+    """The scales of int8 blocks [..., 64 + scale rows, D] -> [..., 64] float32 (a view where
+    the blocks' rows are contiguous, so writing into it writes the blocks)."""
+    tail = blocks[..., BLOCK_TOKENS:, :].view(torch.float32)  # [..., R, D/4]
+    return tail.flatten(-2)[..., :BLOCK_TOKENS]
+
+
+def encode_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [..., D] of floats -> (int8 [..., D], scales [...] float32): symmetric, per row."""
+    x = x.float()
+    scale = x.abs().amax(dim=-1) / 127.0
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.round(x / safe[..., None]).clamp_(-127, 127).to(torch.int8), scale
+
+
+def decode_rows(blocks: torch.Tensor) -> torch.Tensor:
+    """Stored blocks [..., rows, D] -> their 64 rows' values [..., 64, D] (float32 for int8 blocks,
+    else the blocks' first 64 rows as they are)."""
+    if blocks.dtype != torch.int8:
+        return blocks[..., :BLOCK_TOKENS, :]
+    return blocks[..., :BLOCK_TOKENS, :].float() * row_scales(blocks)[..., None]
 
 
 @dataclass(frozen=True)
@@ -100,6 +150,13 @@ class ArenaSource:
         return self._folder
 
 
+def copy_rows(dst: torch.Tensor, src: torch.Tensor, tokens: int, non_blocking: bool = False) -> None:
+    """The first `tokens` rows of a stored block [Hkv, rows, D] (and an int8 block's scale rows)."""
+    dst[:, :tokens].copy_(src[:, :tokens], non_blocking=non_blocking)
+    if dst.shape[1] > BLOCK_TOKENS:
+        dst[:, BLOCK_TOKENS:].copy_(src[:, BLOCK_TOKENS:], non_blocking=non_blocking)
+
+
 def head_addresses(blocks: torch.Tensor, block_dim: int) -> torch.Tensor:
     """[n, Hkv] int64 addresses of every block's rows of every KV head ([64, D] each), for a
     tensor of blocks [Hkv, n, 64, D] (block_dim 1: a store arena) or [n, Hkv, 64, D] (block_dim 0:
@@ -129,8 +186,10 @@ class StoreGroup:
         self.index = index
         self.layers = layers
         self.window = window
-        self.block_shape = (num_kv_heads, BLOCK_TOKENS, head_dim)
+        self.block_shape = (num_kv_heads, BLOCK_TOKENS, head_dim)  # a block's values
+        self.stored_shape = stored_block_shape(num_kv_heads, head_dim, dtype)  # as kept (int8: with scales)
         self.dtype = dtype
+        self.quantized = dtype == torch.int8
         self.device = device
         self.allocator = BlockAllocator()
         self.source = source if source is not None else ArenaSource(device)
@@ -142,8 +201,7 @@ class StoreGroup:
         # per layer: [capacity, Hkv] addresses of each block's rows of each KV head ([64, D] each)
         self.k_addr = [torch.empty(0, num_kv_heads, dtype=torch.int64) for _ in layers]
         self.v_addr = [torch.empty(0, num_kv_heads, dtype=torch.int64) for _ in layers]
-        element = torch.empty(0, dtype=dtype).element_size()
-        self.block_bytes_per_layer = 2 * num_kv_heads * BLOCK_TOKENS * head_dim * element
+        self.block_bytes_per_layer = block_bytes_per_layer(num_kv_heads, head_dim, dtype)
 
     @property
     def block_bytes(self) -> int:
@@ -164,8 +222,8 @@ class StoreGroup:
 
     def _add_arena(self, size: int, on_disk: bool) -> None:
         arena = len(self.k_arenas[0])
-        num_kv_heads, _, head_dim = self.block_shape
-        arena_shape = (num_kv_heads, size, BLOCK_TOKENS, head_dim)
+        num_kv_heads, rows, head_dim = self.stored_shape
+        arena_shape = (num_kv_heads, size, rows, head_dim)
         # On disk, one file per arena holds K and V of every layer: [layers, 2, Hkv, A, 64, D].
         both = self.source.disk((len(self.layers), 2, *arena_shape), self.dtype) if on_disk else None
         for pos in range(len(self.layers)):
@@ -188,24 +246,33 @@ class StoreGroup:
         return self.allocator.allocate(count)
 
     def k_block(self, pos: int, block_id: int) -> torch.Tensor:
-        """K of block `block_id` in the group's layer number `pos`: [Hkv, 64, D] (a view)."""
+        """K of block `block_id` in the group's layer number `pos` as kept: [Hkv, 64 (+ scale rows), D]
+        (a view; `decode_rows` gives its values)."""
         return self.k_arenas[pos][self.arena_of[block_id]][:, self.row_of[block_id]]
 
     def v_block(self, pos: int, block_id: int) -> torch.Tensor:
         return self.v_arenas[pos][self.arena_of[block_id]][:, self.row_of[block_id]]
 
+    def k_values(self, pos: int, block_id: int) -> torch.Tensor:
+        """K's values of a block: [Hkv, 64, D] (a view of float blocks, decoded from int8 ones)."""
+        return decode_rows(self.k_block(pos, block_id))
+
     def gather(self, pos: int, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of blocks `ids` in layer `pos`: [n, Hkv, 64, D] copies."""
+        """K, V values of blocks `ids` in layer `pos`: [n, Hkv, 64, D] copies."""
         if not ids:
-            empty = torch.empty(0, *self.block_shape, dtype=self.dtype, device=self.device)
+            empty = torch.empty(0, *self.block_shape, dtype=torch.float32 if self.quantized else self.dtype,
+                                device=self.device)
             return empty, empty
-        return (torch.stack([self.k_block(pos, b) for b in ids]), torch.stack([self.v_block(pos, b) for b in ids]))
+        k = torch.stack([self.k_block(pos, b) for b in ids])
+        v = torch.stack([self.v_block(pos, b) for b in ids])
+        return (decode_rows(k), decode_rows(v)) if self.quantized else (k, v)
 
     def copy_block(self, src: int, dst: int, tokens: int) -> None:
-        """Copies the first `tokens` rows of block `src` into `dst`, in every layer (copy-on-write)."""
+        """Copies the first `tokens` rows of block `src` into `dst`, in every layer (copy-on-write);
+        int8 blocks' scale rows too."""
         for pos in range(len(self.layers)):
-            self.k_block(pos, dst)[:, :tokens].copy_(self.k_block(pos, src)[:, :tokens])
-            self.v_block(pos, dst)[:, :tokens].copy_(self.v_block(pos, src)[:, :tokens])
+            copy_rows(self.k_block(pos, dst), self.k_block(pos, src), tokens)
+            copy_rows(self.v_block(pos, dst), self.v_block(pos, src), tokens)
 
     def runs(self, ids: list[int]) -> list[Run]:
         """Splits ids (in logical order) into runs of consecutive ids within one arena."""
@@ -220,11 +287,15 @@ class StoreGroup:
         return runs
 
     def run_view(self, pos: int, run: Run) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of a run in layer `pos`: [Hkv, count * 64, D] views (no copy)."""
+        """K, V values of a run in layer `pos`: [Hkv, count * 64, D] views (no copy; int8 blocks
+        are decoded into a copy)."""
         sl = slice(run.row, run.row + run.count)
         num_kv_heads, _, head_dim = self.block_shape
         shape = (num_kv_heads, run.count * BLOCK_TOKENS, head_dim)
-        return self.k_arenas[pos][run.arena][:, sl].reshape(shape), self.v_arenas[pos][run.arena][:, sl].reshape(shape)
+        k, v = self.k_arenas[pos][run.arena][:, sl], self.v_arenas[pos][run.arena][:, sl]
+        if self.quantized:
+            k, v = decode_rows(k), decode_rows(v)
+        return k.reshape(shape), v.reshape(shape)
 
     def arena_rows(self, ids: list[int]) -> tuple[list[int], list[int]]:
         """(arena, row) of each block id."""

@@ -74,15 +74,30 @@ static inline __attribute__((always_inline)) void softmax_rows(float scores[][BL
     }
 }
 
-/* Portable version: one block, one KV head, any G and D. q: [G, D]; k, v: [64, D] of fp32 or
- * bf16; rows [t_lo, t_hi) visible. Writes o: [G, D] normalised, lse: [G]. */
-static void block_head_generic(const float *q, const void *k, const void *v, int bf16, int G, int D,
+/* Element kinds of a block: fp32, bf16, or int8 rows each followed (after the block's 64 rows) by
+ * its float32 scale; an int8 element's value is (float)x * the row's scale, the product
+ * store.decode_rows computes. */
+enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_INT8 = 2 };
+
+static inline float row_scale(const void *block, int KIND, int D, int t) {
+    return KIND == KIND_INT8 ? ((const float *)((const int8_t *)block + (int64_t)BLOCK_TOKENS * D))[t] : 1.0f;
+}
+
+static inline float element(const void *block, int KIND, int64_t index, float row_scale) {
+    if (KIND == KIND_BF16) return bf16_to_f32(((const uint16_t *)block)[index]);
+    if (KIND == KIND_INT8) return (float)((const int8_t *)block)[index] * row_scale;
+    return ((const float *)block)[index];
+}
+
+/* Portable version: one block, one KV head, any G and D. q: [G, D]; k, v: [64, D] of one element
+ * kind; rows [t_lo, t_hi) visible. Writes o: [G, D] normalised, lse: [G]. */
+static void block_head_generic(const float *q, const void *k, const void *v, int KIND, int G, int D,
                                int t_lo, int t_hi, float scale, float *o, float *lse) {
     float scores[MAX_GROUP][BLOCK_TOKENS];
     float row[MAX_DIM];
     for (int t = t_lo; t < t_hi; t++) {
-        for (int d = 0; d < D; d++)
-            row[d] = bf16 ? bf16_to_f32(((const uint16_t *)k)[(int64_t)t * D + d]) : ((const float *)k)[(int64_t)t * D + d];
+        const float rs = row_scale(k, KIND, D, t);
+        for (int d = 0; d < D; d++) row[d] = element(k, KIND, (int64_t)t * D + d, rs);
         for (int g = 0; g < G; g++) {
             const float *qg = q + (int64_t)g * D;
             float acc = 0.0f;
@@ -95,8 +110,8 @@ static void block_head_generic(const float *q, const void *k, const void *v, int
     softmax_rows(scores, G, t_lo, t_hi, lse, inv_l);
     for (int g = 0; g < G; g++) memset(o + (int64_t)g * D, 0, sizeof(float) * (size_t)D);
     for (int t = t_lo; t < t_hi; t++) {
-        for (int d = 0; d < D; d++)
-            row[d] = bf16 ? bf16_to_f32(((const uint16_t *)v)[(int64_t)t * D + d]) : ((const float *)v)[(int64_t)t * D + d];
+        const float rs = row_scale(v, KIND, D, t);
+        for (int d = 0; d < D; d++) row[d] = element(v, KIND, (int64_t)t * D + d, rs);
         for (int g = 0; g < G; g++) {
             const float p = scores[g][t];
             float *og = o + (int64_t)g * D;
@@ -109,24 +124,29 @@ static void block_head_generic(const float *q, const void *k, const void *v, int
 }
 
 #if defined(__AVX512F__)
-static inline __attribute__((always_inline)) __m512 load16(const void *base, int64_t index, const int BF16) {
-    if (BF16) {
+static inline __attribute__((always_inline)) __m512 load16(const void *base, int64_t index, const int KIND, float rs) {
+    if (KIND == KIND_BF16) {
         __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + index));
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    if (KIND == KIND_INT8) {
+        __m128i b = _mm_loadu_si128((const __m128i *)((const int8_t *)base + index));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), _mm512_set1_ps(rs));
     }
     return _mm512_loadu_ps((const float *)base + index);
 }
 
 /* AVX-512 version for D in {64, 128, 256} and G <= 8, all compile-time constants after inlining
  * so that the K row and the output accumulators live in registers. */
-static inline __attribute__((always_inline)) void block_head_512(const float *q, const void *k, const void *v, const int BF16,
+static inline __attribute__((always_inline)) void block_head_512(const float *q, const void *k, const void *v, const int KIND,
                                                                  const int G, const int D, int t_lo, int t_hi, float scale,
                                                                  float *o, float *lse) {
     float scores[MAX_GROUP][BLOCK_TOKENS] __attribute__((aligned(64)));
     const int C = D / 16;
     for (int t = t_lo; t < t_hi; t++) {
         __m512 kr[16];
-        for (int c = 0; c < C; c++) kr[c] = load16(k, (int64_t)t * D + 16 * c, BF16);
+        const float rs = row_scale(k, KIND, D, t);
+        for (int c = 0; c < C; c++) kr[c] = load16(k, (int64_t)t * D + 16 * c, KIND, rs);
         for (int g = 0; g < G; g++) {
             const float *qg = q + (int64_t)g * D;
             __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), kr[0]);
@@ -144,7 +164,7 @@ static inline __attribute__((always_inline)) void block_head_512(const float *q,
             for (int c = 0; c < CC; c++) acc[g][c] = _mm512_setzero_ps();
         for (int t = t_lo; t < t_hi; t++) {
             for (int c = 0; c < CC; c++) {
-                __m512 vv = load16(v, (int64_t)t * D + 16 * (c0 + c), BF16);
+                __m512 vv = load16(v, (int64_t)t * D + 16 * (c0 + c), KIND, row_scale(v, KIND, D, t));
                 for (int g = 0; g < G; g++) acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g][t]), vv, acc[g][c]);
             }
         }
@@ -166,9 +186,9 @@ static inline void visible_rows(int64_t block_index, int64_t q_pos, int64_t seq_
 }
 
 /* One (block, query) pair: the query's G rows per KV head over the block's visible tokens.
- * SPECIAL selects the AVX-512 path with compile-time G, D and element type. */
+ * SPECIAL selects the AVX-512 path with compile-time G, D and element kind. */
 static inline __attribute__((always_inline)) void pair_state(
-    const int SPECIAL, const int BF16, const int G, const int D, const float *q, const int64_t *k_addr,
+    const int SPECIAL, const int KIND, const int G, const int D, const float *q, const int64_t *k_addr,
     const int64_t *v_addr, int Hkv, int64_t lo, int64_t hi, float scale, float *sb, float *lb) {
     const int Hq = Hkv * G;
     if (hi <= lo) {
@@ -182,18 +202,18 @@ static inline __attribute__((always_inline)) void pair_state(
         const float *qh = q + (int64_t)h * G * D;
 #if defined(__AVX512F__)
         if (SPECIAL) {
-            block_head_512(qh, kb, vb, BF16, G, D, (int)lo, (int)hi, scale, sb + (int64_t)h * G * D, lb + h * G);
+            block_head_512(qh, kb, vb, KIND, G, D, (int)lo, (int)hi, scale, sb + (int64_t)h * G * D, lb + h * G);
             continue;
         }
 #endif
-        block_head_generic(qh, kb, vb, BF16, G, D, (int)lo, (int)hi, scale, sb + (int64_t)h * G * D, lb + h * G);
+        block_head_generic(qh, kb, vb, KIND, G, D, (int)lo, (int)hi, scale, sb + (int64_t)h * G * D, lb + h * G);
     }
 }
 
 /* Every pair of every item, in parallel over items: an item is one block and the queries that
  * read it (several sequences sharing a forked prefix read it once, from cache, for all of them). */
 static inline __attribute__((always_inline)) void decode_items(
-    const int SPECIAL, const int BF16, const int G, const int D, const float *q, const int64_t *k_addr,
+    const int SPECIAL, const int KIND, const int G, const int D, const float *q, const int64_t *k_addr,
     const int64_t *v_addr, int n_items, const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
     const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hkv, int64_t window, float scale,
     float *states, float *lse) {
@@ -206,21 +226,21 @@ static inline __attribute__((always_inline)) void decode_items(
             const int qi = pair_query[p];
             int64_t lo, hi;
             visible_rows(item_pos[i], q_pos[qi], q_end[qi], window, &lo, &hi);
-            pair_state(SPECIAL, BF16, G, D, q + (int64_t)qi * Hq * D, ka, va, Hkv, lo, hi, scale,
+            pair_state(SPECIAL, KIND, G, D, q + (int64_t)qi * Hq * D, ka, va, Hkv, lo, hi, scale,
                        states + (int64_t)p * Hq * D, lse + (int64_t)p * Hq);
         }
     }
 }
 
-#define DECODE(SPECIAL, BF16, G, D)                                                                           \
-    decode_items(SPECIAL, BF16, G, D, q, k_addr, v_addr, n_items, item_ids, item_pos, item_off, pair_query, q_pos, \
+#define DECODE(SPECIAL, KIND, G, D)                                                                           \
+    decode_items(SPECIAL, KIND, G, D, q, k_addr, v_addr, n_items, item_ids, item_pos, item_off, pair_query, q_pos, \
                  q_end, Hkv, window, scale, states, lse)
-#define CASE_G(BF16, D, G) \
-    case G: DECODE(1, BF16, G, D); return 0;
-#define CASES_G(BF16, D)                                                                                      \
+#define CASE_G(KIND, D, G) \
+    case G: DECODE(1, KIND, G, D); return 0;
+#define CASES_G(KIND, D)                                                                                      \
     switch (G) {                                                                                              \
-        CASE_G(BF16, D, 1) CASE_G(BF16, D, 2) CASE_G(BF16, D, 3) CASE_G(BF16, D, 4) CASE_G(BF16, D, 5) \
-        CASE_G(BF16, D, 6) CASE_G(BF16, D, 7) CASE_G(BF16, D, 8) default: break;                           \
+        CASE_G(KIND, D, 1) CASE_G(KIND, D, 2) CASE_G(KIND, D, 3) CASE_G(KIND, D, 4) CASE_G(KIND, D, 5) \
+        CASE_G(KIND, D, 6) CASE_G(KIND, D, 7) CASE_G(KIND, D, 8) default: break;                           \
     }
 
 /* Per-pair states of decode queries: states[P, Hq, D] and lse[P, Hq] for the P (block, query)
@@ -230,28 +250,60 @@ static inline __attribute__((always_inline)) void decode_items(
  * q_pos[j] and sees keys before q_end[j]. A pair with no visible token gets lse = -inf and a zero
  * output. Each pair's state is computed alone, with the same arithmetic however the queries
  * are batched. Returns -1 for shapes it does not handle. */
-int kvp_decode_states(int bf16, const float *q, const int64_t *k_addr, const int64_t *v_addr, int n_items,
+int kvp_decode_states(int kind, const float *q, const int64_t *k_addr, const int64_t *v_addr, int n_items,
                       const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
                       const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hq, int Hkv, int D,
                       int64_t window, float scale, float *states, float *lse) {
     if (Hkv <= 0 || Hq % Hkv != 0 || Hq / Hkv > MAX_GROUP || D > MAX_DIM) return -1;
+    if (kind < KIND_F32 || kind > KIND_INT8) return -1;
     const int G = Hq / Hkv;
 #if defined(__AVX512F__)
-    if (bf16) {
-        if (D == 64) { CASES_G(1, 64) }
-        if (D == 128) { CASES_G(1, 128) }
-        if (D == 256) { CASES_G(1, 256) }
+    if (kind == KIND_BF16) {
+        if (D == 64) { CASES_G(KIND_BF16, 64) }
+        if (D == 128) { CASES_G(KIND_BF16, 128) }
+        if (D == 256) { CASES_G(KIND_BF16, 256) }
+    } else if (kind == KIND_INT8) {
+        if (D == 64) { CASES_G(KIND_INT8, 64) }
+        if (D == 128) { CASES_G(KIND_INT8, 128) }
+        if (D == 256) { CASES_G(KIND_INT8, 256) }
     } else {
-        if (D == 64) { CASES_G(0, 64) }
-        if (D == 128) { CASES_G(0, 128) }
-        if (D == 256) { CASES_G(0, 256) }
+        if (D == 64) { CASES_G(KIND_F32, 64) }
+        if (D == 128) { CASES_G(KIND_F32, 128) }
+        if (D == 256) { CASES_G(KIND_F32, 256) }
     }
 #endif
-    if (bf16)
-        DECODE(0, 1, G, D);
+    if (kind == KIND_BF16)
+        DECODE(0, KIND_BF16, G, D);
+    else if (kind == KIND_INT8)
+        DECODE(0, KIND_INT8, G, D);
     else
-        DECODE(0, 0, G, D);
+        DECODE(0, KIND_F32, G, D);
     return 0;
+}
+
+/* Writes n rows x [n, Hkv, D] (fp32) into int8 blocks: row r's head h goes to the block head at
+ * addr[r * Hkv + h], row offset[r], as round(x / s) clamped to [-127, 127] (ties to even) with
+ * s = max |x| / 127 (divided by 1 where the row is all zeros), and s is written after the block's
+ * 64 rows. The arithmetic of store.encode_rows, so either writer gives the same bits. */
+void kvp_write_int8_rows(const float *x, int n, int Hkv, int D, const int64_t *addr, const int32_t *offset) {
+    for (int r = 0; r < n; r++) {
+        for (int h = 0; h < Hkv; h++) {
+            const float *row = x + ((int64_t)r * Hkv + h) * D;
+            float m = 0.0f;
+            for (int d = 0; d < D; d++) m = fabsf(row[d]) > m ? fabsf(row[d]) : m;
+            const float s = m / 127.0f;
+            const float safe = s > 0.0f ? s : 1.0f;
+            int8_t *block = (int8_t *)(intptr_t)addr[(int64_t)r * Hkv + h];
+            int8_t *dst = block + (int64_t)offset[r] * D;
+            for (int d = 0; d < D; d++) {
+                float v = rintf(row[d] / safe);
+                v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
+                dst[d] = (int8_t)v;
+            }
+            float scale = s;
+            memcpy(block + (int64_t)BLOCK_TOKENS * D + (int64_t)offset[r] * (int64_t)sizeof(float), &scale, sizeof scale);
+        }
+    }
 }
 
 /* Merges, for each query j, the states of its pairs q_pairs[q_off[j] .. q_off[j+1]) (in logical
