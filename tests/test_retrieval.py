@@ -95,7 +95,9 @@ def test_identifiers_split_into_words_for_the_lexical_signal():
                                                                 "max_redirects", "max", "redirects"]
 
 
-def test_an_index_is_saved_and_a_second_run_maps_it_reading_only_what_it_uses(tmp_path):
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_an_index_is_saved_and_a_second_run_maps_it_reading_only_what_it_uses(kv_dtype, tmp_path):
+    """int8 KV too: its blocks are saved and mapped with their scales, and decoded where moved."""
     model = tiny_model("llama")
     head, doc, question = random_prompt(90, seed=6), random_prompt(1600, seed=7), random_prompt(12, seed=8)
 
@@ -104,10 +106,10 @@ def test_an_index_is_saved_and_a_second_run_maps_it_reading_only_what_it_uses(tm
         ctx = engine.append(library.assemble(chosen), library.rest + question)
         return library, engine.logits(ctx).clone()
 
-    first_engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True))
+    first_engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True, kv_dtype=kv_dtype))
     first, expected = ask(first_engine, [3, 11, 20])
     assert first.loaded_windows == 0
-    second_engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True))
+    second_engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True, kv_dtype=kv_dtype))
     second, logits = ask(second_engine, [3, 11, 20])
     assert second.loaded_windows == len(second.windows) == len(first.windows)
     assert torch.equal(logits, expected)  # the saved blocks are the same bits
@@ -124,7 +126,7 @@ def test_an_index_is_saved_and_a_second_run_maps_it_reading_only_what_it_uses(tm
     bounds_bytes = mapped.bounds().numel() * 2  # the key bounds follow the blocks
     data[len(data) - 4 - bounds_bytes - mapped.header["block_bytes"] * (mapped.num_blocks - j) + 16] ^= 0xFF  # block j
     path.write_bytes(bytes(data))
-    third_engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True))
+    third_engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True, kv_dtype=kv_dtype))
     events = []
     third = Library.build(third_engine, head, doc, window=256, overlap=64, on_event=events.append)
     ctx = third_engine.append(third.assemble([3, 11, 20]), third.rest + question)
@@ -167,7 +169,8 @@ def test_an_unsaved_index_is_kept_in_files_of_its_own_then_removed(tmp_path):
     assert len(list((tmp_path / "tmp").glob("index-*"))) == 1 and torch.equal(logits, expected)
 
 
-def test_key_bounds_hold_every_key_and_are_saved_with_the_index(tmp_path):
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_key_bounds_hold_every_key_and_are_saved_with_the_index(kv_dtype, tmp_path):
     """The bounds signal's per-block key min/max: true bounds of every key (bfloat16 rounded
     outward), so the bound of each block is at least its largest q.k; saved with the windows and
     read back without reading any block; recomputed from the keys when damaged on disk."""
@@ -175,7 +178,7 @@ def test_key_bounds_hold_every_key_and_are_saved_with_the_index(tmp_path):
 
     model = tiny_model("llama")
     head, doc, question = random_prompt(90, seed=6), random_prompt(1600, seed=7), random_prompt(12, seed=8)
-    engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True))
+    engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True, kv_dtype=kv_dtype))
     library = Library.build(engine, head, doc, window=256, overlap=64)
     assert bool(library.has_bounds.all())  # computed as the windows were
     everything = list(range(library.num_blocks))
@@ -193,7 +196,7 @@ def test_key_bounds_hold_every_key_and_are_saved_with_the_index(tmp_path):
     expected = library.bound_scores(queries)
     assert expected.shape == (library.num_blocks,) and torch.isfinite(expected).all()
 
-    again = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True))
+    again = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True, kv_dtype=kv_dtype))
     mapped = Library.build(again, head, doc, window=256, overlap=64)
     assert mapped.loaded_windows == len(mapped.windows) and not bool(mapped.has_bounds.any())
     assert torch.equal(mapped.bound_scores(queries), expected)  # read from the files
@@ -206,7 +209,7 @@ def test_key_bounds_hold_every_key_and_are_saved_with_the_index(tmp_path):
     data = bytearray(path.read_bytes())
     data[len(data) - 4 - 8] ^= 0xFF  # inside the bounds, which end the payload
     path.write_bytes(bytes(data))
-    third = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True))
+    third = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True, kv_dtype=kv_dtype))
     events = []
     rebuilt = Library.build(third, head, doc, window=256, overlap=64, on_event=events.append)
     assert torch.equal(rebuilt.bound_scores(queries), expected)
