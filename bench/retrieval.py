@@ -805,6 +805,8 @@ def main() -> None:
     parser.add_argument("--home", default=None, help="KVPAGE_HOME for the engine (converted weights)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--kv-dtype", default="auto", choices=("auto", "float32", "bfloat16", "int8"),
+                        help="the KV blocks' element type (EngineConfig.kv_dtype)")
     parser.add_argument("--saved-kv-mib", type=float, default=None,
                         help="index into the saved-KV cache under --home, up to this many MiB: windows leave memory "
                              "for their files as they are saved (what a long document needs), and a window already "
@@ -832,7 +834,7 @@ def main() -> None:
 
     cache_options = {"kv_cache": True, "cache_mib": args.saved_kv_mib} if args.saved_kv_mib else {}
     ENGINE_OPTIONS["retrieval"] = cache_options  # only retrieval mode's index is saved
-    engines = Engines(args.model, home=args.home, threads=args.threads, dtype=args.dtype)
+    engines = Engines(args.model, home=args.home, threads=args.threads, dtype=args.dtype, kv_dtype=args.kv_dtype)
     settings = RunSettings(args.budget, args.max_new_tokens, args.chunk_tokens)
     journal = Journal(Path(args.log) if args.log else None,
                       f"{args.model}|budget {args.budget}|chunks {args.chunk_tokens}|new {args.max_new_tokens}|seed {args.seed}")
