@@ -68,7 +68,7 @@ def main() -> None:
         k_all = decoded[0].permute(1, 0, 2, 3).reshape(1, num_kv_heads, -1, head_dim).contiguous()
         v_all = decoded[1].permute(1, 0, 2, 3).reshape(1, num_kv_heads, -1, head_dim).contiguous()
         sdpa = median_seconds(lambda: torch.nn.functional.scaled_dot_product_attention(
-            q[:, :, None].transpose(0, 1).reshape(1, num_heads, 1, head_dim), k_all, v_all, scale=scale,
+            q[:, :, None], k_all, v_all, scale=scale,
             enable_gqa=True), args.repeats)
         results.append({"blocks": count, "kind": "torch SDPA (float32)", "ms": 1e3 * sdpa,
                         "bytes": 2 * k_all.numel() * 4, "gbs": 2 * k_all.numel() * 4 / sdpa / 1e9, "vs_sdpa": 1.0})

@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Protocol
 import torch
 
 from .config import BLOCK_TOKENS
+from . import native
 from .context import BlockTable
 from .store import BlockStore, encode_rows, row_scales
 
@@ -44,7 +45,7 @@ class BlockManager:
         watchers: told of every K write and every copy-on-write copy. bake: an optional fused
         rotate-and-store kernel (Triton's rope_bake_store) used when no watcher needs the rows.
         native_lib: the native kernels, whose row writer encodes rows into int8 blocks in one call
-        (the same bits as the torch encoding, in a fraction of a decode step's time)."""
+        per layer (the same bits as the torch encoding)."""
         self.store = store
         self.on_free = on_free
         self.watchers = list(watchers)
@@ -197,8 +198,6 @@ class BlockManager:
         k = rope.apply(k).to(device=group.device)
         v = v.to(device=group.device)
         if group.quantized and self.native_lib is not None and not self.watchers and group.device.type == "cpu":
-            from . import native
-
             ids, offsets = plan.row_blocks()
             native.write_int8_rows(self.native_lib, k, group.k_addr[pos][ids], offsets)
             native.write_int8_rows(self.native_lib, v, group.v_addr[pos][ids], offsets)
