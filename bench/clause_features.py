@@ -11,6 +11,8 @@ on forks of the instructions' context, gives both:
     python bench/clause_features.py --model smollm2 --train 30 --out /tmp/features-smollm2.npz
 
 Clauses are cut to --clause-chars characters (at a sentence end) to bound the cost on a CPU.
+After every contract the rows so far are saved beside --out (OUT.partial.npz); a stopped run
+started again with the same arguments goes on from there.
 """
 
 from __future__ import annotations
@@ -42,12 +44,13 @@ def main() -> None:
     parser.add_argument("--clause-chars", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--contracts", default=None)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads of the engine")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
     from kvpage_cli.engine import Engine, EngineConfig
 
-    engine = Engine.load(args.model, EngineConfig())
+    engine = Engine.load(args.model, EngineConfig(threads=args.threads))
     prompts = PromptBuilder(engine.tokenizer)
     listing = "\n".join(f"- {name}: {desc}" for name, desc in ZERO_SHOT_CATEGORIES.items())
     head = engine.prefill(prompts.prefix(render("review_instructions", categories=listing)))
@@ -65,8 +68,27 @@ def main() -> None:
     train, dev = cuad.split(cuad.load_contracts(args.contracts))
     chosen = [("dev", c) for c in dev[:args.dev]] + [("train", c) for c in train[:args.train]]
     features, zero_shot, owner, split, labels, names = [], [], [], [], [], []
+    partial = Path(args.out).with_suffix(".partial.npz")
+    settings = {"model": args.model, "fingerprint": engine.fingerprint, "clause_chars": args.clause_chars}
+
+    def save(path) -> None:
+        np.savez_compressed(path, features=np.stack(features), zero_shot=np.stack(zero_shot),
+                            labels=np.array(labels, dtype=bool), owner=np.array(owner), split=np.array(split),
+                            contracts=np.array(names), zero_shot_categories=np.array(list(ZERO_SHOT_CATEGORIES)),
+                            **{k: np.array(v) for k, v in settings.items()})
+
+    if partial.exists():
+        done = np.load(partial, allow_pickle=False)
+        if all(done[k].item() == v for k, v in settings.items()):
+            features, zero_shot = list(done["features"]), list(done["zero_shot"])
+            labels, owner = done["labels"].tolist(), done["owner"].tolist()
+            split, names = done["split"].tolist(), done["contracts"].tolist()
+            print(f"going on after {len(names)} contracts from {partial}", file=sys.stderr)
     started, tokens = time.time(), 0
     for n, (part, contract) in enumerate(chosen):
+        if n < len(names):
+            assert names[n] == contract.name, f"{partial} was written for other contracts"
+            continue
         doc, clauses = cuad.read(contract)
         found = cuad.clause_labels(clauses, cuad.expert_spans(doc.text, contract.labels))
         ids = [question(c.id, c.heading, shorten(c.text, args.clause_chars)) for c in clauses]
@@ -81,12 +103,11 @@ def main() -> None:
         split.append(part)
         names.append(contract.name)
         tokens += sum(map(len, ids))
+        save(partial)
         print(f"{n + 1}/{len(chosen)} {part} {len(clauses)} clauses, {tokens:,} tokens, "
               f"{tokens / (time.time() - started):.0f} tok/s", file=sys.stderr, flush=True)
-    np.savez_compressed(args.out, features=np.stack(features), zero_shot=np.stack(zero_shot),
-                        labels=np.array(labels, dtype=bool), owner=np.array(owner), split=np.array(split),
-                        contracts=np.array(names), model=np.array(args.model), fingerprint=np.array(engine.fingerprint),
-                        zero_shot_categories=np.array(list(ZERO_SHOT_CATEGORIES)), clause_chars=np.array(args.clause_chars))
+    save(args.out)
+    partial.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -416,6 +416,54 @@ static inline __attribute__((always_inline)) void block_dot4(const float *x, int
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__FMA__)
+/* block_dot4 for up to four rows of x in 512-bit registers: lanes 0-7 of an accumulator are
+ * block_dot's acc0, lanes 8-15 its acc1, and every lane sees block_dot's operations in its order
+ * (as direct_dot_t), so the bits are block_dot's; half the instructions of the 256-bit code, and
+ * each decoded row of W is read once for four rows of x. rows and bs are constants at each call. */
+static inline __attribute__((always_inline)) void block_dot4_512(const float *x, int64_t ldx, const float *xs, int nxs,
+        const int rows, float *const *q, float *const *d, float *const *m, int offset, const int bs, int K, float *out) {
+    const int nb = K / bs;
+    __m512 acc[4][4];
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512 lo[4], hi[4];
+        for (int r = 0; r < rows; r++) {
+            lo[r] = _mm512_loadu_ps(x + r * ldx + bs * b);
+            if (bs == 32) hi[r] = _mm512_loadu_ps(x + r * ldx + 32 * b + 16);
+        }
+        for (int j = 0; j < 4; j++) {
+            const __m512 qlo = _mm512_loadu_ps(q[j] + bs * b), db = _mm512_set1_ps(d[j][b]);
+            const __m512 qhi = bs == 32 ? _mm512_loadu_ps(q[j] + 32 * b + 16) : qlo;
+            for (int r = 0; r < rows; r++) {
+                __m512 t = _mm512_mul_ps(lo[r], qlo);
+                if (bs == 32) t = _mm512_fmadd_ps(hi[r], qhi, t);
+                acc[r][j] = _mm512_fmadd_ps(db, t, acc[r][j]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < 4; j++) {
+            const __m256 sum = _mm256_add_ps(_mm512_castps512_ps256(acc[r][j]), _mm512_extractf32x8_ps(acc[r][j], 1));
+            out[4 * r + j] = hsum8(sum) + (offset ? offset_sum(m[j], xs + r * nxs, nb) : 0.0f);
+        }
+}
+
+/* block_dot4_512 with rows and bs as constants. */
+static void block_dot4_rows(const float *x, int64_t ldx, const float *xs, int nxs, int rows, float *const *q,
+                            float *const *d, float *const *m, int offset, int bs, int K, float *out) {
+#define KVP_DOT4(R, BS) block_dot4_512(x, ldx, xs, nxs, R, q, d, m, offset, BS, K, out)
+    if (bs == 32) {
+        if (rows == 4) KVP_DOT4(4, 32); else if (rows == 3) KVP_DOT4(3, 32); else if (rows == 2) KVP_DOT4(2, 32); else KVP_DOT4(1, 32);
+    } else {
+        if (rows == 4) KVP_DOT4(4, 16); else if (rows == 3) KVP_DOT4(3, 16); else if (rows == 2) KVP_DOT4(2, 16); else KVP_DOT4(1, 16);
+    }
+#undef KVP_DOT4
+}
+#define HAVE_DOT4_512 1
+#endif
+
 /* One row of W read straight from its blocks, for one row of activations (decode steps): formats
  * with blocks of 32 values (Q4_0, Q4_1, Q8_0). Each keeps, operation for operation, the float
  * arithmetic of block_dot / q8_dot (so the bits a row gets do not depend on the path, the rows
@@ -532,7 +580,15 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
                 if (count == 4 && blocked) {
                     for (int j = 0; j < 4; j++) decode_row(type, w + (int64_t)(n0 + j) * row_bytes, K, q[j], d[j], m[j], scratch);
                     int r = 0;
-#if defined(__AVX512F__)
+#if defined(HAVE_DOT4_512)
+                    for (; r < M; r += 4) {
+                        const int rows = M - r < 4 ? M - r : 4;
+                        float out[16];
+                        block_dot4_rows(x + (int64_t)r * ldx, ldx, offset ? xs + (int64_t)r * nb : NULL, nb, rows, q, d, m,
+                                        offset, bs, K, out);
+                        for (int i = 0; i < rows; i++) memcpy(y + (int64_t)(r + i) * ldy + n0, out + 4 * i, 4 * sizeof(float));
+                    }
+#elif defined(__AVX512F__)
                     for (; r + 2 <= M; r += 2) {
                         float out[8];
                         block_dot4(x + (int64_t)r * ldx, ldx, offset ? xs + (int64_t)r * nb : NULL, nb, 2, q, d, m, offset,
