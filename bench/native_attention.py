@@ -1,14 +1,15 @@
 """The native CPU decode attention kernel per KV element type, beside torch SDPA, in one run.
 
-One decode query (SmolLM2's shape by default: 9 query heads over 3 KV heads of 64) over N random
-blocks of one layer, read in place through the address table as the store path reads them, with
+Q decode queries (SmolLM2's shape by default: 9 query heads over 3 KV heads of 64) over the same
+N random blocks of one layer (Q > 1: forks of one document decoding together, each block read
+for all of them), read in place through the address table as the store path reads them, with
 the KV blocks in float32, bfloat16 and int8 (with their rows' scales, store.py); beside it torch's
 scaled_dot_product_attention over the same values as one contiguous float32 K/V. Reported per
 row: the median time of a call, the bytes of K/V the call reads (the blocks' bytes, measured from
 the tensors) over that time, and the time against SDPA's. A kernel bound by memory takes less time
 for fewer bytes; one bound by its arithmetic takes the same.
 
-    python bench/native_attention.py --blocks 16,64,128 --json out.json
+    python bench/native_attention.py --blocks 16,64,128 --queries 1,16 --json out.json
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def median_seconds(call, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--blocks", default="16,64,128", help="blocks of 64 tokens in the context")
+    parser.add_argument("--queries", default="1", help="decode queries reading the same blocks")
     parser.add_argument("--heads", default="9,3,64", help="query heads, KV heads, head dim")
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--threads", type=int, default=None)
@@ -52,7 +54,7 @@ def main() -> None:
     num_heads, num_kv_heads, head_dim = map(int, args.heads.split(","))
     scale = head_dim ** -0.5
     results = []
-    for count in map(int, args.blocks.split(",")):
+    for count, queries in [(c, n) for c in map(int, args.blocks.split(",")) for n in map(int, args.queries.split(","))]:
         gen = torch.Generator().manual_seed(count)
         values = torch.randn(2, count, num_kv_heads, BLOCK_TOKENS, head_dim, generator=gen)
         stored = torch.zeros(2, count, *stored_block_shape(num_kv_heads, head_dim, torch.int8), dtype=torch.int8)
@@ -61,16 +63,16 @@ def main() -> None:
         row_scales(stored)[:] = scales
         decoded = decode_rows(stored).contiguous()
         kinds = {"float32": decoded, "bfloat16": decoded.bfloat16(), "int8": stored}
-        plan = DecodePlan.build([(torch.arange(count, dtype=torch.int32), torch.arange(count, dtype=torch.int32))],
-                                [count * BLOCK_TOKENS - 1])
-        q = torch.randn(1, num_heads, head_dim, generator=gen)
-        # the peer: SDPA over the same values, one contiguous K/V [1, Hkv, T, D]
+        every = (torch.arange(count, dtype=torch.int32), torch.arange(count, dtype=torch.int32))
+        plan = DecodePlan.build([every] * queries, [count * BLOCK_TOKENS - 1] * queries)
+        q = torch.randn(queries, num_heads, head_dim, generator=gen)
+        # the peer: SDPA over the same values, one contiguous K/V [1, Hkv, T, D] for the Q queries
         k_all = decoded[0].permute(1, 0, 2, 3).reshape(1, num_kv_heads, -1, head_dim).contiguous()
         v_all = decoded[1].permute(1, 0, 2, 3).reshape(1, num_kv_heads, -1, head_dim).contiguous()
         sdpa = median_seconds(lambda: torch.nn.functional.scaled_dot_product_attention(
-            q[:, :, None], k_all, v_all, scale=scale,
+            q[:, :, None], k_all.expand(queries, -1, -1, -1), v_all.expand(queries, -1, -1, -1), scale=scale,
             enable_gqa=True), args.repeats)
-        results.append({"blocks": count, "kind": "torch SDPA (float32)", "ms": 1e3 * sdpa,
+        results.append({"blocks": count, "queries": queries, "kind": "torch SDPA (float32)", "ms": 1e3 * sdpa,
                         "bytes": 2 * k_all.numel() * 4, "gbs": 2 * k_all.numel() * 4 / sdpa / 1e9, "vs_sdpa": 1.0})
         for kind, blocks in kinds.items():
             backend = NativeBackend(lib, num_heads, num_kv_heads, head_dim, scale, kind)
@@ -78,13 +80,14 @@ def main() -> None:
             states, lse = backend.states(plan.num_pairs, q.device)
             seconds = median_seconds(lambda: backend.decode_states(q, plan, layer, 0, states, lse), args.repeats)
             nbytes = blocks.numel() * blocks.element_size()
-            results.append({"blocks": count, "kind": f"native {kind}", "ms": 1e3 * seconds, "bytes": nbytes,
-                            "gbs": nbytes / seconds / 1e9, "vs_sdpa": sdpa / seconds})
-    print(f"{'blocks':>6}  {'kernel':>20}  {'ms':>7}  {'MiB read':>8}  {'GB/s':>5}  {'x SDPA':>6}")
+            results.append({"blocks": count, "queries": queries, "kind": f"native {kind}", "ms": 1e3 * seconds,
+                            "bytes": nbytes, "gbs": nbytes / seconds / 1e9, "vs_sdpa": sdpa / seconds})
+    print(f"{'blocks':>6}  {'queries':>7}  {'kernel':>20}  {'ms':>7}  {'MiB read':>8}  {'GB/s':>5}  {'x SDPA':>6}")
     for row in results:
-        print(f"{row['blocks']:>6}  {row['kind']:>20}  {row['ms']:>7.3f}  {row['bytes'] / 2**20:>8.1f}  "
+        print(f"{row['blocks']:>6}  {row['queries']:>7}  {row['kind']:>20}  {row['ms']:>7.3f}  {row['bytes'] / 2**20:>8.1f}  "
               f"{row['gbs']:>5.1f}  {row['vs_sdpa']:>6.2f}")
-    print("x SDPA: SDPA's time / the kernel's (above 1: faster). GB/s: the K/V bytes read / the median time.")
+    print("x SDPA: SDPA's time / the kernel's (above 1: faster). GB/s: the K/V bytes read / the median time "
+          "(the blocks' bytes once, however many queries read them).")
     if args.json_path:
         with open(args.json_path, "w") as handle:
             json.dump(results, handle, indent=2)

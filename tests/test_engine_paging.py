@@ -360,3 +360,57 @@ def test_native_kernel_reads_int8_blocks_as_their_decoded_values(head_dim, group
                             states, lse)
     # fp32 both ways, summed in different orders; the outlier rows make values up to ~40x larger
     torch.testing.assert_close(results[0], reference.merge(states, lse, plan), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("head_dim,group,kind", [(64, 3, "float32"), (64, 3, "int8"), (128, 8, "bfloat16"),
+                                                  (256, 4, "float32"), (16, 2, "float32")])
+def test_native_kernel_gives_a_query_the_bits_it_gets_alone_when_others_share_its_blocks(head_dim, group, kind, kv_home):
+    """Queries reading the same blocks are computed in one call (an item: a block and every query
+    that reads it, read once for all); each query's output is what it gets alone, bit for bit,
+    whatever the others see of the block (one inside a block, one past it; with and without a
+    window), and what the torch reference computes."""
+    from kvpage_cli.engine import native
+    from kvpage_cli.engine.backend import DecodePlan, LayerBlocks, NativeBackend, TorchBackend
+    from kvpage_cli.engine.store import decode_rows, encode_rows, head_addresses, row_scales, stored_block_shape
+
+    try:
+        lib = native.load(kv_home)
+    except native.NativeUnavailable as exc:
+        pytest.skip(f"no C compiler here: {exc}")
+    gen = torch.Generator().manual_seed(22)
+    num_kv_heads, blocks = 2, 4
+    values = torch.randn(2, blocks, num_kv_heads, BLOCK_TOKENS, head_dim, generator=gen)
+    if kind == "int8":
+        stored = torch.zeros(2, blocks, *stored_block_shape(num_kv_heads, head_dim, torch.int8), dtype=torch.int8)
+        rows, scales = encode_rows(values)
+        stored[:, :, :, :BLOCK_TOKENS] = rows
+        row_scales(stored)[:] = scales
+        decoded = decode_rows(stored).contiguous()
+    else:
+        stored = values.to(getattr(torch, kind)).contiguous()
+        decoded = stored.float()
+    shared = [(0, 0), (1, 1), (2, 2)]
+    lists = [shared, shared, shared + [(3, 3)], shared[:2]]
+    q_pos = [2 * BLOCK_TOKENS + 9, 2 * BLOCK_TOKENS + 50, 3 * BLOCK_TOKENS + 5, BLOCK_TOKENS + 3]
+    q = torch.randn(len(lists), num_kv_heads * group, head_dim, generator=gen)
+    backend = NativeBackend(lib, num_kv_heads * group, num_kv_heads, head_dim, head_dim ** -0.5, kind)
+    blocks_of = LayerBlocks(head_addresses(stored[0], 0), head_addresses(stored[1], 0), None)
+
+    def run(chosen: list[int], window: int) -> torch.Tensor:
+        plan = DecodePlan.build([(torch.tensor([b for b, _ in lists[i]], dtype=torch.int32),
+                                  torch.tensor([p for _, p in lists[i]], dtype=torch.int32)) for i in chosen],
+                                [q_pos[i] for i in chosen])
+        states, lse = backend.states(plan.num_pairs, q.device)
+        backend.decode_states(q[chosen].contiguous(), plan, blocks_of, window, states, lse)
+        return backend.merge(states, lse, plan), plan
+
+    for window in (0, 70):
+        together, plan = run(list(range(len(lists))), window)
+        assert plan.num_pairs > len({b for blocks_ in lists for b, _ in blocks_})  # blocks are shared
+        for i in range(len(lists)):
+            assert torch.equal(run([i], window)[0][0], together[i]), (window, i)
+        reference = TorchBackend(num_kv_heads * group, num_kv_heads, head_dim, head_dim ** -0.5)
+        states, lse = reference.states(plan.num_pairs, q.device)
+        reference.decode_states(q, plan, LayerBlocks(None, None, lambda ids: (decoded[0][ids], decoded[1][ids])), window,
+                                states, lse)
+        torch.testing.assert_close(together, reference.merge(states, lse, plan), atol=1e-4, rtol=1e-4)
