@@ -320,28 +320,41 @@ def test_int8_kv_keeps_each_row_with_its_scale(backend, kv_path, kv_home):
     assert full.fingerprint != small.fingerprint
 
 
+def _native_lib(kv_home):
+    from kvpage_cli.engine import native
+
+    try:
+        return native.load(kv_home)
+    except native.NativeUnavailable as exc:
+        pytest.skip(f"no C compiler here: {exc}")
+
+
+def _int8_kv(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K/V values [2, n, Hkv, 64, D] as int8 blocks with their rows' scales, and those blocks' values."""
+    from kvpage_cli.engine.store import decode_rows, encode_rows, row_scales, stored_block_shape
+
+    stored = torch.zeros(*values.shape[:2], *stored_block_shape(values.shape[2], values.shape[-1], torch.int8),
+                         dtype=torch.int8)
+    rows, scales = encode_rows(values)
+    stored[:, :, :, :BLOCK_TOKENS] = rows
+    row_scales(stored)[:] = scales
+    return stored, decode_rows(stored).contiguous()
+
+
 @pytest.mark.parametrize("head_dim,group,window", [(64, 3, 0), (64, 3, 70), (16, 2, 0), (128, 1, 0)])
 def test_native_kernel_reads_int8_blocks_as_their_decoded_values(head_dim, group, window, kv_home):
     """The native decode kernel over int8 blocks computes what it computes over fp32 blocks holding
     the rows times their scales: the same bits (AVX-512 paths for head sizes 64 and 128, the
     portable path for 16), and what the torch reference computes from those values."""
-    from kvpage_cli.engine import native
     from kvpage_cli.engine.backend import DecodePlan, LayerBlocks, NativeBackend, TorchBackend
-    from kvpage_cli.engine.store import decode_rows, encode_rows, head_addresses, row_scales, stored_block_shape
+    from kvpage_cli.engine.store import head_addresses
 
-    try:
-        lib = native.load(kv_home)
-    except native.NativeUnavailable as exc:
-        pytest.skip(f"no C compiler here: {exc}")
+    lib = _native_lib(kv_home)
     gen = torch.Generator().manual_seed(21)
     num_kv_heads, blocks = 2, 5
     values = torch.randn(2, blocks, num_kv_heads, BLOCK_TOKENS, head_dim, generator=gen)
     values[:, :, :, 7] *= 40  # an outlier row: its own scale, the others unaffected
-    stored = torch.zeros(2, blocks, *stored_block_shape(num_kv_heads, head_dim, torch.int8), dtype=torch.int8)
-    rows, scales = encode_rows(values)
-    stored[:, :, :, :BLOCK_TOKENS] = rows
-    row_scales(stored)[:] = scales
-    decoded = decode_rows(stored).contiguous()
+    stored, decoded = _int8_kv(values)
     lists = [[(0, 0), (1, 1), (2, 2)], [(0, 0), (3, 1), (4, 2), (1, 3)], [(2, 0)]]
     q_pos = [2 * BLOCK_TOKENS + 9, 4 * BLOCK_TOKENS - 1, 30]
     plan = DecodePlan.build([(torch.tensor([b for b, _ in blocks_of], dtype=torch.int32),
@@ -369,23 +382,15 @@ def test_native_kernel_gives_a_query_the_bits_it_gets_alone_when_others_share_it
     that reads it, read once for all); each query's output is what it gets alone, bit for bit,
     whatever the others see of the block (one inside a block, one past it; with and without a
     window), and what the torch reference computes."""
-    from kvpage_cli.engine import native
     from kvpage_cli.engine.backend import DecodePlan, LayerBlocks, NativeBackend, TorchBackend
-    from kvpage_cli.engine.store import decode_rows, encode_rows, head_addresses, row_scales, stored_block_shape
+    from kvpage_cli.engine.store import head_addresses
 
-    try:
-        lib = native.load(kv_home)
-    except native.NativeUnavailable as exc:
-        pytest.skip(f"no C compiler here: {exc}")
+    lib = _native_lib(kv_home)
     gen = torch.Generator().manual_seed(22)
     num_kv_heads, blocks = 2, 4
     values = torch.randn(2, blocks, num_kv_heads, BLOCK_TOKENS, head_dim, generator=gen)
     if kind == "int8":
-        stored = torch.zeros(2, blocks, *stored_block_shape(num_kv_heads, head_dim, torch.int8), dtype=torch.int8)
-        rows, scales = encode_rows(values)
-        stored[:, :, :, :BLOCK_TOKENS] = rows
-        row_scales(stored)[:] = scales
-        decoded = decode_rows(stored).contiguous()
+        stored, decoded = _int8_kv(values)
     else:
         stored = values.to(getattr(torch, kind)).contiguous()
         decoded = stored.float()
