@@ -48,11 +48,12 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--explain", action="store_true", help="also run every batch size with --explain")
+    parser.add_argument("--only-explain", action="store_true", help="run every batch size with --explain only")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
 
     rows = []
-    for explain in ([False, True] if args.explain else [False]):
+    for explain in ([True] if args.only_explain else [False, True] if args.explain else [False]):
         base = None
         for batch in [int(b) for b in args.batches.split(",")]:
             seconds, data = run(args.file, batch, explain, args.model)
