@@ -136,54 +136,6 @@ static inline __attribute__((always_inline)) __m512 load16(const void *base, int
     return _mm512_loadu_ps((const float *)base + index);
 }
 
-/* exp_nonpositive on 16 lanes: the same operations, in the same order, so the same bits. */
-static inline __attribute__((always_inline)) __m512 exp_nonpositive_512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
-    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
-
-/* softmax_rows on 16 tokens a register (lanes outside [t_lo, t_hi) masked off): the same
- * probabilities bit for bit; the sum's order is its own (per lane, then across lanes). */
-static inline __attribute__((always_inline)) void softmax_rows_512(float scores[][BLOCK_TOKENS], const int G, int t_lo,
-                                                                   int t_hi, float *lse, float *inv_l) {
-    __mmask16 mask[BLOCK_TOKENS / 16];
-    for (int c = 0; c < BLOCK_TOKENS / 16; c++) {
-        const int a = t_lo - 16 * c, b = t_hi - 16 * c; /* lanes [a, b) of chunk c */
-        const uint32_t upto_b = b <= 0 ? 0u : b >= 16 ? 0xFFFFu : (1u << b) - 1u;
-        const uint32_t from_a = a <= 0 ? 0xFFFFu : a >= 16 ? 0u : 0xFFFFu & ~((1u << a) - 1u);
-        mask[c] = (__mmask16)(upto_b & from_a);
-    }
-    for (int g = 0; g < G; g++) {
-        float *s = scores[g];
-        __m512 mv = _mm512_set1_ps(-INFINITY);
-        for (int c = 0; c < BLOCK_TOKENS / 16; c++) mv = _mm512_mask_max_ps(mv, mask[c], mv, _mm512_load_ps(s + 16 * c));
-        const float m = _mm512_reduce_max_ps(mv);
-        const __m512 mm = _mm512_set1_ps(m);
-        __m512 lv = _mm512_setzero_ps();
-        for (int c = 0; c < BLOCK_TOKENS / 16; c++) {
-            if (!mask[c]) continue;
-            const __m512 p = exp_nonpositive_512(_mm512_sub_ps(_mm512_load_ps(s + 16 * c), mm));
-            _mm512_mask_store_ps(s + 16 * c, mask[c], p);
-            lv = _mm512_mask_add_ps(lv, mask[c], lv, p);
-        }
-        const float l = _mm512_reduce_add_ps(lv);
-        lse[g] = m + logf(l);
-        inv_l[g] = 1.0f / l;
-    }
-}
-
 /* AVX-512 version for D in {64, 128, 256} and G <= 8, all compile-time constants after inlining
  * so that the K row and the output accumulators live in registers. */
 static inline __attribute__((always_inline)) void block_head_512(const float *q, const void *k, const void *v, const int KIND,
@@ -203,7 +155,7 @@ static inline __attribute__((always_inline)) void block_head_512(const float *q,
         }
     }
     float inv_l[MAX_GROUP];
-    softmax_rows_512(scores, G, t_lo, t_hi, lse, inv_l);
+    softmax_rows(scores, G, t_lo, t_hi, lse, inv_l);
     int CC = C; /* chunks of 16 dims per pass, so that G * CC accumulators fit in registers */
     while (G * CC > 24 && CC > 1) CC /= 2;
     for (int c0 = 0; c0 < C; c0 += CC) {
