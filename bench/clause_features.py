@@ -71,8 +71,8 @@ def main() -> None:
     partial = Path(args.out).with_suffix(".partial.npz")
     settings = {"model": args.model, "fingerprint": engine.fingerprint, "clause_chars": args.clause_chars}
 
-    def save(path) -> None:
-        np.savez_compressed(path, features=np.stack(features), zero_shot=np.stack(zero_shot),
+    def save(path, compressed: bool = True) -> None:
+        (np.savez_compressed if compressed else np.savez)(path, features=np.stack(features), zero_shot=np.stack(zero_shot),
                             labels=np.array(labels, dtype=bool), owner=np.array(owner), split=np.array(split),
                             contracts=np.array(names), zero_shot_categories=np.array(list(ZERO_SHOT_CATEGORIES)),
                             **{k: np.array(v) for k, v in settings.items()})
@@ -103,7 +103,7 @@ def main() -> None:
         split.append(part)
         names.append(contract.name)
         tokens += sum(map(len, ids))
-        save(partial)
+        save(partial, compressed=False)  # rewritten after every contract: not compressed again each time
         print(f"{n + 1}/{len(chosen)} {part} {len(clauses)} clauses, {tokens:,} tokens, "
               f"{tokens / (time.time() - started):.0f} tok/s", file=sys.stderr, flush=True)
     save(args.out)
