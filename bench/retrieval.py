@@ -406,6 +406,9 @@ def exact_answer(engine, doc, question: str, state: dict, settings: RunSettings)
         asker = Asker(engine, doc, question, max_new_tokens=settings.max_new_tokens)
     except ContextTooLongError as exc:
         raise NotBuilt(f"does not fit: {exc}") from None
+    if asker.mode != "exact":  # mode auto chose retrieval: the prompt is longer than the context
+        needed = len(asker.prefix_ids) + len(asker.question_ids[0]) + settings.max_new_tokens
+        raise NotBuilt(f"does not fit: the prompt needs {needed} tokens, the context is {engine.max_context}")
     with counting_kv_reads(engine) as kv:
         index_s = 0.0
         if "ctx" not in state:

@@ -13,7 +13,9 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -192,17 +194,133 @@ def ensure_metadata(gguf_path: Path, target: Path, on_event: EventCallback | Non
     return target
 
 
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor of a GGUF file: its dims in GGUF order (inputs first), its block type, and its
+    bytes (or values, for the plain types) mapped from the file, shaped as gguf.GGUFReader shapes them."""
+
+    name: str
+    shape: tuple[int, ...]
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    data: np.ndarray
+
+
+class GGUFHeader:
+    """A GGUF file's metadata and tensor table, read without reading its arrays.
+
+    gguf.GGUFReader makes a numpy view for every element of every metadata array, and a
+    tokenizer's vocabulary is hundreds of thousands of elements: Gemma 3's file took 30-46 s to
+    open with it. Here an array of numbers is skipped by its length and an array of strings by
+    reading only each string's length; `fields` holds the scalars and strings (arrays are absent).
+    The layout is the GGUF specification's (github.com/ggml-org/ggml, docs/gguf.md), versions 2-3,
+    little-endian."""
+
+    def __init__(self, path: Path) -> None:
+        from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
+
+        self.data = np.memmap(path, mode="r")
+        self.header = memoryview(self.data)  # struct reads it far faster than numpy slices
+        self.fields: dict[str, Any] = {}
+        self._offset = 0
+        if self._scalar("<u4") != 0x46554747:  # "GGUF"
+            raise ValueError("not a GGUF file (bad magic)")
+        version = self._scalar("<u4")
+        if version & 0xFFFF == 0:
+            raise ValueError("a big-endian GGUF file: only little-endian files are read")
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version} is not supported (2 and 3 are)")
+        tensor_count, kv_count = self._scalar("<u8"), self._scalar("<u8")
+        scalars = {GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1", GGUFValueType.UINT16: "<u2",
+                   GGUFValueType.INT16: "<i2", GGUFValueType.UINT32: "<u4", GGUFValueType.INT32: "<i4",
+                   GGUFValueType.FLOAT32: "<f4", GGUFValueType.BOOL: "<u1", GGUFValueType.UINT64: "<u8",
+                   GGUFValueType.INT64: "<i8", GGUFValueType.FLOAT64: "<f8"}
+        for _ in range(kv_count):
+            key = self._string()
+            kind = GGUFValueType(self._scalar("<u4"))
+            if kind == GGUFValueType.STRING:
+                self.fields[key] = self._string()
+            elif kind == GGUFValueType.ARRAY:
+                item, count = GGUFValueType(self._scalar("<u4")), self._scalar("<u8")
+                if item == GGUFValueType.STRING:
+                    for _ in range(count):
+                        self._offset += 8 + self._scalar("<u8")
+                elif item in scalars:
+                    self._offset += count * np.dtype(scalars[item]).itemsize
+                else:
+                    raise ValueError(f"metadata {key!r}: arrays of {item.name} are not supported")
+            else:
+                value = self._scalar(scalars[kind])
+                self.fields[key] = bool(value) if kind == GGUFValueType.BOOL else value
+        infos = []
+        for _ in range(tensor_count):
+            name = self._string()
+            dims = tuple(self._scalar("<u8") for _ in range(self._scalar("<u4")))
+            infos.append((name, dims, GGMLQuantizationType(self._scalar("<u4")), self._scalar("<u8")))
+        alignment = self.fields.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"invalid alignment {alignment!r}: must be a power of two")
+        start = -(-self._offset // alignment) * alignment
+        plain = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16,
+                 GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8,
+                 GGMLQuantizationType.I16: np.int16, GGMLQuantizationType.I32: np.int32,
+                 GGMLQuantizationType.I64: np.int64}
+        self.tensors: list[GGUFTensor] = []
+        for name, dims, kind, offset in infos:
+            elements = int(np.prod(dims))
+            block, size = GGML_QUANT_SIZES[kind]
+            if elements % block:
+                raise ValueError(f"tensor {name}: {elements} values are not whole blocks of {block}")
+            begin = start + offset
+            if kind in plain:
+                dtype, count, shape = plain[kind], elements, tuple(reversed(dims))
+            else:  # rows of blocks' bytes
+                dtype, count = np.uint8, elements // block * size
+                shape = (*reversed(dims[1:]), dims[0] // block * size)
+            end = begin + count * np.dtype(dtype).itemsize
+            if end > self.data.size:
+                raise ValueError(f"tensor {name} runs past the end of the file (truncated?)")
+            self.tensors.append(GGUFTensor(name, dims, kind, self.data[begin:end].view(dtype).reshape(shape)))
+
+    def _scalar(self, dtype: str):
+        (value,) = _unpack(self.header, self._offset, dtype)
+        self._offset += int(dtype[2])
+        return value
+
+    def _string(self) -> str:
+        length = self._scalar("<u8")
+        if self._offset + length > len(self.header):
+            raise ValueError("the GGUF header ends early (truncated file?)")
+        text = self.header[self._offset:self._offset + length].tobytes().decode("utf-8", errors="replace")
+        self._offset += length
+        return text
+
+
+_STRUCT = {"<u1": "<B", "<i1": "<b", "<u2": "<H", "<i2": "<h", "<u4": "<I", "<i4": "<i", "<f4": "<f", "<u8": "<Q",
+           "<i8": "<q", "<f8": "<d"}
+
+
+def _unpack(buffer, offset: int, dtype: str):
+    import struct
+
+    try:
+        return struct.unpack_from(_STRUCT[dtype], buffer, offset)
+    except struct.error:
+        raise ValueError("the GGUF header ends early (truncated file?)") from None
+
+
 def _open(gguf_path: Path, config, spec):
     """The file's reader, architecture, GGUF -> Hugging Face tensor names, and the names wanted."""
-    from gguf import GGUFReader, get_tensor_name_map
+    from gguf import get_tensor_name_map
     from gguf.constants import MODEL_ARCH_NAMES
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     hf_names = list(skeleton.state_dict().keys())
-    reader = GGUFReader(str(gguf_path))
-    gguf_arch = str(reader.fields["general.architecture"].contents())
+    reader = GGUFHeader(gguf_path)
+    gguf_arch = reader.fields.get("general.architecture")
+    if not isinstance(gguf_arch, str):
+        raise ModelError(f"{gguf_path.name}: the GGUF file names no architecture (general.architecture)")
     arch_id = next((k for k, v in MODEL_ARCH_NAMES.items() if v == gguf_arch), None)
     if arch_id is None:
         raise ModelError(f"{gguf_path.name}: GGUF architecture {gguf_arch!r} is not known to the gguf package")
