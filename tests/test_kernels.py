@@ -587,6 +587,20 @@ except kk.TritonUnavailableError as e:
     assert done.stdout.strip() == "ok"
 
 
+def test_the_package_names_resolve_and_the_command_line_does_not_import_triton():
+    """kvpage_kernels imports its modules on first use: every name of __all__ resolves, and the
+    command line (which needs only BLOCK_TOKENS until a Triton backend is chosen) starts without
+    Triton's import."""
+    import kvpage_kernels
+
+    assert all(callable(getattr(kvpage_kernels, name)) or name in ("BLOCK_TOKENS", "HAS_TRITON")
+               for name in kvpage_kernels.__all__)
+    code = "import sys, kvpage_cli.cli.app; print('triton' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
 # ---------------------------------------------------------------- shared-prefix (cascade) decode
 
 

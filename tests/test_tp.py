@@ -1,9 +1,9 @@
 """Tensor parallelism on CPU: 2 ranks joined by gloo give the tokens one process gives.
 
-Each test saves a tiny random model as a folder, runs the same work in one process and in two
-ranks started by `parallel.spawn`, and compares: greedy tokens equal, logits within TP_TOLERANCE
-(the all-reduce adds the ranks' partial sums in another order than one process's matrix
-product), each rank holding its own heads' KV.
+The tests save tiny random models as folders, run the same work in one process and in two ranks
+started by `parallel.spawn` (one pair of ranks for all the cases of CASES), and compare: greedy
+tokens equal, logits within TP_TOLERANCE (the all-reduce adds the ranks' partial sums in another
+order than one process's matrix product), each rank holding its own heads' KV.
 """
 
 from __future__ import annotations
@@ -43,25 +43,52 @@ def work(engine: Engine, prompt: list[int], new_tokens: int = 24) -> dict:
             "weight_bytes": engine.runner.weight_bytes}
 
 
-def _rank(rank: int, folder: str, home: str, config: dict, prompt: list[int], out: str) -> None:
+# Every comparison of one process with two ranks over a tiny model runs in one pair of ranks
+# (starting a pair costs seconds of imports): (model, EngineConfig fields, prompt) per case.
+CASES = {
+    **{arch: (lambda arch=arch: tiny_model(arch), {"prefill_chunk": 128, "pool_mib": 1.0}, (300, 5))
+       for arch in TINY_ARCHS},  # 300 tokens: past the sliding window (100) of mistral and gemma3
+    "one kv head": (lambda: tiny_model("gemma3_text", num_key_value_heads=1), {"pool_mib": 1.0}, (200, 9)),
+    **{weights: (lambda: tiny_model("llama", hidden_size=128, intermediate_size=256, head_dim=32),
+                 {"pool_mib": 1.0, "weights": weights, "backend": "native"}, (150, 2)) for weights in ("int8", "int4")},
+    # a pool of 5 slots per layer (the first block and the 2 newest always kept, 2 chosen), 10 blocks and more
+    **{policy: (lambda: tiny_model("llama"), {"mode": "selective", "policy": policy,
+                                             "pool_mib": 5 * 3 * 2 * 2 * 64 * 16 * 4 / 2**20}, (640, 6))
+       for policy in ("quest", "draft", "scores", "lru")},
+    # SmolLM2-135M's shape: 9 query heads over 3 KV heads
+    "9 over 3 heads": (lambda: tiny_model("llama", num_attention_heads=9, num_key_value_heads=3, head_dim=16,
+                                          hidden_size=144, intermediate_size=96), {"pool_mib": 1.0}, (200, 4)),
+}
+
+
+def _rank(rank: int, home: str, cases: list[tuple[str, str, dict, list[int]]], out: str) -> None:
     torch.set_num_threads(1)
-    engine = Engine.load(folder, EngineConfig(home=home, tp=2, **config))
-    torch.save(work(engine, prompt), f"{out}.{rank}")
+    results = {}
+    for name, folder, config, prompt in cases:
+        results[name] = work(Engine.load(folder, EngineConfig(home=home, tp=2, **config)), prompt)
+    torch.save(results, f"{out}.{rank}")
 
 
-def run_both(model, tmp_path, kv_home, config: dict, prompt: list[int]) -> tuple[dict, list[dict]]:
-    folder = tmp_path / "model"
-    model.save_pretrained(folder, safe_serialization=True)
-    alone = work(Engine.load(str(folder), EngineConfig(home=str(kv_home), **config)), prompt)
-    out = str(tmp_path / "result")
-    spawn(_rank, 2, (str(folder), str(kv_home), config, prompt, out))
-    return alone, [torch.load(f"{out}.{rank}") for rank in range(2)]
+@pytest.fixture(scope="module")
+def split_runs(tmp_path_factory, kv_home) -> dict[str, tuple[dict, list[dict]]]:
+    """Per case: what one process computes, and what each of two ranks computes."""
+    folder = tmp_path_factory.mktemp("tp-cases")
+    cases, alone = [], {}
+    for index, (name, (make, config, (length, seed))) in enumerate(CASES.items()):
+        model_folder = folder / f"model{index}"
+        make().save_pretrained(model_folder, safe_serialization=True)
+        prompt = random_prompt(length, seed=seed)
+        alone[name] = work(Engine.load(str(model_folder), EngineConfig(home=str(kv_home), **config)), prompt)
+        cases.append((name, str(model_folder), config, prompt))
+    out = str(folder / "result")
+    spawn(_rank, 2, (str(kv_home), cases, out))
+    ranks = [torch.load(f"{out}.{rank}") for rank in range(2)]
+    return {name: (alone[name], [r[name] for r in ranks]) for name in CASES}
 
 
 @pytest.mark.parametrize("arch", list(TINY_ARCHS))
-def test_two_ranks_give_the_tokens_of_one_process(arch, tmp_path, kv_home):
-    prompt = random_prompt(300, seed=5)  # past the sliding window (100) of mistral and gemma3
-    alone, ranks = run_both(tiny_model(arch), tmp_path, kv_home, {"prefill_chunk": 128, "pool_mib": 1.0}, prompt)
+def test_two_ranks_give_the_tokens_of_one_process(arch, split_runs):
+    alone, ranks = split_runs[arch]
     for result in ranks:
         assert result["tokens"] == alone["tokens"], arch
         assert (result["first"] - alone["first"]).abs().max().item() < TP_TOLERANCE
@@ -72,10 +99,9 @@ def test_two_ranks_give_the_tokens_of_one_process(arch, tmp_path, kv_home):
     assert alone["first"].abs().max() > 1.0  # logits big enough for the tolerance to mean something
 
 
-def test_fewer_kv_heads_than_ranks_are_replicated(tmp_path, kv_home):
+def test_fewer_kv_heads_than_ranks_are_replicated(split_runs):
     """Gemma 3 270M has one KV head: each rank keeps it, its query heads split."""
-    model = tiny_model("gemma3_text", num_key_value_heads=1)
-    alone, ranks = run_both(model, tmp_path, kv_home, {"pool_mib": 1.0}, random_prompt(200, seed=9))
+    alone, ranks = split_runs["one kv head"]
     for result in ranks:
         assert result["tokens"] == alone["tokens"]
         assert (result["first"] - alone["first"]).abs().max().item() < TP_TOLERANCE
@@ -83,11 +109,9 @@ def test_fewer_kv_heads_than_ranks_are_replicated(tmp_path, kv_home):
 
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
-def test_compact_weights_split_the_same_way(weights, tmp_path, kv_home):
+def test_compact_weights_split_the_same_way(weights, split_runs):
     """Formats made at load are made from each rank's part, so a rank holds about half the bytes."""
-    prompt = random_prompt(150, seed=2)
-    alone, ranks = run_both(tiny_model("llama", hidden_size=128, intermediate_size=256, head_dim=32), tmp_path,
-                            kv_home, {"pool_mib": 1.0, "weights": weights, "backend": "native"}, prompt)
+    alone, ranks = split_runs[weights]
     for result in ranks:
         assert result["tokens"] == alone["tokens"], weights
         assert (result["first"] - alone["first"]).abs().max().item() < TP_TOLERANCE
@@ -95,15 +119,23 @@ def test_compact_weights_split_the_same_way(weights, tmp_path, kv_home):
 
 
 @pytest.mark.parametrize("policy", ["quest", "draft", "scores", "lru"])
-def test_selective_mode_keeps_the_same_blocks_on_every_rank(policy, tmp_path, kv_home):
+def test_selective_mode_keeps_the_same_blocks_on_every_rank(policy, split_runs):
     """Each rank scores blocks with its own heads; the scores are summed over the ranks, so every
-    rank keeps the blocks one process keeps: the same tokens. A pool of 5 slots per layer (the
-    first block and the 2 newest always kept, 2 chosen), 10 blocks and more."""
-    config = {"mode": "selective", "policy": policy, "pool_mib": 5 * 3 * 2 * 2 * 64 * 16 * 4 / 2**20}
-    alone, ranks = run_both(tiny_model("llama"), tmp_path, kv_home, config, random_prompt(640, seed=6))
+    rank keeps the blocks one process keeps: the same tokens."""
+    alone, ranks = split_runs[policy]
     for result in ranks:
         assert result["tokens"] == alone["tokens"], policy
         assert (result["steps"] - alone["steps"]).abs().max().item() < TP_TOLERANCE
+
+
+def test_kv_heads_that_do_not_divide_are_shared_out_unevenly(split_runs):
+    """SmolLM2-135M's shape: 9 query heads over 3 KV heads, on 2 ranks: 2 KV heads and 1."""
+    alone, ranks = split_runs["9 over 3 heads"]
+    for result in ranks:
+        assert result["tokens"] == alone["tokens"]
+        assert (result["first"] - alone["first"]).abs().max().item() < TP_TOLERANCE
+    assert [r["num_kv_heads"] for r in ranks] == [2, 1]
+    assert sum(r["kv_bytes_per_token"] for r in ranks) == alone["kv_bytes_per_token"]
 
 
 def _ask_rank(rank: int, folder: str, home: str, path: str, out: str, kv_cache: bool = False) -> None:
@@ -130,11 +162,7 @@ def test_retrieval_reads_the_same_blocks_on_every_rank(tiny_cli_model, kv_home, 
     alone = ask_work(Engine.load(str(tiny_cli_model), EngineConfig(home=str(kv_home), max_context=1024)), path)
     assert alone["mode"] == "retrieval"
     out = str(tmp_path / "result")
-    spawn(_ask_rank, 2, (str(tiny_cli_model), str(kv_home), path, out))
-    for rank in range(2):
-        result = torch.load(f"{out}.{rank}")
-        assert result == alone
-    # with the saved KV: the first run saves each rank's index windows, the second maps them back
+    # with the saved KV: the first run computes and saves each rank's index windows, the second maps them back
     for run in range(2):
         spawn(_ask_rank, 2, (str(tiny_cli_model), str(tmp_path / "home"), path, f"{out}{run}", True))
         assert all(torch.load(f"{out}{run}.{rank}") == alone for rank in range(2))
@@ -177,18 +205,6 @@ def test_saved_kv_is_restored_only_where_every_rank_has_it(tmp_path, kv_home):
     assert all(r["tokens"] == runs[0][0]["tokens"] for run in runs for r in run)
     assert [e.label for e in KVCache.open(home).remove("doc")] == ["doc"]
     assert not list((home / "kv" / "segments").glob("*/*.kvb"))
-
-
-def test_kv_heads_that_do_not_divide_are_shared_out_unevenly(tmp_path, kv_home):
-    """SmolLM2-135M's shape: 9 query heads over 3 KV heads, on 2 ranks: 2 KV heads and 1."""
-    model = tiny_model("llama", num_attention_heads=9, num_key_value_heads=3, head_dim=16, hidden_size=144,
-                       intermediate_size=96)
-    alone, ranks = run_both(model, tmp_path, kv_home, {"pool_mib": 1.0}, random_prompt(200, seed=4))
-    for result in ranks:
-        assert result["tokens"] == alone["tokens"]
-        assert (result["first"] - alone["first"]).abs().max().item() < TP_TOLERANCE
-    assert [r["num_kv_heads"] for r in ranks] == [2, 1]
-    assert sum(r["kv_bytes_per_token"] for r in ranks) == alone["kv_bytes_per_token"]
 
 
 def test_a_model_that_does_not_divide_is_refused():
