@@ -11,51 +11,57 @@ from ._triton import jit, require_launchable, tl
 
 _BLOCK_N = 16
 _BLOCK_ROWS = 16
+_MERGE_TILE = 8192  # values of out one program of merge_attention_states loads at a time
 
 
 @jit
 def _merge_attention_states_kernel(
     out_ptr, lse_ptr, merged_out_ptr, merged_lse_ptr,
-    num_states, num_inner, head_dim,
+    num_rows, num_states, num_inner, head_dim,
     stride_oa, stride_on, stride_oc,
     stride_la, stride_ln, stride_lc,
+    BLOCK_ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    # One program: one row (a, c) of out [A, N, C, D], merged over its N states.
-    row = tl.program_id(0)
-    a = row // num_inner
-    c = row % num_inner
+    # One program: BLOCK_ROWS rows (a, c) of out [A, N, C, D], each merged over its N states,
+    # BLOCK_N states at a time (every row's arithmetic is what it is alone).
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    r_mask = rows < num_rows
+    a = (rows // num_inner).to(tl.int64)
+    c = (rows % num_inner).to(tl.int64)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < head_dim
-    out_row = out_ptr + a.to(tl.int64) * stride_oa + c.to(tl.int64) * stride_oc
-    lse_row = lse_ptr + a.to(tl.int64) * stride_la + c.to(tl.int64) * stride_lc
+    out_rows = out_ptr + a * stride_oa + c * stride_oc  # [R]
+    lse_rows = lse_ptr + a * stride_la + c * stride_lc
 
-    m = tl.full([1], float("-inf"), dtype=tl.float32)
-    total = tl.zeros([1], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    m = tl.full([BLOCK_ROWS], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)
     for n0 in range(0, num_states, BLOCK_N):
         n = n0 + offs_n
-        lse = tl.load(lse_row + n * stride_ln, mask=n < num_states, other=float("-inf"))
-        m_new = tl.maximum(m, tl.max(lse, axis=0))
+        lse = tl.load(lse_rows[:, None] + n[None, :] * stride_ln,
+                      mask=r_mask[:, None] & (n < num_states)[None, :], other=float("-inf"))  # [R, N]
+        m_new = tl.maximum(m, tl.max(lse, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m - m_safe)
-        w = tl.exp(lse - m_safe)  # [BLOCK_N], 0 for empty states
+        w = tl.exp(lse - m_safe[:, None])  # [R, N], 0 for empty states
         # An empty state's out is never read, so garbage there cannot leak.
         o = tl.load(
-            out_row + n[:, None] * stride_on + offs_d[None, :],
-            mask=(lse > float("-inf"))[:, None] & d_mask[None, :], other=0.0,
-        )
-        total = total * alpha + tl.sum(w, axis=0)
-        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+            out_rows[:, None, None] + n[None, :, None] * stride_on + offs_d[None, None, :],
+            mask=(lse > float("-inf"))[:, :, None] & d_mask[None, None, :], other=0.0,
+        )  # [R, N, D]
+        total = total * alpha + tl.sum(w, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, axis=1)
         m = m_new
 
     seen = total > 0
-    merged = acc / tl.where(seen, total, 1.0)
+    merged = acc / tl.where(seen, total, 1.0)[:, None]
     merged_lse = tl.where(seen, m + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
-    tl.store(merged_out_ptr + row.to(tl.int64) * head_dim + offs_d, merged, mask=d_mask)
-    tl.store(merged_lse_ptr + row + tl.arange(0, 1), merged_lse)
+    tl.store(merged_out_ptr + rows.to(tl.int64)[:, None] * head_dim + offs_d[None, :], merged,
+             mask=r_mask[:, None] & d_mask[None, :])
+    tl.store(merged_lse_ptr + rows, merged_lse, mask=r_mask)
 
 
 @jit
@@ -191,13 +197,17 @@ def merge_attention_states(
         return merged_out, merged_lse
     if num_states == 0:
         return merged_out.zero_(), merged_lse.fill_(float("-inf"))
-    _merge_attention_states_kernel[(outer * inner,)](
+    rows = outer * inner
+    block_d = next_power_of_2(head_dim)
+    block_rows = max(1, _MERGE_TILE // (_BLOCK_N * block_d))  # the [rows, states, D] tile a program holds
+    _merge_attention_states_kernel[(-(-rows // block_rows),)](
         out3, lse3, merged_out, merged_lse,
-        num_states, inner, head_dim,
+        rows, num_states, inner, head_dim,
         out3.stride(0), out3.stride(1), out3.stride(2),
         lse3.stride(0), lse3.stride(1), lse3.stride(2),
+        BLOCK_ROWS=block_rows,
         BLOCK_N=_BLOCK_N,
-        BLOCK_D=next_power_of_2(head_dim),
+        BLOCK_D=block_d,
     )
     return merged_out, merged_lse
 
