@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from ..engine import KVCache
+from ..engine.config import DEFAULT_CACHE_MIB
 from ..engine.kvcache import MIN_KEY_PREFIX
 from ..errors import KvpageError
 from .options import OUTPUT, RUN, Options, shared_options
@@ -21,8 +22,8 @@ app = typer.Typer(
     help="The saved KV of documents already read: a later `ask` or `review` of the same document "
          "loads it instead of computing its prefill again.\n\n"
          "Entries live under KVPAGE_HOME/kv (default ~/.cache/kvpage/kv), files readable by you only; "
-         "the least recently used are evicted past --cache-mib (default 2048). `--no-cache` on ask or "
-         "review neither reads nor writes it.",
+         f"the least recently used are evicted past --cache-mib (default {DEFAULT_CACHE_MIB:,.0f}). `--no-cache` "
+         "on ask or review neither reads nor writes it.",
     no_args_is_help=True,
     rich_markup_mode="markdown",
 )

@@ -14,7 +14,9 @@ ACTIVATIONS = ("float32", "int8")
 BACKENDS = ("auto", "torch", "native", "triton")
 KV_PATHS = ("auto", "pool", "store")
 DEVICES = ("auto", "cpu", "cuda")
-DEFAULT_CACHE_MIB = 2048.0
+# 20 GiB of disk: the index of about 460K tokens for SmolLM2 (45 KiB of float32 KV a token), so that
+# `ask repo/` indexes once and answers the next questions from the saved windows
+DEFAULT_CACHE_MIB = 20480.0
 
 POLICIES = ("lru", "quest", "draft", "scores")
 
