@@ -60,6 +60,8 @@ def test_review_of_the_sample_contract_with_the_default_model(kv_home):
     for term in data["terms"]:
         for v in term["values"]:
             assert doc.text[v["start"]:v["end"]] == v["text"] and v["source"].startswith("page")
-    # the document was prefilled once, with statistics on stderr only
-    assert data["stats"]["prefill_tokens"] >= data["document_tokens"] > 5000
+    # the document was prefilled once (or loaded from the KV an earlier run saved in this home), with
+    # statistics on stderr only
+    stats = data["stats"]
+    assert stats["prefill_tokens"] + stats["cached_tokens"] >= data["document_tokens"] > 5000
     assert result.stderr.splitlines()[-1].startswith("kvpage: prefill ")
