@@ -65,4 +65,3 @@ __all__ = [
     "shared_decode_states_ref",
     "unpack4",
 ]
-

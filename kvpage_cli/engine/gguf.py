@@ -243,7 +243,8 @@ class GGUFHeader:
                 item, count = GGUFValueType(self._scalar("<u4")), self._scalar("<u8")
                 if item == GGUFValueType.STRING:
                     for _ in range(count):
-                        self._offset += 8 + self._scalar("<u8")
+                        length = self._scalar("<u8")  # each string: its length, then its bytes
+                        self._offset += length
                 elif item in scalars:
                     self._offset += count * np.dtype(scalars[item]).itemsize
                 else:
