@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -301,8 +302,6 @@ _STRUCT = {"<u1": "<B", "<i1": "<b", "<u2": "<H", "<i2": "<h", "<u4": "<I", "<i4
 
 
 def _unpack(buffer, offset: int, dtype: str):
-    import struct
-
     try:
         return struct.unpack_from(_STRUCT[dtype], buffer, offset)
     except struct.error:
