@@ -3,6 +3,10 @@ made at load, and engines that run on them (batched, paged, on the real models).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +16,7 @@ from kvpage_cli.engine.quant import (BF16, BLOCKS, F16, F32, I8_ROW, Q4_0, Q4_1,
                                      DeviceMatrix, QuantMatrix, UnsupportedFormat, quantize)
 from kvpage_cli.errors import ModelError, UsageError
 
-from .conftest import random_prompt, tiny_model
+from .conftest import TINY_ARCHS, random_prompt, tiny_config, tiny_model
 from .test_batch import batched, one_at_a_time
 
 FORMATS = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32]
@@ -396,6 +400,38 @@ def test_the_gguf_header_reads_the_shipped_files_as_the_gguf_package_does(model,
         assert np.array_equal(mine.data, reference.data), mine.name
     scalars = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.") and len(f.types) == 1}
     assert ours.fields == pytest.approx(scalars)
+
+
+@pytest.mark.parametrize("arch,overrides", [(arch, {}) for arch in TINY_ARCHS] + [
+    ("llama", {"tie_word_embeddings": False, "attention_bias": True, "mlp_bias": True}),
+    ("qwen3", {"attention_bias": True}), ("gemma3_text", {"tie_word_embeddings": False})])
+def test_gguf_tensors_are_named_as_the_transformers_model_names_them(arch, overrides):
+    """A GGUF file's tensors are mapped to the names the model's spec lists, without building a
+    transformers model (importing its code costs about 200 MiB and seconds): the same names as
+    that model's state dict, biases and norms included."""
+    from transformers import AutoModelForCausalLM
+
+    from kvpage_cli.engine.spec import spec_from_config
+
+    config = tiny_config(arch, **overrides)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    names = spec_from_config(config).tensor_names()
+    assert len(set(names)) == len(names)
+    assert sorted(names) == sorted(model.state_dict())
+
+
+@pytest.mark.real_model
+def test_loading_the_default_model_leaves_transformers_model_code_and_triton_unimported(smollm2, kv_home):
+    """Once a home has the model's RoPE tables, a load reads GGUF blocks, config, tokenizer and
+    tables without importing transformers' model code, which pulls in torch's compiler and Triton."""
+    code = ("import sys\nfrom kvpage_cli.engine import Engine, EngineConfig\n"
+            f"Engine.load('smollm2', EngineConfig(home={str(kv_home)!r}, weights='gguf'))\n"
+            "print(sorted(m for m in ('transformers.generation.utils', 'torch._dynamo', 'triton') if m in sys.modules))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_a_damaged_gguf_file_is_one_clear_error(tmp_path, kv_home):

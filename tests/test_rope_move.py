@@ -49,3 +49,27 @@ def test_a_move_in_bfloat16_is_within_its_rounding():
     moved = rotate(at_p.to(torch.bfloat16).transpose(0, 1), torch.full((64,), 2000), rope).transpose(0, 1)
     assert moved.dtype == torch.bfloat16
     torch.testing.assert_close(moved.float(), at_q, rtol=2e-2, atol=2e-2)
+
+
+def test_rope_tables_kept_in_the_home_are_read_back_bit_for_bit(tmp_path):
+    """The first load computes the tables with the model's own rotary module and keeps them; later
+    loads read the same bits, a damaged file is computed again, another config gets its own."""
+    config = tiny_config("gemma3_text", head_dim=64, rope_local_base_freq=10000.0, rope_theta=1000000.0)
+    keys = {"sliding_attention", "full_attention"}
+    computed = rope_params_from_config(config, "gemma3_text", keys)
+    first = rope_params_from_config(config, "gemma3_text", keys, tmp_path)
+    [kept] = list((tmp_path / "rope").iterdir())
+    again = rope_params_from_config(config, "gemma3_text", keys, tmp_path)
+    for params in (first, again):
+        assert params.keys() == computed.keys()
+        for key, rope in params.items():
+            assert torch.equal(rope.inv_freq, computed[key].inv_freq) and rope.inv_freq.dtype == torch.float32
+            assert rope.attention_scaling == computed[key].attention_scaling
+    assert not torch.equal(again["full_attention"].inv_freq, again["sliding_attention"].inv_freq)
+    kept.write_text('{"full_attention": {"inv_freq": [1.0')  # cut short
+    repaired = rope_params_from_config(config, "gemma3_text", keys, tmp_path)
+    assert torch.equal(repaired["full_attention"].inv_freq, computed["full_attention"].inv_freq)
+    other = tiny_config("gemma3_text", head_dim=64, rope_local_base_freq=10000.0, rope_theta=500000.0)
+    moved = rope_params_from_config(other, "gemma3_text", keys, tmp_path)
+    assert not torch.equal(moved["full_attention"].inv_freq, computed["full_attention"].inv_freq)
+    assert len(list((tmp_path / "rope").iterdir())) == 2

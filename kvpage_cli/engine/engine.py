@@ -160,7 +160,7 @@ class Engine:
         spec = weights.spec
         dtype = _DTYPES[config.dtype]
         rope_keys = {layer.rope_key for layer in spec.layers}
-        rope = rope_params_from_config(weights.config, spec.arch, rope_keys)
+        rope = rope_params_from_config(weights.config, spec.arch, rope_keys, home)
         # the split path also runs for a process group of one rank (torchrun --nproc-per-node 1:
         # bench/gpu_check.sh tries NCCL so); a caller's own larger group with tp 1 is left alone
         shard = Shard.current(config.tp) if config.tp > 1 or _process_group_size() == 1 else None

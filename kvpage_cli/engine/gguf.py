@@ -73,7 +73,7 @@ def convert_gguf(gguf_path: Path, target: Path, on_event: EventCallback | None =
 
     spec = spec_from_config(config)
     try:
-        tensors, tokenizer = _dequantize(gguf_path, config, spec, on_event)
+        tensors, tokenizer = _dequantize(gguf_path, spec, on_event)
     except ModelError:
         raise
     except Exception as exc:  # a damaged file, an unsupported quantization: the gguf package raises anything
@@ -105,13 +105,13 @@ def _write_folder(target: Path, config, tokenizer, marker: dict, tensors: dict |
         raise
 
 
-def _dequantize(gguf_path: Path, config, spec, on_event: EventCallback | None):
+def _dequantize(gguf_path: Path, spec, on_event: EventCallback | None):
     """The GGUF's tensors dequantized to fp32 under their Hugging Face names, and its tokenizer."""
     from gguf import dequantize
     from transformers import AutoTokenizer
 
     display = gguf_path.name
-    reader, gguf_arch, gguf_to_hf, hf_names = _open(gguf_path, config, spec)
+    reader, gguf_arch, gguf_to_hf, hf_names = _open(gguf_path, spec)
     emit(on_event, ModelLoading(display, "dequantizing weights (once; cached afterwards)"))
     tensors: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
@@ -132,7 +132,7 @@ def _dequantize(gguf_path: Path, config, spec, on_event: EventCallback | None):
     return tensors, tokenizer
 
 
-def load_blocks(gguf_path: Path, config, spec, on_event: EventCallback | None = None) -> dict:
+def load_blocks(gguf_path: Path, spec, on_event: EventCallback | None = None) -> dict:
     """The GGUF's tensors under their Hugging Face names without expanding them: each matrix a
     QuantMatrix over the file's own blocks (memory-mapped: the file's pages are the weights),
     each vector (norms, biases) an fp32 tensor."""
@@ -143,7 +143,7 @@ def load_blocks(gguf_path: Path, config, spec, on_event: EventCallback | None = 
     display = gguf_path.name
     emit(on_event, ModelLoading(display, "mapping the GGUF file's quantized weights"))
     try:
-        reader, gguf_arch, gguf_to_hf, hf_names = _open(gguf_path, config, spec)
+        reader, gguf_arch, gguf_to_hf, hf_names = _open(gguf_path, spec)
         tensors: dict = {}
         for tensor in reader.tensors:
             hf_name = gguf_to_hf.get(tensor.name)
@@ -308,15 +308,12 @@ def _unpack(buffer, offset: int, dtype: str):
         raise ValueError("the GGUF header ends early (truncated file?)") from None
 
 
-def _open(gguf_path: Path, config, spec):
+def _open(gguf_path: Path, spec):
     """The file's reader, architecture, GGUF -> Hugging Face tensor names, and the names wanted."""
     from gguf import get_tensor_name_map
     from gguf.constants import MODEL_ARCH_NAMES
-    from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
-    hf_names = list(skeleton.state_dict().keys())
+    hf_names = list(spec.tensor_names())
     reader = GGUFHeader(gguf_path)
     gguf_arch = reader.fields.get("general.architecture")
     if not isinstance(gguf_arch, str):

@@ -2,7 +2,10 @@
 
 The inverse frequencies and the attention scaling come from the architecture's own
 transformers RotaryEmbedding module (so every scaling variant transformers knows, and Gemma 3's
-per-layer-type theta, is reproduced exactly); cos/sin and the rotation follow transformers'
+per-layer-type theta, is reproduced exactly). Importing that module loads transformers' generation
+code, torch's compiler and Triton (about 200 MiB of RSS and seconds of start-up), so what it
+computes is kept under the home folder, keyed by the config and the transformers version, and a
+later load reads it back bit for bit. cos/sin and the rotation follow transformers'
 arithmetic: fp32 angles, cos/sin cast to the activation dtype, then x*cos + rotate_half(x)*sin.
 RoPE is applied to K once, before a block is written ("baked"), so blocks are self-contained, and
 a block moves from position p to q by one more rotation of its K rows by q - p (`rotate`): the
@@ -12,8 +15,12 @@ the bake, is not applied again.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -32,8 +39,39 @@ class RopeParams:
     attention_scaling: float
 
 
-def rope_params_from_config(config, arch: str, rope_keys: set[str]) -> dict[str, RopeParams]:
-    """inv_freq and attention scaling per rope key, computed by the model's own rotary module."""
+def rope_params_from_config(config, arch: str, rope_keys: set[str], home: Path | None = None) -> dict[str, RopeParams]:
+    """inv_freq and attention scaling per rope key, computed by the model's own rotary module, or
+    read from `home/rope/` where an earlier load computed them for the same config."""
+    if home is None:
+        return _computed(config, arch, rope_keys)
+    import transformers
+
+    from .home import private_dir
+
+    key = hashlib.sha256(json.dumps([config.to_json_string(use_diff=False), arch, sorted(rope_keys),
+                                     transformers.__version__]).encode()).hexdigest()[:24]
+    path = Path(home) / "rope" / f"{key}.json"
+    try:
+        saved = json.loads(path.read_text())
+        return {k: RopeParams(inv_freq=torch.tensor(v["inv_freq"], dtype=torch.float32),
+                              attention_scaling=float(v["attention_scaling"])) for k, v in saved.items()}
+    except (OSError, ValueError, TypeError, KeyError):  # not computed yet, or a damaged file: compute it
+        pass
+    params = _computed(config, arch, rope_keys)
+    # float32 -> Python float (a double) -> float32 is exact, so the file gives back the same bits
+    text = json.dumps({k: {"inv_freq": p.inv_freq.tolist(), "attention_scaling": p.attention_scaling}
+                       for k, p in params.items()})
+    try:
+        private_dir(path.parent)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:  # a read-only home: compute it again next time
+        pass
+    return params
+
+
+def _computed(config, arch: str, rope_keys: set[str]) -> dict[str, RopeParams]:
     module_name, class_name = _ROTARY_CLASSES[arch]
     module = importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}")
     rotary = getattr(module, class_name)(config=config)

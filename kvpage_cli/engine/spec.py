@@ -56,6 +56,26 @@ class ModelSpec:
         return 2 * layers * self.num_kv_heads * row
 
 
+    def tensor_names(self) -> tuple[str, ...]:
+        """The model's tensors under their transformers names (its state dict's keys): what a
+        GGUF file's tensors are mapped to and checked against, without building a transformers
+        model (whose import alone loads torch's compiler stack and Triton)."""
+        names = ["model.embed_tokens.weight"]
+        norms = ("input_layernorm", "pre_feedforward_layernorm", "post_attention_layernorm",
+                 "post_feedforward_layernorm") if self.gemma_norms else ("input_layernorm", "post_attention_layernorm")
+        for i in range(self.num_layers):
+            attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            for proj in ("q_proj", "k_proj", "v_proj"):
+                names += [attn + proj + ".weight"] + ([attn + proj + ".bias"] if self.qkv_bias else [])
+            names += [attn + "o_proj.weight"] + ([attn + "o_proj.bias"] if self.o_bias else [])
+            if self.qk_norm:
+                names += [attn + "q_norm.weight", attn + "k_norm.weight"]
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                names += [mlp + proj + ".weight"] + ([mlp + proj + ".bias"] if self.mlp_bias else [])
+            names += [f"model.layers.{i}.{norm}.weight" for norm in norms]
+        return tuple(names + ["model.norm.weight", "lm_head.weight"])
+
+
 KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1}
 
 

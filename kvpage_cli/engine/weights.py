@@ -138,7 +138,7 @@ def _from_gguf(source, home: Path, on_event: EventCallback | None, tokenizer) ->
     folder = ensure_metadata(path, cached_folder_for(path.stem, key + "|metadata", home), on_event)
     loaded = _from_folder(folder, str(source) if str(source) in ALIASES else path.name, tokenizer, on_event,
                           weights=False)
-    loaded.tensors = load_blocks(path, loaded.config, loaded.spec, on_event)
+    loaded.tensors = load_blocks(path, loaded.spec, on_event)
     loaded.fingerprint = _digest(key, "gguf blocks", loaded.fingerprint)
     return loaded
 
