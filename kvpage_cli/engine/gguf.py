@@ -63,6 +63,7 @@ def convert_gguf(gguf_path: Path, target: Path, on_event: EventCallback | None =
 
     display = gguf_path.name
     emit(on_event, ModelLoading(display, "reading GGUF metadata"))
+    _check_readable(gguf_path)
     try:
         config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, trust_remote_code=False)
     except Exception as exc:  # transformers raises many kinds for unknown or broken files
@@ -82,6 +83,15 @@ def convert_gguf(gguf_path: Path, target: Path, on_event: EventCallback | None =
 
     _write_folder(target, config, tokenizer, {"source": str(gguf_path), "dequantized_from": "gguf"}, tensors)
     return target
+
+
+def _check_readable(gguf_path: Path) -> None:
+    """A ModelError naming the file and what is wrong with it when its header or tensor table is
+    damaged (transformers' reader would fail later, or with a numpy error about shapes)."""
+    try:
+        GGUFHeader(gguf_path)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{gguf_path.name} could not be read as a GGUF model: {exc}") from exc
 
 
 def _write_folder(target: Path, config, tokenizer, marker: dict, tensors: dict | None = None) -> None:
@@ -185,6 +195,7 @@ def ensure_metadata(gguf_path: Path, target: Path, on_event: EventCallback | Non
             return target
         display = gguf_path.name
         emit(on_event, ModelLoading(display, "reading GGUF metadata and tokenizer (once; cached afterwards)"))
+        _check_readable(gguf_path)
         try:
             config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, trust_remote_code=False)
             tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
