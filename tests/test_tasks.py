@@ -222,6 +222,33 @@ def test_an_answer_that_loops_is_cut_after_its_first_copy():
     assert loop_start(table) is None
 
 
+def test_a_loop_is_cut_before_its_second_copy_is_shown_and_other_repeats_are_shown_whole():
+    from kvpage_cli.tasks.ask import AnswerText, repeating_tail
+
+    def decode(tokens):
+        return "".join(f"<{t}>" for t in tokens)
+
+    def stream(tokens):
+        answer, pieces, ended = AnswerText(decode), [], False
+        for token in tokens:
+            piece, ended = answer.add(token)
+            pieces.append(piece)
+            if ended:
+                break
+        if not ended:
+            pieces.append(answer.finish())
+        return "".join(pieces), ended
+
+    line = list(range(100, 120))  # a 20-token line: said twice it is 40 tokens, a loop
+    shown, ended = stream([1, 2] + line + line + line)
+    assert ended and shown == decode([1, 2] + line)  # not a token of the second copy was streamed
+    shown, ended = stream([1, 2] + line + line[:15] + [7, 8])  # repeats 15 tokens, then goes on
+    assert not ended and shown == decode([1, 2] + line + line[:15] + [7, 8])
+    shown, ended = stream([1, 2] + line + line[:15])  # the answer ends while repeating: all of it is shown
+    assert not ended and shown == decode([1, 2] + line + line[:15])
+    assert repeating_tail([5, 6, 7, 5, 6]) == 2 and repeating_tail([1, 2, 3]) == 0 and repeating_tail([4, 4, 4]) == 2
+
+
 def test_a_base_model_gets_a_question_to_continue_not_an_instruction(tiny_engine):
     from kvpage_cli.tasks.chat import PromptBuilder
 

@@ -109,29 +109,22 @@ class Asker:
             requests = [Request(engine.fork(doc_ctx), ids, self.max_new_tokens, self.temperature, stop=stop, tag=i)
                         for i, ids in enumerate(self.question_ids)]
             engine.release(doc_ctx)  # the forks hold the document's blocks now
-        tokens: list[list[int]] = [[] for _ in requests]
-        shown = [""] * len(requests)
+        texts = [AnswerText(self.prompts.decode) for _ in requests]
         for request, token in engine.run(requests, max_batch=self.max_batch, on_event=self.on_event):
             i = request.tag
             if token in stop:
                 continue
-            tokens[i].append(token)
-            loop = loop_start(tokens[i])
-            if loop is not None:
-                del tokens[i][loop:]
+            piece, looped = texts[i].add(token)
+            if looped:
                 request.done = True  # leaves the batch at the end of this step
-            text = self.prompts.decode(tokens[i])
-            if text.endswith("\ufffd") and not request.done:  # a character split across tokens: wait for the rest
-                continue
-            piece, shown[i] = text[len(shown[i]):], text
             if piece:
                 yield i, piece
             if request.done:
                 self.complete[i] = True
         for i, request in enumerate(requests):
-            text = self.prompts.decode(tokens[i])
-            if len(text) > len(shown[i]):
-                yield i, text[len(shown[i]):]
+            piece = texts[i].finish()
+            if piece:
+                yield i, piece
             self.complete[i] = True
             engine.release(request.ctx)
 
@@ -174,6 +167,52 @@ class Asker:
 
 
 LOOP_TOKENS = 32  # a block repeated back to back over at least this many tokens is a loop
+
+
+class AnswerText:
+    """One answer's text as its tokens come. What it shows is never taken back: a tail of tokens
+    that repeats earlier ones (`repeating_tail`) is held until it stops repeating (then shown) or
+    becomes a loop (`loop_start`: then cut, so a loop's second copy is neither streamed nor kept)."""
+
+    def __init__(self, decode) -> None:
+        self.decode = decode
+        self.tokens: list[int] = []
+        self.shown = ""
+
+    def add(self, token: int) -> tuple[str, bool]:
+        """The new text to show, and whether the answer ends here (it started to loop)."""
+        self.tokens.append(token)
+        loop = loop_start(self.tokens)
+        if loop is not None:
+            del self.tokens[loop:]
+            return self._show(len(self.tokens), last=True), True
+        return self._show(len(self.tokens) - repeating_tail(self.tokens), last=False), False
+
+    def finish(self) -> str:
+        """What is still held, once the answer has ended without a loop."""
+        return self._show(len(self.tokens), last=True)
+
+    def _show(self, count: int, last: bool) -> str:
+        text = self.decode(self.tokens[:count])
+        if not last and text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
+            return ""
+        piece = text[len(self.shown):]
+        if piece:
+            self.shown = text
+        return piece
+
+
+def repeating_tail(tokens: list[int]) -> int:
+    """How many of the last tokens repeat, in order, the tokens some fixed distance before them:
+    the part of an answer that may be the start of a loop's next copy."""
+    n = len(tokens)
+    longest = 0
+    for period in range(1, n):
+        length = 0
+        while length < n - period and tokens[n - 1 - length] == tokens[n - 1 - length - period]:
+            length += 1
+        longest = max(longest, length)
+    return longest
 
 
 def loop_start(tokens: list[int]) -> int | None:
