@@ -266,3 +266,49 @@ def test_selective_mode_over_a_document_past_the_context_decodes_the_retrieved_b
     attended = stats.blocks_attended - before.blocks_attended
     candidates = stats.blocks_candidate - before.blocks_candidate
     assert 0 < attended < candidates  # decode steps skipped some of the assembled blocks
+
+
+@pytest.fixture(scope="module")
+def short_gemma(tiny_cli_model, tmp_path_factory, kv_home):
+    """A random 3-layer Gemma 3 (sliding windows of 512 tokens around one full-attention layer)
+    with SmolLM2's tokenizer, told its context is 1,024 tokens."""
+    import shutil
+
+    from .conftest import TOKENIZER_FILES
+
+    folder = tmp_path_factory.mktemp("tiny-gemma")
+    model = tiny_model("gemma3_text", seed=0, vocab_size=49152, sliding_window=512, max_position_embeddings=8192,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    model.save_pretrained(folder, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (tiny_cli_model / name).exists():
+            shutil.copy(tiny_cli_model / name, folder / name)
+    return Engine.load(str(folder), EngineConfig(home=str(kv_home), max_context=1024, backend="native"))
+
+
+def test_a_sliding_window_model_reads_its_best_passages_again_right_before_the_question(short_gemma, short_engine):
+    """Sliding-window layers keep nothing in the index, so a Gemma question would see only itself
+    in 5 of every 6 layers: the passages that matched best (as many as the window holds) are
+    computed again right before the question, the best last, and not attended twice."""
+    doc = load(str(SAMPLES / "contract.txt"))
+    asker = Asker(short_gemma, doc, "Which State's laws govern the agreement?", max_new_tokens=4)
+    assert asker.mode == "retrieval"
+    [request] = asker._retrieval_requests(short_gemma.stop_ids)
+    selection, retriever = asker.selections[0], asker.retriever
+    library = retriever.library
+    law = doc.text.index("laws of the State of Delaware")
+    best = selection.best[0]
+    assert retriever.char_spans[best[0]][0] <= law < retriever.char_spans[best[-1]][1]
+    again = [b for passage in reversed(selection.best[:2]) for b in passage]  # 512 tokens: two passages
+    read_again = [t for b in again for t in library.tokens[library.blocks[b].first:library.blocks[b].first + BLOCK_TOKENS]]
+    assert request.token_ids == read_again + retriever.tail + asker.question_ids[0]
+    assert len(request.ctx.tokens) == len(library.head.tokens) + BLOCK_TOKENS * (len(selection.blocks) - len(again))
+    assert set(again) <= set(selection.blocks)  # still reported among the blocks the question read
+    short_gemma.release(request.ctx)
+    list(asker.answers())
+    assert asker.complete == [True]
+    # a model without sliding-window layers reads everything from the index
+    plain = Asker(short_engine, doc, "Which State's laws govern the agreement?", max_new_tokens=4)
+    [request] = plain._retrieval_requests(short_engine.stop_ids)
+    assert request.token_ids == plain.retriever.tail + plain.question_ids[0]
+    short_engine.release(request.ctx)

@@ -47,10 +47,12 @@ def lexical_terms(text: str, stopwords: frozenset[str] = frozenset()) -> list[st
 
 @dataclass(frozen=True)
 class Selection:
-    """The blocks a question reads: indices into the library's blocks, in document order."""
+    """The blocks a question reads: indices into the library's blocks, in document order; and the
+    passages that matched the question best, best first (each a list of blocks)."""
 
     blocks: list[int]
     total: int  # blocks in the library
+    best: tuple[tuple[int, ...], ...] = ()
 
     @property
     def share(self) -> float:
@@ -64,6 +66,7 @@ SIGNALS = ("lexical", "bounds", "keys")
 DEFAULT_SIGNALS = ("lexical",)
 UNIT_BLOCKS = 4  # blocks chosen together: 256 consecutive tokens read as one passage
 CANDIDATES = 3  # the keys signal scores this many times the budget's passages, the lexical signal's best
+BEST = 4  # passages a Selection names as the best (Asker reads some of them again for sliding-window layers)
 
 
 class Retriever:
@@ -104,16 +107,17 @@ class Retriever:
         if unknown or not signals:
             raise ValueError(f"signals must be some of {', '.join(SIGNALS)}; got {', '.join(signals) or 'none'}")
         total = self.library.num_blocks
-        if total <= budget:
-            return Selection(list(range(total)), total)
         count = len(self.units)
         wanted = max(1, budget // self.unit_blocks)
         ranks = []
         queries = None
-        if "lexical" in signals:
+        if "lexical" in signals or total <= budget:
             terms = lexical_terms(question, self.stopwords)
             scores = torch.as_tensor(self.bm25.get_scores(terms), dtype=torch.float32) if terms else torch.zeros(count)
             ranks.append(_rank(scores))
+            if total <= budget:  # every block is read; the best passages are still told apart
+                best = torch.argsort(scores, descending=True, stable=True)[:BEST].tolist()
+                return Selection(list(range(total)), total, tuple(tuple(self.units[u]) for u in best))
         if "bounds" in signals:
             queries = self._question_queries(question_ids)
             ranks.append(_rank(self._per_unit(self.library.bound_scores(queries), range(count))))
@@ -126,7 +130,8 @@ class Retriever:
             per_block = self.library.attention_scores(queries, [b for u in pool for b in self.units[u]])
             ranks.append(_rank(self._per_unit(per_block, pool)))
         chosen = torch.argsort(_fuse(ranks), descending=True, stable=True)[:wanted].tolist()
-        return Selection(sorted(b for u in chosen for b in self.units[u]), total)
+        return Selection(sorted(b for u in chosen for b in self.units[u]), total,
+                         tuple(tuple(self.units[u]) for u in chosen[:BEST]))
 
     def _per_unit(self, per_block: torch.Tensor, units) -> torch.Tensor:
         """Passage scores [passages] from the scores of the blocks of `units` (in that order; the
