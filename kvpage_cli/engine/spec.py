@@ -55,7 +55,6 @@ class ModelSpec:
         row = self.head_dim * KV_ELEMENT_BYTES[kv_dtype] + (4 if kv_dtype == "int8" else 0)
         return 2 * layers * self.num_kv_heads * row
 
-
     def tensor_names(self) -> tuple[str, ...]:
         """The model's tensors under their transformers names (its state dict's keys): what a
         GGUF file's tensors are mapped to and checked against, without building a transformers

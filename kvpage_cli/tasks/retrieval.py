@@ -48,7 +48,7 @@ def lexical_terms(text: str, stopwords: frozenset[str] = frozenset()) -> list[st
 @dataclass(frozen=True)
 class Selection:
     """The blocks a question reads: indices into the library's blocks, in document order; and the
-    passages that matched the question best, best first (each a list of blocks)."""
+    passages that matched the question best, best first (each a tuple of blocks)."""
 
     blocks: list[int]
     total: int  # blocks in the library
