@@ -107,17 +107,14 @@ class Retriever:
         if unknown or not signals:
             raise ValueError(f"signals must be some of {', '.join(SIGNALS)}; got {', '.join(signals) or 'none'}")
         total = self.library.num_blocks
+        if total <= budget:  # every block is read; the lexically best passages are still named
+            return Selection(list(range(total)), total, self._best(_rank(self._lexical_scores(question))))
         count = len(self.units)
         wanted = max(1, budget // self.unit_blocks)
         ranks = []
         queries = None
-        if "lexical" in signals or total <= budget:
-            terms = lexical_terms(question, self.stopwords)
-            scores = torch.as_tensor(self.bm25.get_scores(terms), dtype=torch.float32) if terms else torch.zeros(count)
-            ranks.append(_rank(scores))
-            if total <= budget:  # every block is read; the best passages are still told apart
-                best = torch.argsort(scores, descending=True, stable=True)[:BEST].tolist()
-                return Selection(list(range(total)), total, tuple(tuple(self.units[u]) for u in best))
+        if "lexical" in signals:
+            ranks.append(_rank(self._lexical_scores(question)))
         if "bounds" in signals:
             queries = self._question_queries(question_ids)
             ranks.append(_rank(self._per_unit(self.library.bound_scores(queries), range(count))))
@@ -129,9 +126,18 @@ class Retriever:
             queries = queries if queries is not None else self._question_queries(question_ids)
             per_block = self.library.attention_scores(queries, [b for u in pool for b in self.units[u]])
             ranks.append(_rank(self._per_unit(per_block, pool)))
-        chosen = torch.argsort(_fuse(ranks), descending=True, stable=True)[:wanted].tolist()
-        return Selection(sorted(b for u in chosen for b in self.units[u]), total,
-                         tuple(tuple(self.units[u]) for u in chosen[:BEST]))
+        fused = _fuse(ranks)
+        chosen = torch.argsort(fused, descending=True, stable=True)[:wanted].tolist()
+        return Selection(sorted(b for u in chosen for b in self.units[u]), total, self._best(-fused))
+
+    def _lexical_scores(self, question: str) -> torch.Tensor:
+        """BM25 score of every passage for the question's terms [passages]."""
+        terms = lexical_terms(question, self.stopwords)
+        return torch.as_tensor(self.bm25.get_scores(terms), dtype=torch.float32) if terms else torch.zeros(len(self.units))
+
+    def _best(self, rank: torch.Tensor) -> tuple[tuple[int, ...], ...]:
+        """The BEST passages of lowest `rank` (ties in document order), best first, as blocks."""
+        return tuple(tuple(self.units[u]) for u in torch.argsort(rank, stable=True)[:BEST].tolist())
 
     def _per_unit(self, per_block: torch.Tensor, units) -> torch.Tensor:
         """Passage scores [passages] from the scores of the blocks of `units` (in that order; the
