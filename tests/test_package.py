@@ -15,7 +15,7 @@ import pytest
 from .conftest import REPO
 
 UI_LIBRARIES = {"typer", "rich", "tqdm", "click"}
-UI_FREE = ["kvpage_cli/engine", "kvpage_cli/tasks", "kvpage_cli/ingest", "kernels"]
+UI_FREE = ["kvpage_cli/engine", "kvpage_cli/tasks", "kvpage_cli/ingest", "kvpage_kernels"]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def wheel(tmp_path_factory):
         shutil.copy(REPO / name, src / name)
     for license_file in REPO.glob("LICEN[CS]E*"):
         shutil.copy(license_file, src / license_file.name)
-    for folder in ("kvpage_cli", "kernels", "prompts"):
+    for folder in ("kvpage_cli", "kvpage_kernels", "prompts"):
         shutil.copytree(REPO / folder, src / folder, ignore=ignore)
     dist = tmp_path_factory.mktemp("dist")
     if _setuptools_version() >= (69,):
@@ -58,13 +58,25 @@ def test_wheel_ships_prompts_kernels_and_native_sources(wheel):
                for p in (REPO / "prompts").glob("*.md")}
     assert shipped and shipped <= prompts
     assert "kvpage_kernels/__init__.py" in wheel
-    assert {f"kvpage_kernels/{p.name}" for p in (REPO / "kernels").glob("*.py")} <= wheel
+    assert {f"kvpage_kernels/{p.name}" for p in (REPO / "kvpage_kernels").glob("*.py")} <= wheel
     assert "kvpage_cli/engine/native/attention.c" in wheel
     assert "kvpage_cli/prompts/playbook.toml" in wheel  # the review's default playbook
     assert "kvpage_cli/tasks/heads/clauses-lexical.npz" in wheel  # its trained clause head
     assert "kvpage_cli/cli/app.py" in wheel
     assert not any(name.startswith("kernels/") for name in wheel)  # would shadow the `kernels` package
     assert not any(name.startswith(("tests/", "samples/", "corpus/")) for name in wheel)
+
+
+def test_nothing_at_the_checkouts_root_shadows_an_installed_package():
+    """Tests, benchmarks and `python -m` run from the repository root, which is then first on
+    sys.path: a folder there named like an installed package (transformers imports Hugging Face's
+    `kernels` when it is installed) would be imported in its place."""
+    installed = {name for name, dists in importlib.metadata.packages_distributions().items()
+                 if "kvpage" not in dists}
+    assert "torch" in installed  # the map is read, not empty
+    here = {p.stem if p.suffix == ".py" else p.name for p in REPO.iterdir()
+            if (p.is_dir() and not p.name.startswith(".")) or p.suffix == ".py"}
+    assert here & installed == set()
 
 
 def test_wheel_declares_the_console_script(wheel):
@@ -137,7 +149,7 @@ def test_the_distribution_declares_what_the_code_imports_and_nothing_else():
     declared = {normal(re.match(r"[A-Za-z0-9_.-]+", req).group()) for req in project["dependencies"]}
     optional = {normal(re.match(r"[A-Za-z0-9_.-]+", req).group()) for reqs in extras.values() for req in reqs}
     imported = set()
-    for folder in ("kvpage_cli", "kernels"):
+    for folder in ("kvpage_cli", "kvpage_kernels"):
         for path in (REPO / folder).rglob("*.py"):
             imported |= _imports(path)
     imported -= set(sys.stdlib_module_names) | {"kvpage_cli", "kvpage_kernels"}
