@@ -329,6 +329,41 @@ def _native_lib(kv_home):
         pytest.skip(f"no C compiler here: {exc}")
 
 
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
+def test_the_native_row_writer_stores_the_bits_torch_stores(kind, kv_home):
+    """Decode steps and prompt chunks on the native backend write each layer's K/V rows into their
+    blocks in one call: every row at its block and offset, and the bits torch's conversion gives
+    (bfloat16: to nearest, ties to even, NaN kept; int8: store.encode_rows with its scales)."""
+    from kvpage_cli.engine import native
+    from kvpage_cli.engine.store import encode_rows, head_addresses, row_scales, stored_block_shape
+
+    lib = _native_lib(kv_home)
+    heads, dim, blocks = 2, 64, 5
+    dtype = getattr(torch, kind)
+    arena = torch.zeros(heads, blocks, *stored_block_shape(heads, dim, dtype)[1:], dtype=dtype)
+    rows = torch.randn(7, heads, dim, generator=torch.Generator().manual_seed(5)) * 40
+    rows[0, 0, :4] = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 3e38])  # bfloat16 ties, near overflow
+    if kind != "int8":
+        rows[1, 1, 5] = float("nan")
+    rows[2, 1] = 0.0  # an int8 row of zeros keeps scale 0
+    ids = torch.tensor([4, 4, 0, 2, 2, 1, 3], dtype=torch.int64)
+    offsets = torch.tensor([0, 63, 17, 5, 6, 40, 1], dtype=torch.int32)
+    native.write_rows(lib, kind, rows, head_addresses(arena, 1), ids, offsets)
+    for r in range(rows.shape[0]):
+        kept = arena[:, ids[r], offsets[r]]  # [Hkv, D]
+        if kind == "int8":
+            values, scales = encode_rows(rows[r])
+            assert torch.equal(kept, values) and torch.equal(row_scales(arena)[:, ids[r], offsets[r]], scales)
+        else:  # NaN stays NaN (torch's own NaN bits differ between its scalar and vector paths)
+            nan = rows[r].isnan()
+            assert bool(kept[nan].float().isnan().all()) and bool(nan.any()) == (r == 1)
+            bits = torch.int16 if kind == "bfloat16" else torch.int32
+            assert torch.equal(kept[~nan].view(bits), rows[r][~nan].to(dtype).view(bits))
+    written = torch.zeros(heads, blocks, BLOCK_TOKENS, dtype=torch.bool)
+    written[:, ids, offsets.long()] = True
+    assert not arena[:, :, :BLOCK_TOKENS][~written].any()  # nothing else was touched
+
+
 def _int8_kv(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """K/V values [2, n, Hkv, 64, D] as int8 blocks with their rows' scales, and those blocks' values."""
     from kvpage_cli.engine.store import decode_rows, encode_rows, row_scales, stored_block_shape

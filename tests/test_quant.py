@@ -14,6 +14,7 @@ import torch
 from kvpage_cli.engine import BLOCK_TOKENS, Engine, EngineConfig, native
 from kvpage_cli.engine.quant import (BF16, BLOCKS, F16, F32, I8_ROW, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
                                      DeviceMatrix, QuantMatrix, UnsupportedFormat, quantize)
+from kvpage_cli.engine.rope import rope_cos_sin
 from kvpage_cli.errors import ModelError, UsageError
 
 from .conftest import TINY_ARCHS, random_prompt, tiny_config, tiny_model
@@ -291,7 +292,7 @@ def test_the_native_layer_computes_what_the_torch_layer_computes(arch, activatio
     torch_layers.runner.native_layers = None
     calls = []
     first = native_layers.runner.native_layers[0]
-    first.pre = lambda h, pre=first.pre: calls.append(h.shape[0]) or pre(h)
+    first.pre = lambda h, *rope, pre=first.pre: calls.append(h.shape[0]) or pre(h, *rope)
     runs = []
     for engine in (native_layers, torch_layers):
         ctx = engine.prefill(prompt)
@@ -303,6 +304,24 @@ def test_the_native_layer_computes_what_the_torch_layer_computes(arch, activatio
     assert calls == [1] * 6  # each decode step's row went through the native layer (the prompt did not)
     gemma = Engine.load(tiny_model("gemma3_text"), config)
     assert gemma.runner.native_layers is None  # Gemma's norms and GELU stay op by op
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_native_layer_rotates_q_and_k_with_torchs_bits(arch, kv_home):
+    """The native layer applies RoPE to a decode row's Q and K itself: the bits rope.apply_rope
+    gives, at positions near and far (V untouched), so a block's K is the same whichever path
+    wrote it."""
+    model = tiny_model(arch)
+    engine = Engine.load(model, EngineConfig(home=str(kv_home), backend="native", weights="int4"))
+    runner = engine.runner
+    [(key, params)] = runner.rope.items()
+    cos, sin = rope_cos_sin(params, torch.tensor([0, 5, 900, 131_000]), torch.float32)
+    h = torch.randn(4, runner.spec.hidden_size, generator=torch.Generator().manual_seed(3))
+    for layer in runner.native_layers[:2]:
+        plain = layer.pre(h)
+        rotated = layer.pre(h, cos, sin)
+        assert torch.equal(rotated, runner._rotated(plain, cos, sin))
+        assert not torch.equal(rotated, plain)
 
 
 @pytest.mark.parametrize("fmt, close", [("bfloat16", 0.02), ("int8", 0.05), ("int4", 0.5)])

@@ -20,6 +20,9 @@ from . import native
 from .context import BlockTable
 from .store import BlockStore, encode_rows, row_scales
 
+_NATIVE_KINDS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.int8: "int8"}
+"""The store element types whose rows the native kernels write (native.write_rows)."""
+
 
 class BlockWatcher(Protocol):
     """Per-block metadata that follows the blocks (selective mode's key bounds, a policy's memory)."""
@@ -44,8 +47,9 @@ class BlockManager:
         """on_free(group layers, freed block ids): blocks became free (the pool forgets them).
         watchers: told of every K write and every copy-on-write copy. bake: an optional fused
         rotate-and-store kernel (Triton's rope_bake_store) used when no watcher needs the rows.
-        native_lib: the native kernels, whose row writer encodes rows into int8 blocks in one call
-        per layer (the same bits as the torch encoding)."""
+        native_lib: the native kernels, whose row writer puts a layer's rows into their blocks in
+        one call each for K and V (float32, bfloat16 or int8 blocks: the bits torch's conversion
+        gives)."""
         self.store = store
         self.on_free = on_free
         self.watchers = list(watchers)
@@ -181,13 +185,14 @@ class BlockManager:
         return [WritePlan.of(group, writes) for group in self.store.groups]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, rope, plans: list["WritePlan"]) -> None:
-        """k (not rotated), v: [N, Hkv, D] of one step's rows -> their blocks, RoPE baked into K.
+        """k, v: [N, Hkv, D] of one step's rows -> their blocks, RoPE baked into K.
 
-        rope: the step's RopeAt (cos/sin of every row's position); plans: from `plan_writes`."""
+        rope: the step's RopeAt (cos/sin of every row's position; whether k is rotated already);
+        plans: from `plan_writes`."""
         group = self.store.group_of(layer)
         pos = self.store.layer_pos[layer]
         plan = plans[group.index]
-        if self.bake is not None and not self.watchers and group.device == k.device:
+        if self.bake is not None and not self.watchers and group.device == k.device and not rope.k_rotated:
             for arena, rows, offsets, select in plan.parts:
                 slot_ids = plan.arena_rows(arena, k.device)
                 self.bake(k.contiguous(), v.contiguous(), rope.positions.to(torch.int32),
@@ -197,10 +202,11 @@ class BlockManager:
             return
         k = rope.apply(k).to(device=group.device)
         v = v.to(device=group.device)
-        if group.quantized and self.native_lib is not None and not self.watchers and group.device.type == "cpu":
+        kind = _NATIVE_KINDS.get(group.dtype)
+        if kind is not None and self.native_lib is not None and not self.watchers and group.device.type == "cpu":
             ids, offsets = plan.row_blocks()
-            native.write_int8_rows(self.native_lib, k, group.k_addr[pos][ids], offsets)
-            native.write_int8_rows(self.native_lib, v, group.v_addr[pos][ids], offsets)
+            native.write_rows(self.native_lib, kind, k, group.k_addr[pos], ids, offsets)
+            native.write_rows(self.native_lib, kind, v, group.v_addr[pos], ids, offsets)
             return
         if group.quantized:
             (k, k_scale), (v, v_scale) = encode_rows(k), encode_rows(v)

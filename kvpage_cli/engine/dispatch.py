@@ -54,7 +54,9 @@ class Step:
     def __post_init__(self) -> None:
         self.decode = [s for s in self.segments if s.count == 1]
         self.prefill = [s for s in self.segments if s.count > 1]
-        self.decode_rows = torch.tensor([s.rows.start for s in self.decode], dtype=torch.int64)
+        starts = [s.rows.start for s in self.decode]
+        # the decode rows as a slice where they are the first rows (as the engine orders them)
+        self.decode_rows = slice(0, len(starts)) if starts == list(range(len(starts))) else torch.tensor(starts)
 
 
 class AttentionDispatch:
@@ -83,6 +85,8 @@ class AttentionDispatch:
 
     def attend(self, layer: int, q: torch.Tensor, step: Step) -> torch.Tensor:
         """q: [N, Hq, D] rotated queries of the step's rows -> attention output [N, Hq, D] fp32."""
+        if not step.prefill and isinstance(step.decode_rows, slice):  # every row is a decode query, in order
+            return self._decode(layer, q.float(), step)
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         if step.decode:
             out[step.decode_rows] = self._decode(layer, q[step.decode_rows].float(), step)

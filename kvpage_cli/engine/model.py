@@ -3,9 +3,9 @@
 Weights are kept as `W^T` ([in, out], contiguous), with Q/K/V and gate/up fused, because
 `x @ W^T` reads a row-major weight at close to memory bandwidth on a CPU while `x @ W.t()`
 does not; one transposed matrix serves both the embedding lookup and the LM head when tied.
-Attention is not done here: the runner computes Q/K/V, hands K (not yet rotated) and V to
-`write_kv`, which bakes RoPE into K as it stores the block rows, and the rotated Q to `attend`;
-both are supplied by the engine, which knows the contexts' blocks.
+Attention is not done here: the runner computes Q/K/V, hands K and V to `write_kv`, which bakes
+RoPE into K as it stores the block rows (unless the native layer rotated K already), and the
+rotated Q to `attend`; both are supplied by the engine, which knows the contexts' blocks.
 
 A forward pass runs the rows of one step: tokens of several sequences at their own positions.
 Rows are grouped for the linear layers (`Rows`): the rows of short segments (decode tokens,
@@ -35,15 +35,18 @@ from .spec import ModelSpec
 
 @dataclass(frozen=True)
 class RopeAt:
-    """RoPE for the tokens of one forward: their cos/sin [T, D] and the parameters behind them."""
+    """RoPE for the tokens of one forward: their cos/sin [T, D] and the parameters behind them.
+    k_rotated: the K handed over with it is already rotated (the native layer did it)."""
 
     cos: torch.Tensor
     sin: torch.Tensor
     params: RopeParams
     positions: torch.Tensor
+    k_rotated: bool = False
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        return apply_rope(x, self.cos, self.sin)
+        """K as stored: rotated at its rows' positions."""
+        return x if self.k_rotated else apply_rope(x, self.cos, self.sin)
 
 
 SMALL_ROWS = 64
@@ -114,6 +117,7 @@ class _Layer(ctypes.Structure):  # native/layer.c's kvp_layer
     _fields_ += [(name, ctypes.c_void_p) for name in ("norm_attn", "norm_mlp", "qkv_bias", "o_bias", "gate_up_bias",
                                                       "down_bias")]
     _fields_ += [(name, _Matrix) for name in ("q", "k", "v", "o", "gate", "up", "down")]
+    _fields_ += [("head_dim", ctypes.c_int32)]
 
 
 class NativeLayer:
@@ -146,13 +150,16 @@ class NativeLayer:
         self.layer = _Layer(spec.hidden_size, q.rows, k.rows, gate.rows, int(int8), spec.rms_eps,
                             pointer(w.norm_attn), pointer(w.norm_mlp), pointer(w.qkv_bias), pointer(w.o_bias),
                             pointer(w.gate_up_bias), pointer(w.down_bias),
-                            matrix(q), matrix(k), matrix(v), matrix(o), matrix(gate), matrix(up), matrix(down))
+                            matrix(q), matrix(k), matrix(v), matrix(o), matrix(gate), matrix(up), matrix(down),
+                            spec.head_dim)
         self.ref = ctypes.byref(self.layer)
 
-    def pre(self, h: torch.Tensor) -> torch.Tensor:
-        """h: [M, hidden] fp32 contiguous -> Q, K, V of norm(h): [M, q + 2 kv]."""
+    def pre(self, h: torch.Tensor, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None) -> torch.Tensor:
+        """h: [M, hidden] fp32 contiguous -> Q, K, V of norm(h): [M, q + 2 kv]; with cos and sin
+        ([M, head_dim] fp32 contiguous) Q and K rotated as `apply_rope` rotates them, bit for bit."""
         out = torch.empty(h.shape[0], self.q_size + 2 * self.kv_size)
-        self._check(self.lib.kvp_layer_pre(self.ref, h.data_ptr(), h.shape[0], out.data_ptr()))
+        self._check(self.lib.kvp_layer_pre(self.ref, h.data_ptr(), h.shape[0], None if cos is None else cos.data_ptr(),
+                                           None if sin is None else sin.data_ptr(), out.data_ptr()))
         return out
 
     def post(self, h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -400,7 +407,8 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Runs N rows (tokens of one or several sequences, each at its position) through every layer.
 
-        write_kv(layer, k [N, Hkv, D] not rotated, v [N, Hkv, D], rope) rotates and stores them;
+        write_kv(layer, k [N, Hkv, D], v [N, Hkv, D], rope) stores them, K rotated (by
+        `rope.apply`: a no-op where the native layer rotated it);
         attend(layer, q [N, Hq, D] rotated) -> [N, Hq, D] attends each row over its own context,
         the step's rows included. Returns fp32 logits [len(logit_rows), V] of the rows asked for
         (grouped for the LM head as `logit_groups`).
@@ -410,17 +418,18 @@ class ModelRunner:
         cos_sin = {key: rope_cos_sin(params, positions, self.dtype) for key, params in self.rope.items()}
         h = self.embed_tokens(token_ids)
         for i, (layer_spec, w) in enumerate(zip(spec.layers, self.layers)):
-            qkv = self._pre(i, h, w, rows)
-            q, k, v = qkv.split(self._split, dim=-1)
+            cos, sin = cos_sin[layer_spec.rope_key]
+            qkv, rotated = self._pre(i, h, w, rows, cos, sin)
+            q, k, v = qkv.split_with_sizes(self._split, dim=-1)
             q = q.view(num_tokens, spec.num_heads, spec.head_dim)
             k = k.view(num_tokens, spec.num_kv_heads, spec.head_dim)
             v = v.view(num_tokens, spec.num_kv_heads, spec.head_dim)
             if w.q_norm is not None:
                 q = self.norm(q, w.q_norm)
                 k = self.norm(k, w.k_norm)
-            cos, sin = cos_sin[layer_spec.rope_key]
-            q = apply_rope(q, cos, sin)
-            write_kv(i, k, v, RopeAt(cos, sin, self.rope[layer_spec.rope_key], positions))
+            if not rotated:
+                q = apply_rope(q, cos, sin)
+            write_kv(i, k, v, RopeAt(cos, sin, self.rope[layer_spec.rope_key], positions, k_rotated=rotated))
             a = attend(i, q).to(self.dtype).reshape(num_tokens, spec.num_heads * spec.head_dim)
             h = self._post(i, h, a, w, rows)
         if logit_rows.numel() == 0:  # prompt chunks before their last: no logits wanted
@@ -434,13 +443,35 @@ class ModelRunner:
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def _pre(self, i: int, h: torch.Tensor, w: LayerWeights, rows: Rows) -> torch.Tensor:
-        """Q, K, V of norm(h): [N, q + 2 kv]; small parts through the native layer where there is one."""
+    def _pre(self, i: int, h: torch.Tensor, w: LayerWeights, rows: Rows, cos: torch.Tensor,
+             sin: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """Q, K, V of norm(h): [N, q + 2 kv], and whether Q and K are rotated already: small parts
+        go through the native layer where there is one, which rotates them too where the model
+        has no Q/K norms (those come between the projection and RoPE); long parts beside them
+        are then rotated here, so that every row leaves alike."""
         if self.native_layers is None:
-            return self._pre_torch(h, w, rows)
-        parts = [self.native_layers[i].pre(h[part].contiguous()) if small else self._pre_torch(h[part], w, _ONE_LONG)
-                 for part, small in rows.parts]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+            return self._pre_torch(h, w, rows), False
+        layer = self.native_layers[i]
+        rope = w.q_norm is None and any(small for _, small in rows.parts)
+        if len(rows.parts) == 1 and rope:  # a decode step: every row in one native call
+            return layer.pre(h.contiguous(), cos, sin), True
+
+        def part_pre(part: slice, small: bool) -> torch.Tensor:
+            if small:
+                return layer.pre(h[part].contiguous(), cos[part], sin[part]) if rope else layer.pre(h[part].contiguous())
+            qkv = self._pre_torch(h[part], w, _ONE_LONG)
+            return self._rotated(qkv, cos[part], sin[part]) if rope else qkv
+
+        parts = [part_pre(part, small) for part, small in rows.parts]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts)), rope
+
+    def _rotated(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """[n, q + 2 kv] with Q and K rotated (V as it was)."""
+        spec, n = self.spec, qkv.shape[0]
+        q, k, v = qkv.split(self._split, dim=-1)
+        q = apply_rope(q.reshape(n, spec.num_heads, spec.head_dim), cos, sin).reshape(n, -1)
+        k = apply_rope(k.reshape(n, spec.num_kv_heads, spec.head_dim), cos, sin).reshape(n, -1)
+        return torch.cat((q, k, v), dim=-1)
 
     def _pre_torch(self, h: torch.Tensor, w: LayerWeights, rows: Rows) -> torch.Tensor:
         qkv = self.linear(self.norm(h, w.norm_attn), w.qkv_t, rows)
@@ -450,6 +481,8 @@ class ModelRunner:
         """The layer's output from h and attention's output a: [N, hidden]."""
         if self.native_layers is None:
             return self._post_torch(h, a, w, rows)
+        if len(rows.parts) == 1 and rows.parts[0][1]:
+            return self.native_layers[i].post(h.contiguous(), a)
         parts = [self.native_layers[i].post(h[part].contiguous(), a[part]) if small
                  else self._post_torch(h[part], a[part], w, _ONE_LONG) for part, small in rows.parts]
         return parts[0] if len(parts) == 1 else torch.cat(parts)

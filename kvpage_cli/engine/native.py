@@ -29,6 +29,7 @@ from .home import private_dir
 from .config import BLOCK_TOKENS
 
 _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
+          "-ffp-contract=off",  # no fused multiply-adds the source does not ask for: torch's bits
           f"-DBLOCK_TOKENS={BLOCK_TOKENS}"]
 _SOURCES = ("attention.c", "layer.c", "linear.c", "quant.c")
 _LIB: ctypes.CDLL | None = None
@@ -59,8 +60,8 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_decode_states.argtypes = [i32, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i64, f32,
                                       ptr, ptr]
     lib.kvp_decode_states.restype = i32
-    lib.kvp_write_int8_rows.argtypes = [ptr, i32, i32, i32, ptr, ptr]
-    lib.kvp_write_int8_rows.restype = None
+    lib.kvp_write_rows.argtypes = [i32, ptr, i32, i32, i32, ptr, ptr, ptr]
+    lib.kvp_write_rows.restype = None
     lib.kvp_merge_pairs.argtypes = [ptr, ptr, i32, ptr, ptr, i32, i32, ptr]
     lib.kvp_merge_pairs.restype = None
     lib.kvp_fold_states.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, ptr]
@@ -75,7 +76,7 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_dequant_rows.restype = i32
     lib.kvp_decode_i8_rows.argtypes = [i32, ptr, i64, i32, i32, ptr, ptr, ptr]
     lib.kvp_decode_i8_rows.restype = i32
-    lib.kvp_layer_pre.argtypes = [ptr, ptr, i32, ptr]
+    lib.kvp_layer_pre.argtypes = [ptr, ptr, i32, ptr, ptr, ptr]
     lib.kvp_layer_pre.restype = i32
     lib.kvp_layer_post.argtypes = [ptr, ptr, ptr, i32]
     lib.kvp_layer_post.restype = i32
@@ -196,13 +197,16 @@ def decode_states(lib: ctypes.CDLL, q: torch.Tensor, k_addr: torch.Tensor, v_add
         raise ValueError(f"native decode attention does not support {num_heads} heads over {num_kv_heads} KV heads of dim {head_dim}")
 
 
-def write_int8_rows(lib: ctypes.CDLL, x: torch.Tensor, addr: torch.Tensor, offsets: torch.Tensor) -> None:
-    """Rows x [N, Hkv, D] (fp32) into int8 blocks with their scales (store.py's layout): row r's
-    head h at the block head addr[r, h] (int64 [N, Hkv]), row offsets[r] (int32 [N]); the bits
-    store.encode_rows gives."""
+def write_rows(lib: ctypes.CDLL, kv_dtype: str, x: torch.Tensor, table: torch.Tensor, ids: torch.Tensor,
+               offsets: torch.Tensor) -> None:
+    """Rows x [N, Hkv, D] (fp32) into blocks of `kv_dtype` (KV_KINDS; store.py's layout): row r's
+    head h at the block head table[ids[r], h] (int64 [capacity, Hkv], store.head_addresses), row
+    offsets[r] (int32 [N]); the bits torch's conversion (store.encode_rows for int8) gives."""
     x = x.float().contiguous()
-    assert addr.dtype == torch.int64 and addr.is_contiguous() and offsets.dtype == torch.int32
-    lib.kvp_write_int8_rows(x.data_ptr(), x.shape[0], x.shape[1], x.shape[2], addr.data_ptr(), offsets.data_ptr())
+    assert table.dtype == torch.int64 and table.is_contiguous() and table.shape[1] == x.shape[1]
+    assert ids.dtype == torch.int64 and offsets.dtype == torch.int32 and ids.numel() == offsets.numel() == x.shape[0]
+    lib.kvp_write_rows(KV_KINDS[kv_dtype], x.data_ptr(), x.shape[0], x.shape[1], x.shape[2], table.data_ptr(),
+                       ids.data_ptr(), offsets.data_ptr())
 
 
 def merge_pairs(lib: ctypes.CDLL, states: torch.Tensor, lse: torch.Tensor, plan, out: torch.Tensor) -> None:

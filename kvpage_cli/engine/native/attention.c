@@ -281,27 +281,45 @@ int kvp_decode_states(int kind, const float *q, const int64_t *k_addr, const int
     return 0;
 }
 
-/* Writes n rows x [n, Hkv, D] (fp32) into int8 blocks: row r's head h goes to the block head at
- * addr[r * Hkv + h], row offset[r], as round(x / s) clamped to [-127, 127] (ties to even) with
- * s = max |x| / 127 (divided by 1 where the row is all zeros), and s is written after the block's
- * 64 rows. The arithmetic of store.encode_rows, so either writer gives the same bits. */
-void kvp_write_int8_rows(const float *x, int n, int Hkv, int D, const int64_t *addr, const int32_t *offset) {
+/* float -> bfloat16 as torch rounds it: to nearest, ties to even; NaN stays a (quiet) NaN. */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if (f != f) return 0x7fc0;
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* Rows x [n, Hkv, D] (fp32) into their blocks: row r's head h goes to the block head at
+ * table[ids[r] * Hkv + h] (store.py's head_addresses), row offset[r] in it, as element `kind`:
+ * float32 copied, bfloat16 rounded as torch rounds, int8 as round(x / s) clamped to [-127, 127]
+ * (ties to even) with s = max |x| / 127 (divided by 1 where the row is all zeros) and s written
+ * after the block's 64 rows: store.encode_rows' arithmetic, so either writer gives the same bits. */
+void kvp_write_rows(int kind, const float *x, int n, int Hkv, int D, const int64_t *table, const int64_t *ids,
+                    const int32_t *offset) {
     for (int r = 0; r < n; r++) {
         for (int h = 0; h < Hkv; h++) {
             const float *row = x + ((int64_t)r * Hkv + h) * D;
-            float m = 0.0f;
-            for (int d = 0; d < D; d++) m = fabsf(row[d]) > m ? fabsf(row[d]) : m;
-            const float s = m / 127.0f;
-            const float safe = s > 0.0f ? s : 1.0f;
-            int8_t *block = (int8_t *)(intptr_t)addr[(int64_t)r * Hkv + h];
-            int8_t *dst = block + (int64_t)offset[r] * D;
-            for (int d = 0; d < D; d++) {
-                float v = rintf(row[d] / safe);
-                v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
-                dst[d] = (int8_t)v;
+            char *block = (char *)(intptr_t)table[ids[r] * Hkv + h];
+            if (kind == KIND_F32) {
+                memcpy((float *)block + (int64_t)offset[r] * D, row, sizeof(float) * (size_t)D);
+            } else if (kind == KIND_BF16) {
+                uint16_t *dst = (uint16_t *)block + (int64_t)offset[r] * D;
+                for (int d = 0; d < D; d++) dst[d] = f32_to_bf16(row[d]);
+            } else {
+                float m = 0.0f;
+                for (int d = 0; d < D; d++) m = fabsf(row[d]) > m ? fabsf(row[d]) : m;
+                const float s = m / 127.0f;
+                const float safe = s > 0.0f ? s : 1.0f;
+                int8_t *dst = (int8_t *)block + (int64_t)offset[r] * D;
+                for (int d = 0; d < D; d++) {
+                    float v = rintf(row[d] / safe);
+                    v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
+                    dst[d] = (int8_t)v;
+                }
+                float scale = s;
+                memcpy(block + (int64_t)BLOCK_TOKENS * D + (int64_t)offset[r] * (int64_t)sizeof(float), &scale,
+                       sizeof scale);
             }
-            float scale = s;
-            memcpy(block + (int64_t)BLOCK_TOKENS * D + (int64_t)offset[r] * (int64_t)sizeof(float), &scale, sizeof scale);
         }
     }
 }

@@ -4,8 +4,8 @@
  *
  * A decode step of a small model is hundreds of small operations; run one by one from Python,
  * their calls cost as much as their arithmetic. Here the layer is two calls: `kvp_layer_pre`
- * (norm, Q/K/V projections and their biases) before attention, `kvp_layer_post` (output
- * projection, residual, norm, MLP, residual) after it. The engine keeps RoPE, the KV writes and
+ * (norm, Q/K/V projections and their biases, RoPE on Q and K) before attention, `kvp_layer_post`
+ * (output projection, residual, norm, MLP, residual) after it. The engine keeps the KV writes and
  * attention. Every row is computed alone, in one fixed order of operations, so the bits a row
  * gets do not depend on the rows beside it (a batch gives each sequence the bits it gets alone).
  */
@@ -34,6 +34,7 @@ typedef struct {
     const float *norm_attn, *norm_mlp;                           /* [hidden] */
     const float *qkv_bias, *o_bias, *gate_up_bias, *down_bias;    /* NULL where the model has none */
     kvp_matrix q, k, v, o, gate, up, down;
+    int32_t head_dim;
 } kvp_layer;
 
 /* out = w * (x / sqrt(mean(x^2) + eps)), row by row. */
@@ -70,9 +71,31 @@ static int product(const kvp_matrix *m, int int8, const float *x, int M, const f
     return 0;
 }
 
-/* qkv[M, q_size + 2 kv_size] = the Q, K, V projections of norm(h) (h: [M, hidden]), biases added.
+/* x[n * D] <- RoPE at one position, head by head, as rope.py's apply_rope computes it:
+ * x * cos + cat(-x[D/2:], x[:D/2]) * sin, each product and the sum rounded to float (this file is
+ * built without floating-point contraction, so the bits are torch's). */
+static void rope_heads(float *x, int n, int D, const float *cos, const float *sin) {
+    const int half = D / 2;
+    for (int j = 0; j < n; j++) {
+        float *xh = x + (int64_t)j * D;
+        float lo[half], hi[half];
+        memcpy(lo, xh, sizeof(float) * half);
+        memcpy(hi, xh + half, sizeof(float) * half);
+        for (int i = 0; i < half; i++) {
+            const float a = lo[i] * cos[i], b = -hi[i] * sin[i];
+            xh[i] = a + b;
+        }
+        for (int i = 0; i < half; i++) {
+            const float a = hi[i] * cos[half + i], b = lo[i] * sin[half + i];
+            xh[half + i] = a + b;
+        }
+    }
+}
+
+/* qkv[M, q_size + 2 kv_size] = the Q, K, V projections of norm(h) (h: [M, hidden]), biases added;
+ * with cos and sin ([M, head_dim], each row's position; NULL: none) Q and K leave rotated.
  * Returns 0, a quant.c error code, or -2 out of memory. */
-int kvp_layer_pre(const kvp_layer *L, const float *h, int M, float *qkv) {
+int kvp_layer_pre(const kvp_layer *L, const float *h, int M, const float *cos, const float *sin, float *qkv) {
     const int H = L->hidden, width = L->q_size + 2 * L->kv_size;
     float *x = malloc(sizeof(float) * (size_t)M * (size_t)(H + L->q_size));
     if (x == NULL) return -2;
@@ -83,6 +106,12 @@ int kvp_layer_pre(const kvp_layer *L, const float *h, int M, float *qkv) {
     if (rc == 0) rc = product(&L->k, L->int8, x, M, b ? b + L->q_size : NULL, qkv + L->q_size, width, tmp);
     if (rc == 0) rc = product(&L->v, L->int8, x, M, b ? b + L->q_size + L->kv_size : NULL, qkv + L->q_size + L->kv_size,
                               width, tmp);
+    if (rc == 0 && cos != NULL) {
+        const int D = L->head_dim;
+        for (int r = 0; r < M; r++)
+            rope_heads(qkv + (int64_t)r * width, (L->q_size + L->kv_size) / D, D, cos + (int64_t)r * D,
+                       sin + (int64_t)r * D);
+    }
     free(x);
     return rc;
 }
