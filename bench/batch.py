@@ -35,13 +35,20 @@ def questions(tokenizer, count: int) -> list[list[int]]:
     return [ids[i * QUESTION_TOKENS:(i + 1) * QUESTION_TOKENS] for i in range(count)]
 
 
+def document_tokens(prefix: int, new_tokens: int, limit: int) -> int:
+    """The document's token count for a prefix of `prefix`: all of it where the document, a
+    question and the answer fit the model's context, else as much as does (an 8K prefix of an 8K
+    model is 8,192 - 16 - new_tokens tokens; the row says so)."""
+    return min(prefix, limit - QUESTION_TOKENS - new_tokens)
+
+
 def worker_kvpage(model: str, prefix: int, batch: int, new_tokens: int, dtype: str, home: str | None,
                   activations: str = "float32") -> dict:
     from kvpage_cli.engine import Engine, EngineConfig
     from kvpage_cli.engine.engine import Request
 
     engine = Engine.load(model, EngineConfig(dtype=dtype, home=home, max_batch=batch, activations=activations))
-    doc_ids = prompt_ids(engine.tokenizer, prefix, question="")
+    doc_ids = prompt_ids(engine.tokenizer, document_tokens(prefix, new_tokens, engine.max_context), question="")
     asks = questions(engine.tokenizer, batch)
     warm = engine.prefill(doc_ids[:80])
     list(engine.run([Request(engine.fork(warm), q[:4], 2, stop=()) for q in asks[:2]]))  # warm-up: kernels, first calls
@@ -56,7 +63,7 @@ def worker_kvpage(model: str, prefix: int, batch: int, new_tokens: int, dtype: s
     return {
         "system": "kvpage" if activations == "float32" else f"kvpage:{activations}", "decode_tok_s": stats.decode_tokens / stats.decode_seconds,
         "question_prefill_s": stats.prefill_seconds, "wall_s": wall,
-        "store_mib": stats.store_bytes / 2**20, "peak_rss_mib": peak_rss_mib(),
+        "store_mib": stats.store_bytes / 2**20, "peak_rss_mib": peak_rss_mib(), "document_tokens": len(doc_ids),
         "tokens": [r.generated for r in requests],
     }
 
@@ -71,7 +78,8 @@ def worker_transformers(model: str, prefix: int, batch: int, new_tokens: int, dt
     folder = resolve_folder(model, Path(home) if home else default_home())
     tokenizer = AutoTokenizer.from_pretrained(folder)
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation="sdpa").eval()
-    doc_ids = prompt_ids(tokenizer, prefix, question="")
+    doc_ids = prompt_ids(tokenizer, document_tokens(prefix, new_tokens, reference.config.max_position_embeddings),
+                         question="")
     prompts = [doc_ids + q for q in questions(tokenizer, batch)]  # same length: no padding needed
     ids = torch.tensor(prompts)
     with torch.no_grad():
@@ -91,7 +99,7 @@ def worker_transformers(model: str, prefix: int, batch: int, new_tokens: int, dt
         decode_s = time.perf_counter() - started
     generated = torch.stack(tokens, dim=1).tolist()
     return {"system": "transformers", "decode_tok_s": batch * (new_tokens - 1) / decode_s, "prefill_s": prefill_s,
-            "peak_rss_mib": peak_rss_mib(), "tokens": generated}
+            "peak_rss_mib": peak_rss_mib(), "document_tokens": len(doc_ids), "tokens": generated}
 
 
 def main() -> None:
@@ -143,7 +151,7 @@ def main() -> None:
                         row["same_tokens"] = sum(a == b for a, b in zip(result["tokens"], tf["tokens"]))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    columns = [("prefix", "prefix"), ("batch", "batch"), ("system", "system"), ("decode_tok_s", "decode tok/s"),
+    columns = [("prefix", "prefix"), ("document_tokens", "doc tok"), ("batch", "batch"), ("system", "system"), ("decode_tok_s", "decode tok/s"),
                ("x_batch1", "x batch 1"), ("x_transformers", "x transformers"), ("same_tokens", "same seqs"),
                ("store_mib", "store MiB"), ("peak_rss_mib", "peak RSS MiB"), ("error", "error")]
     print()
