@@ -12,6 +12,7 @@ MiB. Each system runs in its own process.
 
     python bench/batch.py                                   # SmolLM2, 1K and 8K prefixes, batch 1/4/16/64
     python bench/batch.py --prefixes 1024 --batches 1,16 --json out.json
+    python bench/batch.py --device cuda --model FILE.gguf   # on a GPU: both systems there
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import corpus_text, peak_rss_mib, prompt_ids, run_worker, table  # noqa: E402
+from common import bench_device, corpus_text, peak_device_mib, peak_rss_mib, prompt_ids, run_worker, sync, table  # noqa: E402
 
 QUESTION_TOKENS = 16
 
@@ -43,11 +44,12 @@ def document_tokens(prefix: int, new_tokens: int, limit: int) -> int:
 
 
 def worker_kvpage(model: str, prefix: int, batch: int, new_tokens: int, dtype: str, home: str | None,
-                  activations: str = "float32") -> dict:
+                  activations: str = "float32", device: str = "cpu") -> dict:
     from kvpage_cli.engine import Engine, EngineConfig
     from kvpage_cli.engine.engine import Request
 
-    engine = Engine.load(model, EngineConfig(dtype=dtype, home=home, max_batch=batch, activations=activations))
+    engine = Engine.load(model, EngineConfig(dtype=dtype, home=home, max_batch=batch, activations=activations,
+                                             device=device))
     doc_ids = prompt_ids(engine.tokenizer, document_tokens(prefix, new_tokens, engine.max_context), question="")
     asks = questions(engine.tokenizer, batch)
     warm = engine.prefill(doc_ids[:80])
@@ -56,19 +58,23 @@ def worker_kvpage(model: str, prefix: int, batch: int, new_tokens: int, dtype: s
     doc = engine.prefill(doc_ids)
     requests = [Request(engine.fork(doc), q, new_tokens, stop=()) for q in asks]
     engine.reset_stats()
+    sync(device)
     started = time.perf_counter()
     list(engine.run(requests, max_batch=batch))
+    sync(device)
     wall = time.perf_counter() - started
     stats = engine.stats()
     return {
         "system": "kvpage" if activations == "float32" else f"kvpage:{activations}", "decode_tok_s": stats.decode_tokens / stats.decode_seconds,
         "question_prefill_s": stats.prefill_seconds, "wall_s": wall,
-        "store_mib": stats.store_bytes / 2**20, "peak_rss_mib": peak_rss_mib(), "document_tokens": len(doc_ids),
+        "store_mib": stats.store_bytes / 2**20, "peak_rss_mib": peak_rss_mib(), "peak_device_mib": peak_device_mib(device),
+        "document_tokens": len(doc_ids),
         "tokens": [r.generated for r in requests],
     }
 
 
-def worker_transformers(model: str, prefix: int, batch: int, new_tokens: int, dtype: str, home: str | None) -> dict:
+def worker_transformers(model: str, prefix: int, batch: int, new_tokens: int, dtype: str, home: str | None,
+                        device: str = "cpu") -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
@@ -77,17 +83,20 @@ def worker_transformers(model: str, prefix: int, batch: int, new_tokens: int, dt
 
     folder = resolve_folder(model, Path(home) if home else default_home())
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation="sdpa").eval()
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    reference = reference.to(device).eval()
     doc_ids = prompt_ids(tokenizer, document_tokens(prefix, new_tokens, reference.config.max_position_embeddings),
                          question="")
     prompts = [doc_ids + q for q in questions(tokenizer, batch)]  # same length: no padding needed
-    ids = torch.tensor(prompts)
+    ids = torch.tensor(prompts, device=device)
     with torch.no_grad():
         cache = DynamicCache(config=reference.config)
         reference(ids[:, :80], past_key_values=cache, use_cache=True, logits_to_keep=1)  # warm-up
         cache = DynamicCache(config=reference.config)
+        sync(device)
         started = time.perf_counter()
         out = reference(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        sync(device)
         prefill_s = time.perf_counter() - started
         token = out.logits[:, -1].argmax(-1)
         tokens = [token]
@@ -96,10 +105,12 @@ def worker_transformers(model: str, prefix: int, batch: int, new_tokens: int, dt
             out = reference(token[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1)
             token = out.logits[:, -1].argmax(-1)
             tokens.append(token)
+        sync(device)
         decode_s = time.perf_counter() - started
     generated = torch.stack(tokens, dim=1).tolist()
     return {"system": "transformers", "decode_tok_s": batch * (new_tokens - 1) / decode_s, "prefill_s": prefill_s,
-            "peak_rss_mib": peak_rss_mib(), "document_tokens": len(doc_ids), "tokens": generated}
+            "peak_rss_mib": peak_rss_mib(), "peak_device_mib": peak_device_mib(device), "document_tokens": len(doc_ids),
+            "tokens": generated}
 
 
 def main() -> None:
@@ -113,20 +124,22 @@ def main() -> None:
     parser.add_argument("--transformers-max-tokens", type=int, default=140_000,
                         help="skip transformers where batch x prefix exceeds this (its KV per sequence)")
     parser.add_argument("--home", default=None)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="where both systems compute")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    device = bench_device(args.device)
     if args.worker is not None:
         system, prefix, batch = args.worker[0], int(args.worker[1]), int(args.worker[2])
         if system.startswith("kvpage"):  # kvpage, or kvpage:int8 (--activations int8)
             result = worker_kvpage(args.model, prefix, batch, args.new_tokens, args.dtype, args.home,
-                                   system.partition(":")[2] or "float32")
+                                   system.partition(":")[2] or "float32", device)
         else:
-            result = worker_transformers(args.model, prefix, batch, args.new_tokens, args.dtype, args.home)
+            result = worker_transformers(args.model, prefix, batch, args.new_tokens, args.dtype, args.home, device)
         print(json.dumps(result))
         return
 
-    common = ["--model", args.model, "--new-tokens", str(args.new_tokens), "--dtype", args.dtype]
+    common = ["--model", args.model, "--new-tokens", str(args.new_tokens), "--dtype", args.dtype, "--device", device]
     if args.home:
         common += ["--home", args.home]
     rows = []
@@ -153,13 +166,14 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     columns = [("prefix", "prefix"), ("document_tokens", "doc tok"), ("batch", "batch"), ("system", "system"), ("decode_tok_s", "decode tok/s"),
                ("x_batch1", "x batch 1"), ("x_transformers", "x transformers"), ("same_tokens", "same seqs"),
-               ("store_mib", "store MiB"), ("peak_rss_mib", "peak RSS MiB"), ("error", "error")]
+               ("store_mib", "store MiB"), ("peak_rss_mib", "peak RSS MiB"), ("peak_device_mib", "peak GPU MiB"),
+               ("error", "error")]
     print()
-    print(f"{args.model}, {args.dtype}, {args.new_tokens} new tokens per sequence; decode tok/s over all sequences "
+    print(f"{args.model}, {device}, {args.dtype}, {args.new_tokens} new tokens per sequence; decode tok/s over all sequences "
           "(measured); same seqs: sequences whose tokens equal transformers'")
     print(table(rows, columns))
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"rows": rows}, indent=1))
+        Path(args.json_path).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -47,15 +47,38 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def read_bandwidth_gbs(mib: int = 1024) -> float:
-    """Measured memory read bandwidth (GB/s): the median of 9 sums over a buffer far larger than the caches."""
-    buffer = torch.randn(mib * 2**20 // 4)
+def read_bandwidth_gbs(mib: int = 1024, device: str = "cpu") -> float:
+    """Measured memory read bandwidth (GB/s) of `device`: the median of 9 sums over a buffer far
+    larger than the caches (a GPU's: 4 GiB, past its L2)."""
+    if device != "cpu":
+        mib = max(mib, 4096)
+    buffer = torch.randn(mib * 2**20 // 4, device=device)
     times = []
     for _ in range(9):
+        sync(device)
         started = time.perf_counter()
         buffer.sum()
+        sync(device)
         times.append(time.perf_counter() - started)
     return buffer.numel() * 4 / sorted(times)[len(times) // 2] / 1e9
+
+
+def bench_device(name: str) -> str:
+    """The device a benchmark's workers compute on: auto is CUDA when torch sees a GPU."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def sync(device) -> None:
+    """Waits for the device's queued work, so that a timer around it measures the work (no-op on CPU)."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def peak_device_mib(device) -> float | None:
+    """Peak memory torch allocated on a CUDA device in this process (MiB); None on the CPU."""
+    return torch.cuda.max_memory_allocated() / 2**20 if str(device).startswith("cuda") else None
 
 
 def run_worker(script: Path, args: list[str], timeout: float = 3600) -> dict:

@@ -10,6 +10,10 @@ decode: 128 greedy tokens, each fed back). Run:
     python bench/engine.py --models smollm2 --kv-paths store --weights gguf,float32,int8,int4,bfloat16
     python bench/engine.py --models smollm2 --kv-paths store --weights gguf,gguf:int8   # :int8 = --activations int8
     python bench/engine.py --models smollm2 --kv-paths store --weights gguf --kv-dtypes auto,bfloat16
+    python bench/engine.py --device cuda --models FILE.gguf --contexts 1024,8192 --kv-paths auto \
+        --weights float32,gguf --systems kvpage,transformers     # on a GPU: both systems there
+
+--models takes aliases, Hugging Face folders and .gguf files (a path needs --contexts).
 """
 
 from __future__ import annotations
@@ -22,25 +26,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import peak_rss_mib, prompt_ids, read_bandwidth_gbs, run_worker, table  # noqa: E402
+from common import (bench_device, peak_device_mib, peak_rss_mib, prompt_ids, read_bandwidth_gbs, run_worker,  # noqa: E402
+                    sync, table)
 
 DEFAULT_CONTEXTS = {"smollm2": [1024, 4096, 8192], "gemma3-270m": [8192, 16384, 32768]}
 
 
 def worker_kvpage(model: str, length: int, new_tokens: int, dtype: str, pool_mib: float, kv_path: str, home: str | None,
-                  weights: str = "auto", kv_dtype: str = "auto") -> dict:
+                  weights: str = "auto", kv_dtype: str = "auto", device: str = "cpu") -> dict:
     from kvpage_cli.engine import Engine, EngineConfig
 
     started = time.perf_counter()
     weights, _, activations = weights.partition(":")
     engine = Engine.load(model, EngineConfig(pool_mib=pool_mib, dtype=dtype, kv_path=kv_path, home=home, weights=weights,
-                                             activations=activations or "float32", kv_dtype=kv_dtype))
+                                             activations=activations or "float32", kv_dtype=kv_dtype, device=device))
     load_s = time.perf_counter() - started
     ids = prompt_ids(engine.tokenizer, length - new_tokens)
     list(engine.generate(engine.prefill(ids[:80]), max_new_tokens=2, stop=()))  # warm-up: first calls, kernels
     engine.reset_stats()
+    sync(device)
     started = time.perf_counter()
     ctx = engine.prefill(ids)
+    sync(device)
     prefill_s = time.perf_counter() - started
     tokens = []
     started = time.perf_counter()
@@ -64,11 +71,12 @@ def worker_kvpage(model: str, length: int, new_tokens: int, dtype: str, pool_mib
         "load_s": load_s,
         "blocks_moved": stats.blocks_moved,
         "peak_rss_mib": peak_rss_mib(),
+        "peak_device_mib": peak_device_mib(device),
         "tokens": tokens,
     }
 
 
-def worker_transformers(model: str, length: int, new_tokens: int, dtype: str, home: str | None) -> dict:
+def worker_transformers(model: str, length: int, new_tokens: int, dtype: str, home: str | None, device: str = "cpu") -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
@@ -77,20 +85,24 @@ def worker_transformers(model: str, length: int, new_tokens: int, dtype: str, ho
 
     folder = resolve_folder(model, Path(home) if home else default_home())
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation="sdpa").eval()
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    reference = reference.to(device).eval()
     ids = prompt_ids(tokenizer, length - new_tokens)
 
     def greedy(prompt: list[int], count: int) -> tuple[list[int], float, float]:
         cache = DynamicCache(config=reference.config)
         with torch.no_grad():
+            sync(device)
             started = time.perf_counter()
-            out = reference(torch.tensor([prompt]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = reference(torch.tensor([prompt], device=device), past_key_values=cache, use_cache=True, logits_to_keep=1)
+            sync(device)
             prefill_s = time.perf_counter() - started
             token = int(out.logits[0, -1].argmax())
             tokens = [token]
             started = time.perf_counter()
             for _ in range(count - 1):
-                out = reference(torch.tensor([[token]]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+                out = reference(torch.tensor([[token]], device=device), past_key_values=cache, use_cache=True,
+                                logits_to_keep=1)
                 token = int(out.logits[0, -1].argmax())
                 tokens.append(token)
             decode_s = time.perf_counter() - started
@@ -104,6 +116,7 @@ def worker_transformers(model: str, length: int, new_tokens: int, dtype: str, ho
         "decode_tok_s": (new_tokens - 1) / decode_s,
         "path": "sdpa/DynamicCache",
         "peak_rss_mib": peak_rss_mib(),
+        "peak_device_mib": peak_device_mib(device),
         "tokens": tokens,
     }
 
@@ -151,18 +164,21 @@ def main() -> None:
     parser.add_argument("--kv-dtypes", default="auto", help="kvpage KV element types to run, comma-separated "
                         "(auto: --dtype; bfloat16 with float32 --dtype halves the KV bytes)")
     parser.add_argument("--home", default=None, help="KVPAGE_HOME for converted weights")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                        help="where kvpage and transformers compute (llama.cpp runs on the CPU)")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    device = bench_device(args.device)
 
     if args.worker is not None:
         system, model, length = args.worker[0], args.worker[1], int(args.worker[2])
         home = args.home
         if system == "kvpage":
             result = worker_kvpage(model, length, args.new_tokens, args.dtype, args.pool_mib, args.worker[3], home,
-                                   args.worker[4], args.worker[5])
+                                   args.worker[4], args.worker[5], device)
         elif system == "transformers":
-            result = worker_transformers(model, length, args.new_tokens, args.dtype, home)
+            result = worker_transformers(model, length, args.new_tokens, args.dtype, home, device)
         else:
             try:
                 result = worker_llamacpp(model, length, args.new_tokens, home)
@@ -171,14 +187,17 @@ def main() -> None:
         print(json.dumps(result))
         return
 
-    bandwidth = read_bandwidth_gbs()
-    print(f"measured memory read bandwidth: {bandwidth:.1f} GB/s", flush=True)
+    bandwidth = read_bandwidth_gbs(device=device)
+    print(f"measured memory read bandwidth ({device}): {bandwidth:.1f} GB/s", flush=True)
     systems = args.systems.split(",")
     rows = []
-    common = ["--new-tokens", str(args.new_tokens), "--dtype", args.dtype, "--pool-mib", str(args.pool_mib)]
+    common = ["--new-tokens", str(args.new_tokens), "--dtype", args.dtype, "--pool-mib", str(args.pool_mib),
+              "--device", device]
     if args.home:
         common += ["--home", args.home]
     for model in args.models.split(","):
+        if not args.contexts and model not in DEFAULT_CONTEXTS:
+            parser.error(f"--contexts is needed for {model} (defaults are known for {', '.join(DEFAULT_CONTEXTS)})")
         contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else DEFAULT_CONTEXTS[model]
         for length in contexts:
             base = {}
@@ -211,15 +230,18 @@ def main() -> None:
         ("prefill_tok_s", "prefill tok/s"), ("decode_tok_s", "decode tok/s"),
         ("prefill_ratio", "prefill x"), ("decode_ratio", "decode x"), ("same_tokens", "same tok"),
         ("pool_mib", "pool MiB"), ("store_mib", "store MiB"), ("peak_rss_mib", "peak RSS MiB"),
+        ("peak_device_mib", "peak GPU MiB"),
         ("of_bw_limit_pct", "% of BW limit"), ("error", "error"),
     ]
     print()
-    print(f"dtype {args.dtype}; {args.new_tokens} new tokens; memory read bandwidth {bandwidth:.1f} GB/s (measured)")
+    print(f"device {device}; dtype {args.dtype}; {args.new_tokens} new tokens; memory read bandwidth {bandwidth:.1f} GB/s "
+          "(measured)")
     print(table(rows, columns))
     print("x = kvpage / transformers, same run. % of BW limit: decode tok/s against measured bandwidth / "
           "(weight bytes + store bytes, both measured) per token (computed).")
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"bandwidth_gbs": bandwidth, "dtype": args.dtype, "rows": rows}, indent=1))
+        Path(args.json_path).write_text(json.dumps({"bandwidth_gbs": bandwidth, "device": device, "dtype": args.dtype,
+                                                    "rows": rows}, indent=1))
 
 
 def _ratios(result: dict, base: dict) -> dict:

