@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .constants import BLOCK_TOKENS
+from .constants import BLOCK_TOKENS, HEAD_DIMS
 
 ATTENTION_DTYPES = (torch.float32, torch.bfloat16)
-HEAD_DIMS = (64, 128, 256)
 VALID_DTYPES = (torch.int8, torch.uint8, torch.bool)
 
 

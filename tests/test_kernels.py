@@ -702,16 +702,17 @@ def test_merge_ragged_states_matches_reference(device):
 
 
 @pytest.mark.parametrize("window", [0, 70])
-def test_triton_backend_shared_decode_equals_torch(window):
-    """TritonBackend's states and merge against TorchBackend's on one plan, in two pool passes."""
+def test_triton_backend_shared_decode_equals_torch(device, window):
+    """TritonBackend's states and merge against TorchBackend's on one plan, in two pool passes
+    (the plan on the CPU, as the engine builds it; the pool and the queries on the device)."""
     from kvpage_cli.engine.backend import LayerBlocks, TorchBackend, TritonBackend
 
     num_kv_heads, group, head_dim, scale = 1, 3, 64, 0.125
-    k_slots, v_slots, valid = shared_pool(5, num_kv_heads, head_dim, torch.float32, seed=13)
+    k_slots, v_slots, valid = (t.to(device) for t in shared_pool(5, num_kv_heads, head_dim, torch.float32, seed=13))
     blocks = LayerBlocks(None, None, lambda slots: (k_slots[slots], v_slots[slots]), k_slots, v_slots, valid)
     lists = SHARED_LISTS[:3] + [[(0, 0), (3, 1), (4, 2)]]  # the pool never lists an invalid slot
     plan = shared_plan(lists, SHARED_POSITIONS)
-    q = torch.randn(4, num_kv_heads * group, head_dim, generator=torch.Generator().manual_seed(14))
+    q = torch.randn(4, num_kv_heads * group, head_dim, generator=torch.Generator().manual_seed(14)).to(device)
     results = {}
     for backend in (TorchBackend(num_kv_heads * group, num_kv_heads, head_dim, scale),
                     TritonBackend(kk, num_kv_heads * group, num_kv_heads, head_dim, scale)):
@@ -760,6 +761,31 @@ def test_engine_triton_backend_matches_torch(arch, kv_home):
         results[backend] = (logits, list(engine.generate(ctx, max_new_tokens=6, stop=())))
     assert results["triton"][1] == results["torch"][1]
     assert (results["triton"][0] - results["torch"][0]).abs().max().item() < 1e-4
+
+
+def test_a_head_size_the_triton_kernels_do_not_take_is_refused_at_load(kv_home):
+    """backend triton with a 16-wide head (the kernels take 64, 128, 256) stops at load with what
+    to do; backend auto on a GPU picks the torch backend for such a model instead."""
+    from kvpage_cli.engine import Engine, EngineConfig
+    from kvpage_cli.errors import UsageError
+
+    from .conftest import tiny_model
+
+    with pytest.raises(UsageError, match="head dims 64, 128, 256; this model's is 16: use backend 'torch'"):
+        Engine.load(tiny_model("llama"), EngineConfig(home=str(kv_home), backend="triton", kv_path="pool"))
+
+
+def test_device_auto_is_the_cpu_for_what_runs_only_there(monkeypatch):
+    """With a GPU in sight, device auto is CUDA, except for the native kernels and the store path,
+    which run on the CPU alone: asking for them picks the CPU instead of failing."""
+    from kvpage_cli.engine import EngineConfig
+    from kvpage_cli.engine.engine import _resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _resolve_device(EngineConfig()).type == "cuda"
+    assert _resolve_device(EngineConfig(backend="native")).type == "cpu"
+    assert _resolve_device(EngineConfig(kv_path="store")).type == "cpu"
+    assert _resolve_device(EngineConfig(backend="triton", kv_path="pool")).type == "cuda"
 
 
 def test_engine_triton_backend_batches_and_retrieves_like_torch(kv_home):

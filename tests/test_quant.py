@@ -198,27 +198,28 @@ def test_a_permuted_matrix_gives_its_outputs_in_feature_order(lib):
 def test_the_triton_kernels_read_every_format_as_the_native_kernels_do(qtype, lib):
     """Decoded once into int8 values with group scales and offsets, the weights are the native
     kernels' values bit for bit, and the dequantize-in-register product is theirs within fp32
-    rounding; permuted rows come out in feature order."""
+    rounding; permuted rows come out in feature order. On the GPU where there is one."""
     kk = pytest.importorskip("kvpage_kernels")
     if not kk.HAS_TRITON:
         pytest.skip("triton is not installed")
+    on = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows, cols = 40, 512
     matrix, weights = _matrix(qtype, rows, cols, lib)
-    device = DeviceMatrix(matrix, lib, torch.device("cpu"), kk)
-    assert torch.equal(device.dequantize(), weights)
+    device = DeviceMatrix(matrix, lib, on, kk)
+    assert torch.equal(device.dequantize().cpu(), weights)
     if qtype in (Q4_0, Q4_1, Q4_K):  # two values a byte, a scale and an offset per 32
         assert device.q.dtype == torch.uint8 and device.nbytes == rows * cols * 3 // 4
     elif qtype not in (F16, BF16, F32):  # a byte a value, a scale and an offset per 16 or 32
         assert device.q.dtype == torch.int8 and device.nbytes <= rows * cols * 3 // 2
     x = torch.randn(3, cols, generator=torch.Generator().manual_seed(2))
     expected = x @ weights.t()
-    got = device.matmul(None, x, few_rows=True)
+    got = device.matmul(None, x.to(on), few_rows=True).cpu()
     assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
     rows_wanted = torch.tensor([5, 0, 39])
-    assert torch.equal(device.take(None, rows_wanted), weights[rows_wanted])
+    assert torch.equal(device.take(None, rows_wanted).cpu(), weights[rows_wanted])
     perm = torch.randperm(rows, generator=torch.Generator().manual_seed(3))
-    permuted = DeviceMatrix(QuantMatrix(matrix.qtype, matrix.data, rows, cols, perm), lib, torch.device("cpu"), kk)
-    assert torch.equal(permuted.dequantize(), weights[perm])
+    permuted = DeviceMatrix(QuantMatrix(matrix.qtype, matrix.data, rows, cols, perm), lib, on, kk)
+    assert torch.equal(permuted.dequantize().cpu(), weights[perm])
 
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
@@ -237,7 +238,7 @@ def test_an_engine_on_the_triton_kernels_runs_quantized_weights_as_the_native_on
         tokens = list(engine.generate(ctx, [], max_new_tokens=4, stop=()))
         results[backend] = (tokens, engine.logits(ctx).clone(), engine.runner.weight_formats())
     assert results["triton"][0] == results["native"][0]
-    assert (results["triton"][1] - results["native"][1]).abs().max() <= 1e-4 * results["native"][1].abs().max()
+    assert (results["triton"][1].cpu() - results["native"][1]).abs().max() <= 1e-4 * results["native"][1].abs().max()
     assert isinstance(engine.runner.layers[0].qkv_t.parts[0], DeviceMatrix)
     with pytest.raises(UsageError, match="int8 activations run on the native CPU kernels"):
         Engine.load(model, EngineConfig(home=str(kv_home), backend="triton", weights=fmt, activations="int8",

@@ -122,8 +122,8 @@ class TorchBackend:
             first, last = int(plan.item_off[i]), int(plan.item_off[i + 1])
             queries = plan.pair_query[first:last].to(torch.int64)
             k, v = blocks.gather([int(plan.item_ids[i])])
-            qh, row_pos = reference.rows(q[queries], plan.q_pos[queries], self.num_kv_heads)
-            out, l = reference.block_states(qh, row_pos, k, v, plan.item_pos[i:i + 1].to(torch.int64),
+            qh, row_pos = reference.rows(q[queries], plan.q_pos[queries].to(q.device), self.num_kv_heads)
+            out, l = reference.block_states(qh, row_pos, k, v, plan.item_pos[i:i + 1].to(q.device, torch.int64),
                                             int(plan.q_end[queries].max()), window, self.scale)
             # [1, Hkv, n*G, D] -> [n, Hq, D]
             states[first:last] = reference.rows_to_tokens(out[0], last - first)

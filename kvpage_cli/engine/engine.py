@@ -16,6 +16,8 @@ from typing import Iterable, Iterator
 
 import torch
 
+from kvpage_kernels.constants import HEAD_DIMS as TRITON_HEAD_DIMS
+
 from ..errors import ContextTooLongError, ModelError, UsageError
 from . import native
 from .backend import NativeBackend, TorchBackend, TritonBackend
@@ -137,7 +139,7 @@ class Engine:
         home = Path(config.home).expanduser() if config.home else default_home()
         if config.threads:
             torch.set_num_threads(config.threads)
-        device = _resolve_device(config.device)
+        device = _resolve_device(config)
         backend_name, native_lib, triton_ops = _resolve_backend(config.backend, device, home, on_event)
         if backend_name == "triton" and kv_dtype_of(config) != config.dtype:
             raise UsageError(f"--kv-dtype {config.kv_dtype} with --dtype {config.dtype} runs on the native and torch "
@@ -158,6 +160,13 @@ class Engine:
             weights_format = "float32"
             weights = load_weights(source, home, on_event, tokenizer)
         spec = weights.spec
+        if backend_name == "triton" and spec.head_dim not in TRITON_HEAD_DIMS:
+            if config.backend == "triton" or weights_format != "float32":
+                raise UsageError(f"the Triton kernels take head dims {', '.join(map(str, TRITON_HEAD_DIMS))}; this "
+                                 f"model's is {spec.head_dim}: use backend 'torch' with float32 weights")
+            emit(on_event, EngineWarning(f"the Triton kernels take head dims {', '.join(map(str, TRITON_HEAD_DIMS))}, "
+                                         f"not this model's {spec.head_dim}: using the slower torch backend"))
+            backend_name, triton_ops = "torch", None
         dtype = _DTYPES[config.dtype]
         rope_keys = {layer.rope_key for layer in spec.layers}
         rope = rope_params_from_config(weights.config, spec.arch, rope_keys, home)
@@ -685,9 +694,13 @@ def _process_group_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 0
 
 
-def _resolve_device(name: str) -> torch.device:
+def _resolve_device(config: EngineConfig) -> torch.device:
+    """auto: CUDA when torch sees a GPU, unless the backend or KV path asked for runs on the CPU
+    alone (native kernels; blocks read in place in the store), which then picks the CPU."""
+    name = config.device
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        cpu_only = config.backend == "native" or config.kv_path == "store"
+        return torch.device("cuda" if torch.cuda.is_available() and not cpu_only else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
         raise UsageError("device 'cuda' was asked for but torch sees no CUDA device")
     return torch.device(name)
