@@ -210,38 +210,80 @@ static inline __attribute__((always_inline)) void pair_state(
     }
 }
 
-/* Every pair of every item, in parallel over items: an item is one block and the queries that
- * read it (several sequences sharing a forked prefix read it once, from cache, for all of them). */
-static inline __attribute__((always_inline)) void decode_items(
-    const int SPECIAL, const int KIND, const int G, const int D, const float *q, const int64_t *k_addr,
-    const int64_t *v_addr, int n_items, const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
-    const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hkv, int64_t window, float scale,
-    float *states, float *lse) {
-    const int Hq = Hkv * G;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int i = 0; i < n_items; i++) {
-        const int64_t *ka = k_addr + (int64_t)item_ids[i] * Hkv;
-        const int64_t *va = v_addr + (int64_t)item_ids[i] * Hkv;
-        for (int p = item_off[i]; p < item_off[i + 1]; p++) {
-            const int qi = pair_query[p];
-            int64_t lo, hi;
-            visible_rows(item_pos[i], q_pos[qi], q_end[qi], window, &lo, &hi);
-            pair_state(SPECIAL, KIND, G, D, q + (int64_t)qi * Hq * D, ka, va, Hkv, lo, hi, scale,
-                       states + (int64_t)p * Hq * D, lse + (int64_t)p * Hq);
-        }
+/* The arguments of one kvp_decode_states call, as the per-item functions below read them. */
+typedef struct {
+    const float *q;
+    const int64_t *k_addr, *v_addr;
+    const int32_t *item_ids, *item_pos, *item_off, *pair_query;
+    const int64_t *q_pos, *q_end;
+    int Hkv, G, D;
+    int64_t window;
+    float scale;
+    float *states, *lse;
+} decode_args;
+
+/* Every pair of item i: an item is one block and the queries that read it (several sequences
+ * sharing a forked prefix read it once, from cache, for all of them). */
+static inline __attribute__((always_inline)) void decode_item(const int SPECIAL, const int KIND, const int G, const int D,
+                                                              const decode_args *a, int i) {
+    const int Hq = a->Hkv * G;
+    const int64_t *ka = a->k_addr + (int64_t)a->item_ids[i] * a->Hkv;
+    const int64_t *va = a->v_addr + (int64_t)a->item_ids[i] * a->Hkv;
+    for (int p = a->item_off[i]; p < a->item_off[i + 1]; p++) {
+        const int qi = a->pair_query[p];
+        int64_t lo, hi;
+        visible_rows(a->item_pos[i], a->q_pos[qi], a->q_end[qi], a->window, &lo, &hi);
+        pair_state(SPECIAL, KIND, G, D, a->q + (int64_t)qi * Hq * D, ka, va, a->Hkv, lo, hi, a->scale,
+                   a->states + (int64_t)p * Hq * D, a->lse + (int64_t)p * Hq);
     }
 }
 
-#define DECODE(SPECIAL, KIND, G, D)                                                                           \
-    decode_items(SPECIAL, KIND, G, D, q, k_addr, v_addr, n_items, item_ids, item_pos, item_off, pair_query, q_pos, \
-                 q_end, Hkv, window, scale, states, lse)
-#define CASE_G(KIND, D, G) \
-    case G: DECODE(1, KIND, G, D); return 0;
-#define CASES_G(KIND, D)                                                                                      \
-    switch (G) {                                                                                              \
-        CASE_G(KIND, D, 1) CASE_G(KIND, D, 2) CASE_G(KIND, D, 3) CASE_G(KIND, D, 4) CASE_G(KIND, D, 5) \
-        CASE_G(KIND, D, 6) CASE_G(KIND, D, 7) CASE_G(KIND, D, 8) default: break;                           \
+typedef void (*item_fn)(const decode_args *a, int i);
+
+/* One function per specialisation (element kind, G, D: constants in its body, so that the
+ * AVX-512 path keeps its accumulators in registers), called per item from one parallel loop: an
+ * OpenMP region inside an inlined function would be outlined once, before inlining, with its
+ * "constants" passed at run time. */
+#define ITEM_FN(KIND, G, D) \
+    static void item_##KIND##_##G##_##D(const decode_args *a, int i) { decode_item(1, KIND, G, D, a, i); }
+#define ITEM_FNS_G(KIND, D) \
+    ITEM_FN(KIND, 1, D) ITEM_FN(KIND, 2, D) ITEM_FN(KIND, 3, D) ITEM_FN(KIND, 4, D) \
+    ITEM_FN(KIND, 5, D) ITEM_FN(KIND, 6, D) ITEM_FN(KIND, 7, D) ITEM_FN(KIND, 8, D)
+#define ITEM_FNS(KIND) ITEM_FNS_G(KIND, 64) ITEM_FNS_G(KIND, 128) ITEM_FNS_G(KIND, 256)
+#if defined(__AVX512F__)
+ITEM_FNS(KIND_F32)
+ITEM_FNS(KIND_BF16)
+ITEM_FNS(KIND_INT8)
+#endif
+static void item_generic_f32(const decode_args *a, int i) { decode_item(0, KIND_F32, a->G, a->D, a, i); }
+static void item_generic_bf16(const decode_args *a, int i) { decode_item(0, KIND_BF16, a->G, a->D, a, i); }
+static void item_generic_int8(const decode_args *a, int i) { decode_item(0, KIND_INT8, a->G, a->D, a, i); }
+
+#define PICK_G(KIND, D)                                                                                    \
+    switch (G) {                                                                                           \
+        case 1: return item_##KIND##_1_##D; case 2: return item_##KIND##_2_##D;                          \
+        case 3: return item_##KIND##_3_##D; case 4: return item_##KIND##_4_##D;                          \
+        case 5: return item_##KIND##_5_##D; case 6: return item_##KIND##_6_##D;                          \
+        case 7: return item_##KIND##_7_##D; case 8: return item_##KIND##_8_##D;                          \
+        default: break;                                                                                    \
     }
+#define PICK(KIND)                         \
+    if (D == 64) { PICK_G(KIND, 64) }   \
+    if (D == 128) { PICK_G(KIND, 128) } \
+    if (D == 256) { PICK_G(KIND, 256) }
+
+static item_fn pick_item_fn(int kind, int G, int D) {
+#if defined(__AVX512F__)
+    if (kind == KIND_BF16) {
+        PICK(KIND_BF16)
+    } else if (kind == KIND_INT8) {
+        PICK(KIND_INT8)
+    } else {
+        PICK(KIND_F32)
+    }
+#endif
+    return kind == KIND_BF16 ? item_generic_bf16 : kind == KIND_INT8 ? item_generic_int8 : item_generic_f32;
+}
 
 /* Per-pair states of decode queries: states[P, Hq, D] and lse[P, Hq] for the P (block, query)
  * pairs of the items. q: [Nq, Hq, D] fp32; k_addr, v_addr: [capacity, Hkv] addresses of each
@@ -249,7 +291,7 @@ static inline __attribute__((always_inline)) void decode_items(
  * read by the queries pair_query[item_off[i] .. item_off[i+1]); query j sits at position
  * q_pos[j] and sees keys before q_end[j]. A pair with no visible token gets lse = -inf and a zero
  * output. Each pair's state is computed alone, with the same arithmetic however the queries
- * are batched. Returns -1 for shapes it does not handle. */
+ * are batched. Items run in parallel. Returns -1 for shapes it does not handle. */
 int kvp_decode_states(int kind, const float *q, const int64_t *k_addr, const int64_t *v_addr, int n_items,
                       const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
                       const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hq, int Hkv, int D,
@@ -257,27 +299,11 @@ int kvp_decode_states(int kind, const float *q, const int64_t *k_addr, const int
     if (Hkv <= 0 || Hq % Hkv != 0 || Hq / Hkv > MAX_GROUP || D > MAX_DIM) return -1;
     if (kind < KIND_F32 || kind > KIND_INT8) return -1;
     const int G = Hq / Hkv;
-#if defined(__AVX512F__)
-    if (kind == KIND_BF16) {
-        if (D == 64) { CASES_G(KIND_BF16, 64) }
-        if (D == 128) { CASES_G(KIND_BF16, 128) }
-        if (D == 256) { CASES_G(KIND_BF16, 256) }
-    } else if (kind == KIND_INT8) {
-        if (D == 64) { CASES_G(KIND_INT8, 64) }
-        if (D == 128) { CASES_G(KIND_INT8, 128) }
-        if (D == 256) { CASES_G(KIND_INT8, 256) }
-    } else {
-        if (D == 64) { CASES_G(KIND_F32, 64) }
-        if (D == 128) { CASES_G(KIND_F32, 128) }
-        if (D == 256) { CASES_G(KIND_F32, 256) }
-    }
-#endif
-    if (kind == KIND_BF16)
-        DECODE(0, KIND_BF16, G, D);
-    else if (kind == KIND_INT8)
-        DECODE(0, KIND_INT8, G, D);
-    else
-        DECODE(0, KIND_F32, G, D);
+    const decode_args a = {q, k_addr, v_addr, item_ids, item_pos, item_off, pair_query, q_pos, q_end,
+                           Hkv, G, D, window, scale, states, lse};
+    const item_fn fn = pick_item_fn(kind, G, D);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < n_items; i++) fn(&a, i);
     return 0;
 }
 
