@@ -211,7 +211,10 @@ static inline __attribute__((always_inline)) void pair_state(
 }
 
 /* The arguments of one kvp_decode_states call, as the per-item functions below read them. */
+#define PREFETCH_AHEAD 2 /* items ahead whose blocks are prefetched */
+
 typedef struct {
+    int n_items;
     const float *q;
     const int64_t *k_addr, *v_addr;
     const int32_t *item_ids, *item_pos, *item_off, *pair_query;
@@ -227,6 +230,26 @@ typedef struct {
 static inline __attribute__((always_inline)) void decode_item(const int SPECIAL, const int KIND, const int G, const int D,
                                                               const decode_args *a, int i) {
     const int Hq = a->Hkv * G;
+#if defined(__AVX512F__)
+    if (SPECIAL && i + PREFETCH_AHEAD < a->n_items) {
+        /* the item this thread likely takes next (items alternate between two threads): its K
+         * and V rows into this core's L2 while this one computes. In the store a layer's blocks
+         * lie head by head ([Hkv, blocks, 64, D]) and the threads take alternate items, so a
+         * thread's reads jump between 2 * Hkv regions. Measured in the engine at 8K (runs with
+         * and without, interleaved): 14-21% less time a call; no gain on blocks laid out
+         * [blocks, Hkv, 64, D] in one piece (bench/native_attention.py). */
+        const int next = a->item_ids[i + PREFETCH_AHEAD];
+        const int64_t bytes = (int64_t)BLOCK_TOKENS * D * (KIND == KIND_F32 ? 4 : KIND == KIND_BF16 ? 2 : 1);
+        for (int h = 0; h < a->Hkv; h++) {
+            const char *kb = (const char *)(intptr_t)a->k_addr[(int64_t)next * a->Hkv + h];
+            const char *vb = (const char *)(intptr_t)a->v_addr[(int64_t)next * a->Hkv + h];
+            for (int64_t off = 0; off < bytes; off += 64) {
+                _mm_prefetch(kb + off, _MM_HINT_T1);
+                _mm_prefetch(vb + off, _MM_HINT_T1);
+            }
+        }
+    }
+#endif
     const int64_t *ka = a->k_addr + (int64_t)a->item_ids[i] * a->Hkv;
     const int64_t *va = a->v_addr + (int64_t)a->item_ids[i] * a->Hkv;
     for (int p = a->item_off[i]; p < a->item_off[i + 1]; p++) {
@@ -299,7 +322,7 @@ int kvp_decode_states(int kind, const float *q, const int64_t *k_addr, const int
     if (Hkv <= 0 || Hq % Hkv != 0 || Hq / Hkv > MAX_GROUP || D > MAX_DIM) return -1;
     if (kind < KIND_F32 || kind > KIND_INT8) return -1;
     const int G = Hq / Hkv;
-    const decode_args a = {q, k_addr, v_addr, item_ids, item_pos, item_off, pair_query, q_pos, q_end,
+    const decode_args a = {n_items, q, k_addr, v_addr, item_ids, item_pos, item_off, pair_query, q_pos, q_end,
                            Hkv, G, D, window, scale, states, lse};
     const item_fn fn = pick_item_fn(kind, G, D);
 #pragma omp parallel for schedule(dynamic, 1)
