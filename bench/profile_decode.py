@@ -33,7 +33,6 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=25, help="operators listed")
     args = parser.parse_args()
 
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from kvpage_cli.engine import Engine, EngineConfig
@@ -77,7 +76,6 @@ def main() -> None:
                 print(f"{name}: {match[0].count / args.steps:.1f} a step")
         total_gpu = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1000 / args.steps
         print(f"GPU busy {total_gpu:.2f} ms a step of {1000 * profiled / args.steps:.1f} ms (profiled)")
-    del torch
 
 
 if __name__ == "__main__":

@@ -244,6 +244,8 @@ def main() -> None:
                     continue
                 rows.append({"shape": shape, "format": fmt, "file_gib": path.stat().st_size / 2**30, **result})
                 print(json.dumps(rows[-1]), flush=True)
+    if args.write_only:
+        return
     columns = [("shape", "shape"), ("format", "format"), ("file_gib", "file GiB"), ("system", "system"),
                ("load_s", "load s"), ("weights_mib", "weights MiB"), ("prefill_tok_s", "prefill tok/s"),
                ("decode_tok_s", "decode tok/s"), ("peak_rss_mib", "peak RSS MiB"), ("error", "error")]
