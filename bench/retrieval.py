@@ -237,6 +237,7 @@ class RunSettings:
     budget: int  # tokens of document text a question may attend
     max_new_tokens: int
     chunk_tokens: int
+    order: str = "best-last"  # passages read in document order, or so with the best one last (both systems)
 
 
 class NotBuilt(Exception):
@@ -333,9 +334,10 @@ class BM25Chunks:
         self.index.index([lexical_terms(doc.text[c.start:c.end], self.stopwords) for c in self.chunks],
                          show_progress=False)
 
-    def pack(self, doc, tokenizer, question: str, budget: int) -> tuple[str, list[Chunk]]:
+    def pack(self, doc, tokenizer, question: str, budget: int, order: str = "best-last") -> tuple[str, list[Chunk]]:
         """The best chunks for `question` that fit `budget` tokens with their headers, in document
-        order; the packed text, tokenized as the prompt will be, is within the budget."""
+        order (`order` "best-last": the best chunk last, as retrieval mode reads its passages); the
+        packed text, tokenized as the prompt will be, is within the budget."""
         scores = self.index.get_scores(lexical_terms(question, self.stopwords))
         ranked = sorted(range(len(self.chunks)), key=lambda i: -scores[i])
         chosen, used = [], 0
@@ -349,11 +351,14 @@ class BM25Chunks:
             if budget - used < 16:
                 break
         while True:  # chunk boundaries tokenize a little differently on their own
-            text = self._text(doc, sorted(chosen))
+            read = sorted(chosen)
+            if order == "best-last" and chosen:
+                read = [i for i in read if i != chosen[0]] + [chosen[0]]
+            text = self._text(doc, read)
             if len(tokenizer(text, add_special_tokens=False).input_ids) <= budget or not chosen:
                 break
             chosen.pop()  # the lowest-ranked
-        return text, [self.chunks[i] for i in sorted(chosen)]
+        return text, [self.chunks[i] for i in read]
 
     def _text(self, doc, indices: list[int]) -> str:
         return "\n".join(self._header(doc, self.chunks[i]) + doc.text[self.chunks[i].start:self.chunks[i].end].rstrip()
@@ -375,7 +380,7 @@ def bm25_answer(engine, doc, question: str, state: dict, settings: RunSettings) 
     if "index" not in state:
         state["index"] = BM25Chunks(doc, engine.tokenizer, settings.chunk_tokens)
     index_s = time.perf_counter() - started
-    text, chosen = state["index"].pack(doc, engine.tokenizer, question, settings.budget)
+    text, chosen = state["index"].pack(doc, engine.tokenizer, question, settings.budget, settings.order)
     packed = Document(source=doc.source, kind=doc.kind, text=text, spans=[])
     try:
         asker = Asker(engine, packed, question, max_new_tokens=settings.max_new_tokens)
@@ -791,6 +796,8 @@ def main() -> None:
     parser.add_argument("--systems", default="retrieval,bm25,exact")
     parser.add_argument("--budget", type=int, default=4096, help="tokens of document text attended per question, every system")
     parser.add_argument("--chunk-tokens", type=int, default=256, help="BM25 chunk size in tokens")
+    parser.add_argument("--order", default="best-last", choices=("best-last", "document"),
+                        help="passages read in document order, or so but the best one last (kvpage's order)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--sources", default=None, help="questions: only these source ids (comma-separated)")
     parser.add_argument("--limit", type=int, default=None, help="questions: at most this many per source")
@@ -838,9 +845,14 @@ def main() -> None:
     cache_options = {"kv_cache": True, "cache_mib": args.saved_kv_mib} if args.saved_kv_mib else {}
     ENGINE_OPTIONS["retrieval"] = cache_options  # only retrieval mode's index is saved
     engines = Engines(args.model, home=args.home, threads=args.threads, dtype=args.dtype, kv_dtype=args.kv_dtype)
-    settings = RunSettings(args.budget, args.max_new_tokens, args.chunk_tokens)
+    settings = RunSettings(args.budget, args.max_new_tokens, args.chunk_tokens, args.order)
+    if args.order == "document":  # retrieval mode as before it read its best passage last
+        import kvpage_cli.tasks.ask as ask_task
+
+        ask_task.reading_order = lambda selection, again: sorted(set(selection.blocks) - set(again))
     journal = Journal(Path(args.log) if args.log else None,
-                      f"{args.model}|budget {args.budget}|chunks {args.chunk_tokens}|new {args.max_new_tokens}|seed {args.seed}")
+                      f"{args.model}|budget {args.budget}|chunks {args.chunk_tokens}|new {args.max_new_tokens}|seed {args.seed}"
+                      f"|order {args.order}")
     started = time.time()
 
     def log(row: dict) -> None:

@@ -111,3 +111,25 @@ def test_a_file_is_taken_from_a_debian_package_checked_by_its_hash(tmp_path):
     (folder / "manual.pdf").unlink()
     with pytest.raises(SystemExit, match="does not have the recorded sha256"):
         retrieval.fetch_source("tool", {**spec, "sha256": "0" * 64}, tmp_path)
+
+
+@pytest.mark.parametrize("order", ["best-last", "document"])
+def test_the_text_baseline_packs_its_chunks_in_the_order_retrieval_mode_reads_them(order, smollm2):
+    """`--order best-last` (the default, as kvpage reads its passages): document order but the best
+    chunk last, right before the question; `--order document`: document order."""
+    from kvpage_cli.ingest import load
+
+    doc = load(str(REPO / "corpus" / "cuad" / "10-collaboration-long" / "contract.txt"))
+    tokenizer, question = smollm2.tokenizer, "Which State's laws govern this agreement?"
+    index = retrieval.BM25Chunks(doc, tokenizer, 256)
+    text, chosen = index.pack(doc, tokenizer, question, 1024, order)
+    scores = index.index.get_scores(retrieval.lexical_terms(question, index.stopwords))
+    best = index.chunks[max(range(len(index.chunks)), key=lambda i: scores[i])]
+    starts = [c.start for c in chosen]
+    assert len(chosen) > 2 and best in chosen
+    if order == "document":
+        assert starts == sorted(starts)
+    else:
+        assert chosen[-1] is best and starts[:-1] == sorted(starts[:-1])
+    assert text.rstrip().endswith(doc.text[chosen[-1].start:chosen[-1].end].rstrip())
+    assert len(tokenizer(text, add_special_tokens=False).input_ids) <= 1024

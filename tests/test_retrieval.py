@@ -10,7 +10,8 @@ from kvpage_cli.engine import BLOCK_TOKENS, Engine, EngineConfig
 from kvpage_cli.engine.library import Library
 from kvpage_cli.ingest import load
 from kvpage_cli.tasks import Asker
-from kvpage_cli.tasks.retrieval import UNIT_BLOCKS, lexical_terms
+from kvpage_cli.tasks.ask import read_again, reading_order
+from kvpage_cli.tasks.retrieval import UNIT_BLOCKS, Selection, lexical_terms
 
 from .conftest import SAMPLES, random_prompt, tiny_model
 
@@ -80,9 +81,11 @@ def test_windows_overlap_and_blocks_move_to_consecutive_places(kv_home):
     # the first window's blocks follow the head; later windows' own tokens start after their overlap
     assert [b.position for b in library.blocks[:4]] == [base, base + 1, base + 2, base + 3]
     assert [b.position for b in library.blocks[4:8]] == [base + 2, base + 3, base + 4, base + 5]
-    ctx = library.assemble([9, 2, 5])
+    ctx = library.assemble([2, 9, 5])  # in the order given
     assert ctx.num_cached == len(library.head.tokens) + 3 * BLOCK_TOKENS
-    assert ctx.tokens[-BLOCK_TOKENS:] == library.tokens[9 * BLOCK_TOKENS:10 * BLOCK_TOKENS]
+    assert ctx.tokens[-3 * BLOCK_TOKENS:] == [t for b in (2, 9, 5) for t in library.tokens[b * BLOCK_TOKENS:(b + 1) * BLOCK_TOKENS]]
+    with pytest.raises(ValueError, match="twice"):
+        library.assemble([2, 2])
     list(engine.generate(ctx, [7, 8, 9], max_new_tokens=3, stop=()))
     before = engine.store.bytes_used
     library.release()
@@ -299,7 +302,8 @@ def test_a_sliding_window_model_reads_its_best_passages_again_right_before_the_q
     law = doc.text.index("laws of the State of Delaware")
     best = selection.best[0]
     assert retriever.char_spans[best[0]][0] <= law < retriever.char_spans[best[-1]][1]
-    again = [b for passage in reversed(selection.best[:2]) for b in passage]  # 512 tokens: two passages
+    first, second = selection.best[:2]  # 512 tokens: two passages, the best last unless they adjoin
+    again = sorted(first + second) if first[0] == second[-1] + 1 or second[0] == first[-1] + 1 else second + first
     read_again = [t for b in again for t in library.tokens[library.blocks[b].first:library.blocks[b].first + BLOCK_TOKENS]]
     assert request.token_ids == read_again + retriever.tail + asker.question_ids[0]
     assert len(request.ctx.tokens) == len(library.head.tokens) + BLOCK_TOKENS * (len(selection.blocks) - len(again))
@@ -311,4 +315,25 @@ def test_a_sliding_window_model_reads_its_best_passages_again_right_before_the_q
     plain = Asker(short_engine, doc, "Which State's laws govern the agreement?", max_new_tokens=4)
     [request] = plain._retrieval_requests(short_engine.stop_ids)
     assert request.token_ids == plain.retriever.tail + plain.question_ids[0]
+    # ... in document order, the best passage last (right before the question)
+    chosen, library = plain.selections[0], plain.retriever.library
+    order = reading_order(chosen, [])
+    assert sorted(order) == chosen.blocks and order[-len(chosen.best[0]):] == list(chosen.best[0])
+    assert request.ctx.tokens[-len(order) * BLOCK_TOKENS:] == [
+        t for b in order for t in library.tokens[library.blocks[b].first:library.blocks[b].first + BLOCK_TOKENS]]
     short_engine.release(request.ctx)
+
+
+def test_the_best_passage_is_read_last_with_the_passages_that_adjoin_it():
+    """Document order, but the run of passages holding the best one moves right before the question
+    (a needle cut by a passage's end stays whole); read-again passages likewise, best run last."""
+    passages = [tuple(range(i, i + 4)) for i in (0, 8, 12, 20)]
+    selection = Selection(sorted(b for p in passages for b in p), 40, best=(passages[2], passages[0], passages[3]))
+    assert reading_order(selection, []) == [0, 1, 2, 3, 20, 21, 22, 23, 8, 9, 10, 11, 12, 13, 14, 15]
+    assert reading_order(Selection([0, 1, 5], 40), []) == [0, 1, 5]  # nothing named best: document order
+    assert reading_order(selection, [12, 13, 14, 15]) == [0, 1, 2, 3, 8, 9, 10, 11, 20, 21, 22, 23]
+    assert read_again(selection, 512) == [0, 1, 2, 3, 12, 13, 14, 15]
+    adjoining = Selection(selection.blocks, 40, best=(passages[2], passages[1], passages[0]))
+    assert read_again(adjoining, 512) == [8, 9, 10, 11, 12, 13, 14, 15]
+    assert read_again(adjoining, 768) == [0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15]
+    assert read_again(adjoining, 200) == []

@@ -17,9 +17,10 @@ store for its file. An index that is not saved (no cache, or larger than its lim
 of its own in the same way, removed when the library is released, so indexing holds only the
 windows in flight in memory whatever the document's length.
 
-Assembly: a question's selected blocks are put, in document order, right after the head, each
-moved to its new place by one rotation of its K rows (`rope.rotate`); nothing is recomputed. The
-result is a context like any other: the question is appended and the answer decoded from it.
+Assembly: a question's selected blocks are put, in the order asked for (ask: document order, the
+passage that matched best last), right after the head, each moved to its new place by one
+rotation of its K rows (`rope.rotate`); nothing is recomputed. The result is a context like any
+other: the question is appended and the answer decoded from it.
 """
 
 from __future__ import annotations
@@ -324,10 +325,13 @@ class Library:
         return decode_rows(torch.stack(ks)), decode_rows(torch.stack(vs)) if values else None
 
     def assemble(self, chosen: list[int]) -> Context:
-        """A context holding the head and the chosen blocks (indices into `blocks`), in document
-        order, at the positions right after the head; each block's K moved there by rotation."""
+        """A context holding the head and the chosen blocks (indices into `blocks`, each once), in
+        the order given, at the positions right after the head; each block's K moved there by
+        rotation."""
         engine = self.engine
-        order = sorted(set(chosen))
+        order = list(chosen)
+        if len(set(order)) != len(order):
+            raise ValueError("a block is chosen twice")
         ctx = engine.fork(self.head)
         tokens: list[int] = []
         for index in order:

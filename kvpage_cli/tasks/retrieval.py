@@ -2,8 +2,9 @@
 
 The document is indexed into a library of blocks (engine/library.py). For each question the
 blocks that matter are chosen (`Retriever.select`), always with the head (the instructions and
-the document's first tokens) kept, then assembled in document order right after the head, and
-the question is asked of that context. Signals, combined by rank:
+the document's first tokens) kept, then assembled right after the head in document order, the
+best passage last (`tasks.ask.reading_order`), and the question is asked of that context.
+Signals, combined by rank:
 - lexical: BM25 (bm25s) over each block's text, identifiers split into words;
 - bounds: the same queries against each block's key bounds (Quest: the element-wise min and max
   of its keys per layer and head, kept in memory and saved with the index): an upper bound of the
