@@ -131,5 +131,6 @@ def test_the_text_baseline_packs_its_chunks_in_the_order_retrieval_mode_reads_th
         assert starts == sorted(starts)
     else:
         assert chosen[-1] is best and starts[:-1] == sorted(starts[:-1])
+        assert starts != sorted(starts)  # here the best chunk is not the document's last of them
     assert text.rstrip().endswith(doc.text[chosen[-1].start:chosen[-1].end].rstrip())
     assert len(tokenizer(text, add_special_tokens=False).input_ids) <= 1024
