@@ -250,8 +250,6 @@ def test_a_loop_is_cut_before_its_second_copy_is_shown_and_other_repeats_are_sho
 
 
 def test_a_base_model_gets_a_question_to_continue_not_an_instruction(tiny_engine):
-    from kvpage_cli.tasks.chat import PromptBuilder
-
     tokenizer = tiny_engine.tokenizer
     saved = tokenizer.chat_template
     tokenizer.chat_template = None  # the same tokenizer, as a base model has it
