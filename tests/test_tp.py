@@ -341,7 +341,7 @@ def _start(args: list[str], kv_home) -> subprocess.Popen:
 def _interruptible() -> None:
     """SIGINT neither ignored nor blocked, as a shell starts a foreground command: a child inherits
     both from its parent, and this test process's may differ after the tests before it (the full
-    suite once started kvpage with Ctrl-C not acted on; this file alone never did)."""
+    suite twice started kvpage with Ctrl-C not acted on; this file alone never did)."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
