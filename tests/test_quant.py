@@ -192,6 +192,30 @@ def test_a_permuted_matrix_gives_its_outputs_in_feature_order(lib):
     assert torch.equal(permuted.dequantize(lib), plain.dequantize(lib)[perm])
 
 
+
+def test_a_long_chunk_multiplies_every_part_as_a_few_rows_do(lib, monkeypatch):
+    """A prompt chunk's product (one dequantized matrix for Q, K and V together, or one slice of
+    output rows at a time past the budget) gives, within fp32 rounding, what the native
+    few-rows kernel gives, outputs in feature order for a permuted part."""
+    from kvpage_cli.engine import quant
+
+    cols = 256
+    perm = torch.randperm(48, generator=torch.Generator().manual_seed(4))
+    parts = [QuantMatrix(Q8_0, random_matrix(Q8_0, 48, cols, seed=5), 48, cols, perm),
+             QuantMatrix(Q4_1, random_matrix(Q4_1, 40, cols, seed=6), 40, cols),
+             QuantMatrix(Q6_K, random_matrix(Q6_K, 24, cols, seed=7), 24, cols)]
+    linear = quant.QuantLinear(parts)
+    x = torch.randn(40, cols, generator=torch.Generator().manual_seed(8))
+    w = torch.cat([p.dequantize(lib) for p in parts]).double()
+    tolerance = 1e-5 * (x.abs().double() @ w.abs().t()).float()
+    few = linear(lib, x, few_rows=True)
+    fused = linear(lib, x, few_rows=False)
+    monkeypatch.setattr(quant, "DEQUANT_CHUNK_BYTES", 4 * cols * 16)  # 16 rows a slice, part by part
+    sliced = linear(lib, x, few_rows=False)
+    for got in (fused, sliced):
+        assert got.shape == (40, 112)
+        assert ((got - few).abs() <= tolerance).all()
+
 # -- the Triton kernels' weights (the interpreter on this CPU) ----------------------------------
 
 @pytest.mark.parametrize("qtype", FORMATS + [I8_ROW], ids=str)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from ..errors import ModelError, UsageError
 from . import native
 from .parallel import Shard
-from .quant import FLOAT_FORMATS, DeviceMatrix, QuantLinear, QuantMatrix, quantize
+from .quant import FLOAT_FORMATS, DeviceMatrix, QuantLinear, QuantMatrix, matmul_nt, quantize
 from .rope import RopeParams, apply_rope, rope_cos_sin
 from .spec import ModelSpec
 
@@ -324,7 +324,7 @@ class ModelRunner:
             return w_t(self.native, x, small, self.int8_dot).to(x.dtype)
         if small and self.native is not None:
             return native.gemm_rows(self.native, x.float().contiguous(), w_t).to(x.dtype)
-        return x @ w_t
+        return matmul_nt(x.contiguous(), w_t.t())
 
     def _matrices(self) -> list:
         """Each weight matrix once: W^T tensors (float32), or the QuantMatrix parts of QuantLinears
