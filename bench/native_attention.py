@@ -10,6 +10,12 @@ the tensors) over that time, and the time against SDPA's. A kernel bound by memo
 for fewer bytes; one bound by its arithmetic takes the same.
 
     python bench/native_attention.py --blocks 16,64,128 --queries 1,16 --json out.json
+    python bench/native_attention.py --layout store --layers 30   # a decode step's 30 layers, from memory
+
+--layout: blocks in one piece ([N, Hkv, 64, D], as the pool's slots lie) or as the store's arenas
+lie ([Hkv, N, 64, D], each KV head's blocks together). --layers L: L copies of the layer, called
+one after the other as a decode step calls its layers, so that a call reads blocks from memory
+rather than from the cache the previous call filled; the time reported is per layer call.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ def main() -> None:
     parser.add_argument("--queries", default="1", help="decode queries reading the same blocks")
     parser.add_argument("--heads", default="9,3,64", help="query heads, KV heads, head dim")
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--layout", choices=("pool", "store"), default="pool")
+    parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
@@ -63,22 +71,41 @@ def main() -> None:
         row_scales(stored)[:] = scales
         decoded = decode_rows(stored).contiguous()
         kinds = {"float32": decoded, "bfloat16": decoded.bfloat16(), "int8": stored}
+        block_dim = 0 if args.layout == "pool" else 1
+
+        def laid_out(blocks: torch.Tensor) -> list[torch.Tensor]:
+            """--layers copies of K/V blocks [2, N, Hkv, rows, D] in the chosen layout."""
+            one = blocks if block_dim == 0 else blocks.transpose(1, 2)
+            return [one.contiguous() for _ in range(args.layers)]
+
         every = (torch.arange(count, dtype=torch.int32), torch.arange(count, dtype=torch.int32))
         plan = DecodePlan.build([every] * queries, [count * BLOCK_TOKENS - 1] * queries)
         q = torch.randn(queries, num_heads, head_dim, generator=gen)
         # the peer: SDPA over the same values, one contiguous K/V [1, Hkv, T, D] for the Q queries
         k_all = decoded[0].permute(1, 0, 2, 3).reshape(1, num_kv_heads, -1, head_dim).contiguous()
         v_all = decoded[1].permute(1, 0, 2, 3).reshape(1, num_kv_heads, -1, head_dim).contiguous()
-        sdpa = median_seconds(lambda: torch.nn.functional.scaled_dot_product_attention(
-            q[:, :, None], k_all.expand(queries, -1, -1, -1), v_all.expand(queries, -1, -1, -1), scale=scale,
-            enable_gqa=True), args.repeats)
+        peer_layers = [(k_all.clone(), v_all.clone()) for _ in range(args.layers)]
+
+        def peer_step() -> None:
+            for k, v in peer_layers:
+                torch.nn.functional.scaled_dot_product_attention(
+                    q[:, :, None], k.expand(queries, -1, -1, -1), v.expand(queries, -1, -1, -1), scale=scale,
+                    enable_gqa=True)
+
+        sdpa = median_seconds(peer_step, args.repeats) / args.layers
         results.append({"blocks": count, "queries": queries, "kind": "torch SDPA (float32)", "ms": 1e3 * sdpa,
                         "bytes": 2 * k_all.numel() * 4, "gbs": 2 * k_all.numel() * 4 / sdpa / 1e9, "vs_sdpa": 1.0})
         for kind, blocks in kinds.items():
             backend = NativeBackend(lib, num_heads, num_kv_heads, head_dim, scale, kind)
-            layer = LayerBlocks(head_addresses(blocks[0], 0), head_addresses(blocks[1], 0), None)
+            copies = laid_out(blocks)
+            layers = [LayerBlocks(head_addresses(c[0], block_dim), head_addresses(c[1], block_dim), None) for c in copies]
             states, lse = backend.states(plan.num_pairs, q.device)
-            seconds = median_seconds(lambda: backend.decode_states(q, plan, layer, 0, states, lse), args.repeats)
+
+            def step() -> None:
+                for layer in layers:
+                    backend.decode_states(q, plan, layer, 0, states, lse)
+
+            seconds = median_seconds(step, args.repeats) / args.layers
             nbytes = blocks.numel() * blocks.element_size()
             results.append({"blocks": count, "queries": queries, "kind": f"native {kind}", "ms": 1e3 * seconds,
                             "bytes": nbytes, "gbs": nbytes / seconds / 1e9, "vs_sdpa": sdpa / seconds})

@@ -7,8 +7,9 @@ bfloat16, int8 (one fp32 scale per output channel) and int4 (groups of 32 with a
 minimum: GGUF's Q4_1 layout). A few rows (decode steps, batches) go through the native
 dequantize-and-dot kernel, each row's result independent of the others, or, with int8
 activations (EngineConfig.activations), through integer dot products with the rows rounded to
-int8 in groups of 32; a long prompt chunk dequantizes W a slice of output rows at a time into
-fp32 and multiplies it with torch. On the Triton backend a `DeviceMatrix` holds the same values
+int8 in groups of 32; a long prompt chunk dequantizes W (a layer's parts that share an input
+together, or a slice of output rows at a time) into fp32 and multiplies it through oneDNN
+(`matmul_nt`). On the Triton backend a `DeviceMatrix` holds the same values
 decoded for the Triton dequantize-in-register kernel.
 """
 
@@ -54,7 +55,7 @@ def matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     (the op torch's compiler calls for a linear layer), else torch's default matrix product (MKL).
     Both are fp32 products summed in their own order; on an AMD EPYC Zen 5 oneDNN multiplied
     SmolLM2's prefill shapes 2-2.7x faster than MKL (1024x576 @ 576x3072: 455 against 166 GFLOP/s,
-    two threads; the commit that added this says how it was measured)."""
+    two threads, timed side by side; README, Benchmarks)."""
     if _ONEDNN_LINEAR is not None and x.device.type == "cpu" and x.dtype == w.dtype == torch.float32:
         return _ONEDNN_LINEAR(x, w, None, "none", [], "")
     return x @ w.t()

@@ -309,8 +309,8 @@ static item_fn pick_item_fn(int kind, int G, int D) {
 /* The first item of thread `part` of `parts`: each thread takes one run of consecutive items, of
  * about equal cost (an item costs its block's read plus one unit per pair), so that it streams
  * through neighbouring blocks and can prefetch the next one it will read. Threads taking
- * alternate items (OpenMP's dynamic schedule) read memory at about half the rate; measured in
- * the commit that made this change. */
+ * alternate items (OpenMP's dynamic schedule, as before) read the store's blocks at about half
+ * the rate (README, Benchmarks: bench/native_attention.py --layout store --layers 30). */
 static int first_item_of(const int32_t *item_off, int n_items, int64_t part, int parts) {
     const int64_t total = (int64_t)n_items + item_off[n_items] - item_off[0];
     const int64_t target = total * part / parts;

@@ -1,0 +1,75 @@
+"""A prompt chunk's matrix products: kvpage's (`quant.matmul_nt`, oneDNN where torch has it)
+beside torch's default fp32 product (`x @ W.t()`, MKL on x86), in one run.
+
+Shapes are SmolLM2's long-chunk products by default (M prompt rows; Q/K/V together, O, gate and up
+together, down). Reported per shape: the median time of each, GFLOP/s, the ratio, and the largest
+difference between the two results against the largest |x| @ |W|^T (both sum fp32 products in
+their own order).
+
+    python bench/prefill_gemm.py
+    python bench/prefill_gemm.py --rows 64,1024,4096 --shapes 576x960,2048x5632 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def median_seconds(call, repeats: int) -> float:
+    for _ in range(2):
+        call()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="64,1024,4096", help="prompt rows M")
+    parser.add_argument("--shapes", default="576x960,576x576,576x3072,1536x576",
+                        help="KxN: inputs x outputs of each weight matrix")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", dest="json_path", default=None)
+    args = parser.parse_args()
+
+    import torch
+
+    from kvpage_cli.engine.quant import _ONEDNN_LINEAR, matmul_nt
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"oneDNN linear available: {_ONEDNN_LINEAR is not None}; threads {torch.get_num_threads()}")
+    results = []
+    gen = torch.Generator().manual_seed(0)
+    for m in map(int, args.rows.split(",")):
+        for shape in args.shapes.split(","):
+            k, n = map(int, shape.split("x"))
+            x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
+            peer = median_seconds(lambda: x @ w.t(), args.repeats)
+            ours = median_seconds(lambda: matmul_nt(x, w), args.repeats)
+            scale = float((x.abs() @ w.abs().t()).max())
+            diff = float((matmul_nt(x, w) - x @ w.t()).abs().max())
+            flop = 2 * m * k * n
+            results.append({"rows": m, "k": k, "n": n, "torch_ms": 1e3 * peer, "kvpage_ms": 1e3 * ours,
+                            "torch_gflops": flop / peer / 1e9, "kvpage_gflops": flop / ours / 1e9,
+                            "ratio_x": peer / ours, "max_diff_rel": diff / scale})
+    print(f"{'M':>5}  {'K x N':>11}  {'torch ms':>8}  {'kvpage ms':>9}  {'torch GFLOP/s':>13}  {'kvpage GFLOP/s':>14}  "
+          f"{'x torch':>7}  {'max diff / max |x||W|':>21}")
+    for r in results:
+        print(f"{r['rows']:>5}  {str(r['k']) + 'x' + str(r['n']):>11}  {r['torch_ms']:>8.2f}  {r['kvpage_ms']:>9.2f}  "
+              f"{r['torch_gflops']:>13.0f}  {r['kvpage_gflops']:>14.0f}  {r['ratio_x']:>7.2f}  {r['max_diff_rel']:>21.1e}")
+    print("x torch: torch's time / kvpage's (above 1: kvpage faster).")
+    if args.json_path:
+        with open(args.json_path, "w") as handle:
+            json.dump(results, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()
