@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -14,6 +15,18 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 CUAD = REPO / "corpus" / "cuad"
+
+
+def median_seconds(call, repeats: int) -> float:
+    """The median wall time of `repeats` calls, after three calls not timed (first-call costs)."""
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def corpus_text() -> str:

@@ -22,19 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def median_seconds(call, repeats: int) -> float:
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+from common import median_seconds  # noqa: E402
 
 
 def main() -> None:
