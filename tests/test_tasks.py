@@ -249,6 +249,32 @@ def test_a_loop_is_cut_before_its_second_copy_is_shown_and_other_repeats_are_sho
     assert repeating_tail([5, 6, 7, 5, 6]) == 2 and repeating_tail([1, 2, 3]) == 0 and repeating_tail([4, 4, 4]) == 2
 
 
+def test_a_base_models_answer_ends_where_it_writes_the_next_question():
+    """Gemma 3 270M (a base model) answered "10 months" and went on with a question of its own and
+    "Answer:"; a user sees the answer only, and a line that merely starts like a turn is shown."""
+    from kvpage_cli.tasks.ask import BASE_TURNS, AnswerText
+
+    def stream(pieces):
+        words = list(pieces)
+        answer, shown, ended = AnswerText(lambda tokens: "".join(words[t] for t in tokens), BASE_TURNS), [], False
+        for token in range(len(words)):
+            piece, ended = answer.add(token)
+            shown.append(piece)
+            if ended:
+                break
+        if not ended:
+            shown.append(answer.finish())
+        return "".join(shown), ended, shown
+
+    text, ended, pieces = stream([" 10", " months", "\n", "\n", "Ques", "tion", ":", " How", " long", "?"])
+    assert ended and text.strip() == "10 months" and "Ques" not in "".join(pieces)
+    text, ended, _ = stream(["\n", "\n", "Answer", ":"])  # only the cue again: nothing to show
+    assert ended and text.strip() == ""
+    text, ended, _ = stream([" Five", " years", ".", "\n", "Ques", "tions", " of", " law", " remain"])
+    assert not ended and text == " Five years.\nQuestions of law remain"
+    text, ended, _ = stream([" Five", " years", "\n", "Ques"])  # the answer stops mid-word: all of it
+    assert not ended and text == " Five years\nQues"
+
 def test_a_base_model_gets_a_question_to_continue_not_an_instruction(tiny_engine):
     tokenizer = tiny_engine.tokenizer
     saved = tokenizer.chat_template

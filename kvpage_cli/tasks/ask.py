@@ -55,7 +55,7 @@ class Asker:
         if self.prompts.chat:
             self.question_ids = [self.prompts.question(render("ask", question=q)) for q in self.questions]
         else:  # text to continue: "Question: ...", a blank line, "Answer:"
-            self.question_ids = [self.prompts.question(render("ask_base", question=q), answer_prefix="Answer:")
+            self.question_ids = [self.prompts.question(render("ask_base", question=q), answer_prefix=BASE_TURNS[1])
                                  for q in self.questions]
         longest = max(len(ids) for ids in self.question_ids)
         needed = len(self.prefix_ids) + longest + max_new_tokens
@@ -109,7 +109,8 @@ class Asker:
             requests = [Request(engine.fork(doc_ctx), ids, self.max_new_tokens, self.temperature, stop=stop, tag=i)
                         for i, ids in enumerate(self.question_ids)]
             engine.release(doc_ctx)  # the forks hold the document's blocks now
-        texts = [AnswerText(self.prompts.decode) for _ in requests]
+        turns = () if self.prompts.chat else BASE_TURNS  # a base model's next "Question:" ends its answer
+        texts = [AnswerText(self.prompts.decode, turns) for _ in requests]
         for request, token in engine.run(requests, max_batch=self.max_batch, on_event=self.on_event):
             i = request.tag
             if token in stop:
@@ -223,37 +224,64 @@ READ_AGAIN_TOKENS = 1024  # at most this many of a question's best tokens are co
 LOOP_TOKENS = 32  # a block repeated back to back over at least this many tokens is a loop
 
 
+BASE_TURNS = ("Question:", "Answer:")
+"""The turns of a base model's prompt (prompts/ask_base.md, then the answer's cue): a line of the
+answer that starts with one of them is the model writing the next question, or the cue again."""
+
+
 class AnswerText:
     """One answer's text as its tokens come. What it shows is never taken back: a tail of tokens
     that repeats earlier ones (`repeating_tail`) is held until it stops repeating (then shown) or
-    becomes a loop (`loop_start`: then cut, so a loop's second copy is neither streamed nor kept)."""
+    becomes a loop (`loop_start`: then cut, so a loop's second copy is neither streamed nor kept).
+    With `turns`, a line starting with one of them ends the answer before it (the line is not
+    shown); a last line that may still become one is held until it cannot."""
 
-    def __init__(self, decode) -> None:
+    def __init__(self, decode, turns: tuple[str, ...] = ()) -> None:
         self.decode = decode
+        self.turns = turns
         self.tokens: list[int] = []
         self.shown = ""
+        self.ended = False
 
     def add(self, token: int) -> tuple[str, bool]:
-        """The new text to show, and whether the answer ends here (it started to loop)."""
+        """The new text to show, and whether the answer ends here (it started to loop, or a turn)."""
         self.tokens.append(token)
         loop = loop_start(self.tokens)
         if loop is not None:
             del self.tokens[loop:]
             return self._show(len(self.tokens), last=True), True
-        return self._show(len(self.tokens) - repeating_tail(self.tokens), last=False), False
+        piece = self._show(len(self.tokens) - repeating_tail(self.tokens), last=False)
+        return piece, self.ended
 
     def finish(self) -> str:
         """What is still held, once the answer has ended without a loop."""
-        return self._show(len(self.tokens), last=True)
+        return "" if self.ended else self._show(len(self.tokens), last=True)
 
     def _show(self, count: int, last: bool) -> str:
         text = self.decode(self.tokens[:count])
         if not last and text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
             return ""
+        if self.turns:
+            text, self.ended = _before_turn(text, self.turns, last)
         piece = text[len(self.shown):]
         if piece:
             self.shown = text
         return piece
+
+
+def _before_turn(text: str, turns: tuple[str, ...], last: bool) -> tuple[str, bool]:
+    """(The text before the first line that starts with a turn, True) if there is one; else (the
+    text, without a last line that could still become one unless `last`, False)."""
+    start = 0
+    while True:
+        end = text.find("\n", start)
+        line = (text[start:] if end < 0 else text[start:end]).lstrip(" \t")
+        if any(line.startswith(turn) for turn in turns):
+            return text[:start], True
+        if end < 0:
+            held = not last and any(turn.startswith(line) for turn in turns)
+            return (text[:start] if held else text), False
+        start = end + 1
 
 
 def repeating_tail(tokens: list[int]) -> int:
