@@ -222,6 +222,19 @@ def test_an_answer_that_loops_is_cut_after_its_first_copy():
     assert loop_start(table) is None
 
 
+def streamed(answer, tokens) -> tuple[str, bool]:
+    """What an AnswerText shows as `tokens` come (and when they end), and whether it ended the answer."""
+    pieces, ended = [], False
+    for token in tokens:
+        piece, ended = answer.add(token)
+        pieces.append(piece)
+        if ended:
+            break
+    if not ended:
+        pieces.append(answer.finish())
+    return "".join(pieces), ended
+
+
 def test_a_loop_is_cut_before_its_second_copy_is_shown_and_other_repeats_are_shown_whole():
     from kvpage_cli.tasks.ask import AnswerText, repeating_tail
 
@@ -229,15 +242,7 @@ def test_a_loop_is_cut_before_its_second_copy_is_shown_and_other_repeats_are_sho
         return "".join(f"<{t}>" for t in tokens)
 
     def stream(tokens):
-        answer, pieces, ended = AnswerText(decode), [], False
-        for token in tokens:
-            piece, ended = answer.add(token)
-            pieces.append(piece)
-            if ended:
-                break
-        if not ended:
-            pieces.append(answer.finish())
-        return "".join(pieces), ended
+        return streamed(AnswerText(decode), tokens)
 
     line = list(range(100, 120))  # a 20-token line: said twice it is 40 tokens, a loop
     shown, ended = stream([1, 2] + line + line + line)
@@ -254,25 +259,16 @@ def test_a_base_models_answer_ends_where_it_writes_the_next_question():
     "Answer:"; a user sees the answer only, and a line that merely starts like a turn is shown."""
     from kvpage_cli.tasks.ask import BASE_TURNS, AnswerText
 
-    def stream(pieces):
-        words = list(pieces)
-        answer, shown, ended = AnswerText(lambda tokens: "".join(words[t] for t in tokens), BASE_TURNS), [], False
-        for token in range(len(words)):
-            piece, ended = answer.add(token)
-            shown.append(piece)
-            if ended:
-                break
-        if not ended:
-            shown.append(answer.finish())
-        return "".join(shown), ended, shown
+    def stream(words):  # one token per word
+        return streamed(AnswerText(lambda tokens: "".join(words[t] for t in tokens), BASE_TURNS), range(len(words)))
 
-    text, ended, pieces = stream([" 10", " months", "\n", "\n", "Ques", "tion", ":", " How", " long", "?"])
-    assert ended and text.strip() == "10 months" and "Ques" not in "".join(pieces)
-    text, ended, _ = stream(["\n", "\n", "Answer", ":"])  # only the cue again: nothing to show
+    text, ended = stream([" 10", " months", "\n", "\n", "Ques", "tion", ":", " How", " long", "?"])
+    assert ended and text.strip() == "10 months"  # not even "Ques" was streamed
+    text, ended = stream(["\n", "\n", "Answer", ":"])  # only the cue again: nothing to show
     assert ended and text.strip() == ""
-    text, ended, _ = stream([" Five", " years", ".", "\n", "Ques", "tions", " of", " law", " remain"])
+    text, ended = stream([" Five", " years", ".", "\n", "Ques", "tions", " of", " law", " remain"])
     assert not ended and text == " Five years.\nQuestions of law remain"
-    text, ended, _ = stream([" Five", " years", "\n", "Ques"])  # the answer stops mid-word: all of it
+    text, ended = stream([" Five", " years", "\n", "Ques"])  # the answer stops mid-word: all of it
     assert not ended and text == " Five years\nQues"
 
 def test_a_base_model_gets_a_question_to_continue_not_an_instruction(tiny_engine):
