@@ -54,8 +54,8 @@ def matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T for a long chunk's rows, fp32 on a CPU through oneDNN where torch has it
     (the op torch's compiler calls for a linear layer), else torch's default matrix product (MKL).
     Both are fp32 products summed in their own order; on an AMD EPYC Zen 5 oneDNN multiplied
-    SmolLM2's prefill shapes 2-2.7x faster than MKL (1024x576 @ 576x3072: 455 against 166 GFLOP/s,
-    two threads, timed side by side; README, Benchmarks)."""
+    SmolLM2's prefill shapes 1.5-2.3x faster than MKL (`python bench/prefill_gemm.py`, two threads:
+    1024x576 @ 576x3072, 466 against 209 GFLOP/s)."""
     if _ONEDNN_LINEAR is not None and x.device.type == "cpu" and x.dtype == w.dtype == torch.float32:
         return _ONEDNN_LINEAR(x, w, None, "none", [], "")
     return x @ w.t()
