@@ -169,7 +169,8 @@ class Engine:
             backend_name, triton_ops = "torch", None
         dtype = _DTYPES[config.dtype]
         rope_keys = {layer.rope_key for layer in spec.layers}
-        rope = rope_params_from_config(weights.config, spec.arch, rope_keys, home)
+        rope = weights.rope if weights.rope is not None else rope_params_from_config(weights.config, spec.arch,
+                                                                                      rope_keys, home)
         # the split path also runs for a process group of one rank (torchrun --nproc-per-node 1:
         # bench/gpu_check.sh tries NCCL so); a caller's own larger group with tp 1 is left alone
         shard = Shard.current(config.tp) if config.tp > 1 or _process_group_size() == 1 else None

@@ -184,12 +184,13 @@ def ensure_metadata(gguf_path: Path, target: Path, on_event: EventCallback | Non
     """A folder with the config and tokenizer transformers derives from `gguf_path` (no weights:
     those stay in the file), made once."""
     from filelock import FileLock
-    from transformers import AutoConfig, AutoTokenizer
 
     private_dir(target.parent)
     sweep_leftovers(target.parent, _TMP_PREFIX)
     if (target / "kvpage.json").exists():
         return target
+    from transformers import AutoConfig, AutoTokenizer
+
     with FileLock(str(target) + ".lock"):
         if (target / "kvpage.json").exists():
             return target

@@ -14,8 +14,10 @@ import torch
 
 from ..errors import ModelError
 from .events import EventCallback, ModelLoading, emit
+from .card import read_card, write_card
 from .gguf import cached_folder_for, ensure_converted, file_key
 from .home import private_dir, sweep_leftovers
+from .rope import RopeParams, rope_params_from_config
 from .spec import ModelSpec, spec_from_config
 
 DEFAULT_MODEL = "smollm2"
@@ -47,7 +49,8 @@ ALIASES = {
 
 @dataclass
 class LoadedWeights:
-    """What a source yields: the HF config, the model's tensors by HF name, and its tokenizer."""
+    """What a source yields: the HF config (None when read from the folder's card), the model's
+    tensors by HF name, its tokenizer, and its rotary parameters when the card had them."""
 
     name: str
     config: Any
@@ -55,6 +58,7 @@ class LoadedWeights:
     tensors: dict[str, torch.Tensor]
     tokenizer: Any
     fingerprint: str  # identifies the weights (for saved KV); not a content hash for in-memory models
+    rope: dict[str, RopeParams] | None = None
 
 
 def load_weights(source, home: Path, on_event: EventCallback | None = None, tokenizer=None,
@@ -69,7 +73,7 @@ def load_weights(source, home: Path, on_event: EventCallback | None = None, toke
         return _from_model(source, tokenizer)
     folder = resolve_folder(source, home, on_event)
     name = str(source) if str(source) in ALIASES else (Path(source).name if str(source).endswith(".gguf") else str(folder))
-    return _from_folder(folder, name, tokenizer, on_event)
+    return _from_folder(folder, name, tokenizer, on_event, home)
 
 
 def resolve_folder(source: str | Path, home: Path, on_event: EventCallback | None = None) -> Path:
@@ -136,7 +140,7 @@ def _from_gguf(source, home: Path, on_event: EventCallback | None, tokenizer) ->
                          "(use --weights int8, int4, bfloat16 or float32)")
     key = file_key(path)
     folder = ensure_metadata(path, cached_folder_for(path.stem, key + "|metadata", home), on_event)
-    loaded = _from_folder(folder, str(source) if str(source) in ALIASES else path.name, tokenizer, on_event,
+    loaded = _from_folder(folder, str(source) if str(source) in ALIASES else path.name, tokenizer, on_event, home,
                           weights=False)
     loaded.tensors = load_blocks(path, loaded.spec, on_event)
     loaded.fingerprint = _digest(key, "gguf blocks", loaded.fingerprint)
@@ -193,25 +197,41 @@ def _alias_folder(alias: Alias, home: Path, on_event: EventCallback | None) -> P
     raise AssertionError(alias.name)
 
 
-def _from_folder(folder: Path, name: str, tokenizer, on_event: EventCallback | None, weights: bool = True) -> LoadedWeights:
+def _from_folder(folder: Path, name: str, tokenizer, on_event: EventCallback | None, home: Path,
+                 weights: bool = True) -> LoadedWeights:
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoTokenizer
 
     if weights:
         emit(on_event, ModelLoading(name, "loading weights"))
-    # The folder is the user's, possibly downloaded: its code is never run (trust_remote_code) and
-    # whatever its files make the libraries raise is a ModelError naming the file.
     try:
-        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
         config_bytes = (folder / "config.json").read_bytes()
-    except Exception as exc:
+    except OSError as exc:
         raise ModelError(f"{folder}: unreadable config.json ({_short(exc)})") from exc
-    try:
-        spec = spec_from_config(config)
-    except ModelError:
-        raise
-    except Exception as exc:
-        raise ModelError(f"{folder}: config.json does not describe a usable model ({_short(exc)})") from exc
+    has_tokenizer = any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    card = read_card(folder, home, lambda: _transformers_tokenizer(folder))
+    if card is not None:
+        config, spec, rope = None, card.spec, card.rope
+        if tokenizer is None:
+            tokenizer = card.tokenizer if card.tokenizer is not None or not has_tokenizer else _transformers_tokenizer(folder)
+    else:
+        from transformers import AutoConfig
+
+        # The folder is the user's, possibly downloaded: its code is never run (trust_remote_code) and
+        # whatever its files make the libraries raise is a ModelError naming the file.
+        try:
+            config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+        except Exception as exc:
+            raise ModelError(f"{folder}: unreadable config.json ({_short(exc)})") from exc
+        try:
+            spec = spec_from_config(config)
+        except ModelError:
+            raise
+        except Exception as exc:
+            raise ModelError(f"{folder}: config.json does not describe a usable model ({_short(exc)})") from exc
+        rope = rope_params_from_config(config, spec.arch, {layer.rope_key for layer in spec.layers}, home)
+        own = _transformers_tokenizer(folder) if has_tokenizer else None
+        write_card(folder, home, spec, rope, own)
+        tokenizer = own if tokenizer is None else tokenizer
     files = sorted(folder.glob("*.safetensors")) if weights else []
     if weights and not files:
         raise ModelError(f"{folder} has no .safetensors weights")
@@ -222,12 +242,6 @@ def _from_folder(folder: Path, name: str, tokenizer, on_event: EventCallback | N
         except Exception as exc:
             raise ModelError(f"{file}: unreadable weights ({_short(exc)})") from exc
     tensors = {_strip_prefix(k): v for k, v in tensors.items()}
-    has_tokenizer = any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
-    if tokenizer is None and has_tokenizer:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
-        except Exception as exc:
-            raise ModelError(f"{folder}: no usable tokenizer ({_short(exc)})") from exc
     marker = folder / "kvpage.json"
     try:
         origin = json.loads(marker.read_text()).get("source", str(folder)) if marker.exists() else str(folder)
@@ -236,7 +250,16 @@ def _from_folder(folder: Path, name: str, tokenizer, on_event: EventCallback | N
     stats = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
     # config.json too: eps, sliding windows or layer types change the KV the weights compute
     fingerprint = _digest(origin, stats, hashlib.sha256(config_bytes).hexdigest())
-    return LoadedWeights(name, config, spec, tensors, tokenizer, fingerprint)
+    return LoadedWeights(name, config, spec, tensors, tokenizer, fingerprint, rope)
+
+
+def _transformers_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    except Exception as exc:
+        raise ModelError(f"{folder}: no usable tokenizer ({_short(exc)})") from exc
 
 
 def _from_model(model, tokenizer) -> LoadedWeights:
