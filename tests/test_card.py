@@ -81,6 +81,10 @@ def test_the_cards_tokenizer_encodes_and_decodes_as_transformers_does(loads):
         for skip in (True, False):
             assert own.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
         assert own.convert_ids_to_tokens(ids) == hf.convert_ids_to_tokens(ids)
+    batch = own(TEXTS, add_special_tokens=False, return_offsets_mapping=True)
+    want = hf(TEXTS, add_special_tokens=False, return_offsets_mapping=True)
+    assert batch.input_ids == [list(ids) for ids in want["input_ids"]]
+    assert batch["offset_mapping"] == [[tuple(o) for o in offsets] for offsets in want["offset_mapping"]]
     assert own.get_vocab() == hf.get_vocab()
     assert (own.bos_token_id, own.eos_token_id) == (hf.bos_token_id, hf.eos_token_id)
     assert sorted(own.all_special_ids) == sorted(hf.all_special_ids)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from ..engine import ALIASES, BLOCK_TOKENS, Engine
-from ..engine.config import kv_dtype_of
 from ..engine.spec import KV_ELEMENT_BYTES
 from ..tasks.retrieval import budget_bounds, question_budget
 from . import ranks
@@ -62,7 +61,7 @@ def info(*, opts: Options) -> None:
 def describe(engine: Engine, source: str) -> dict:
     """The model (whole, also when split over ranks) and this process's engine."""
     spec = engine.runner.full_spec
-    kv_dtype = kv_dtype_of(engine.config)
+    kv_dtype = engine.kv_dtype_name
     stats = engine.stats()
     windows = sorted({layer.window for layer in spec.layers if layer.window})
     alias = ALIASES.get(source)

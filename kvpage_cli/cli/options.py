@@ -81,10 +81,11 @@ SHARED: tuple[Shared, ...] = (
     Shared("dtype", Literal[DTYPES], default("dtype"), _opt("--dtype", group=MODEL,
            help="Weights, activations and KV blocks."), MODEL, "dtype"),
     Shared("kv_dtype", Literal[KV_DTYPES], default("kv_dtype"), _opt("--kv-dtype", group=MODEL,
-           help="The KV blocks' element type, where it differs from --dtype: bfloat16 halves the bytes each "
-                "decode step reads and the memory the document takes, with fp32 weights and activations; int8 "
-                "(a scale per row) keeps about a quarter; answers differ by that rounding (bench/engine.py "
-                "--kv-dtypes measures it). auto: --dtype."),
+           help="The KV blocks' element type: bfloat16 halves the bytes each decode step reads and the memory "
+                "the document takes, with fp32 weights and activations; int8 (a scale per row) keeps about a "
+                "quarter; answers differ by that rounding (bench/engine.py --kv-dtypes measures it). float32 keeps "
+                "K and V as computed (logits as transformers' fp32 ones). auto: bfloat16 beside quantized "
+                "weights (gguf, int8, int4, bfloat16) except on Triton, else --dtype."),
            MODEL, "kv_dtype"),
     Shared("weights", Literal[WEIGHTS], default("weights"), _opt("--weights", group=MODEL,
            help="How weight matrices are kept and read: gguf keeps a .gguf file's own quantized blocks, "

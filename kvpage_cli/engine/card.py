@@ -177,18 +177,21 @@ class Tokenizer:
     def __len__(self) -> int:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def __call__(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool | None = None,
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True, split_special_tokens: bool | None = None,
                  return_offsets_mapping: bool = False) -> Encoding:
-        if not isinstance(text, str):
-            raise TypeError(f"text to encode must be a str, not {type(text).__name__}")
+        """One text, or a list of texts (then each key holds a list, one entry per text)."""
+        batch = isinstance(text, (list, tuple))
+        texts = list(text) if batch else [text]
+        if not all(isinstance(t, str) for t in texts):
+            raise TypeError("text to encode must be a str or a list of str")
         split = self.split_special_tokens if split_special_tokens is None else split_special_tokens
         if self.backend_tokenizer.encode_special_tokens != split:
             self.backend_tokenizer.encode_special_tokens = split
-        encoded = self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        out = Encoding(input_ids=list(encoded.ids), attention_mask=list(encoded.attention_mask))
+        encoded = self.backend_tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+        out = Encoding(input_ids=[list(e.ids) for e in encoded], attention_mask=[list(e.attention_mask) for e in encoded])
         if return_offsets_mapping:
-            out["offset_mapping"] = [tuple(o) for o in encoded.offsets]
-        return out
+            out["offset_mapping"] = [[tuple(o) for o in e.offsets] for e in encoded]
+        return out if batch else Encoding({key: value[0] for key, value in out.items()})
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self(text, add_special_tokens=add_special_tokens).input_ids

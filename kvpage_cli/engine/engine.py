@@ -77,7 +77,7 @@ class Engine:
     """A model on a paged KV cache. Build one with `Engine.load`."""
 
     def __init__(self, name: str, spec: ModelSpec, runner: ModelRunner, tokenizer, config: EngineConfig,
-                 device: torch.device, backend, kv_path: str, home: Path, fingerprint: str,
+                 device: torch.device, backend, kv_path: str, home: Path, fingerprint: str, kv_dtype: str,
                  draft: "Engine | None" = None, observer=None) -> None:
         """Built by `load`. backend: the attention backend (backend.py); draft: a separate draft
         model decoding alongside ("draft" policy); observer: receives this engine's decode attention
@@ -93,7 +93,8 @@ class Engine:
         self.home = home
         self.fingerprint = fingerprint
         self.dtype = _DTYPES[config.dtype]
-        self.kv_dtype = _DTYPES[kv_dtype_of(config)]  # the blocks' element type
+        self.kv_dtype_name = kv_dtype  # the blocks' element type, as load resolved "auto"
+        self.kv_dtype = _DTYPES[kv_dtype]
         self.max_context = config.max_context or spec.max_position
         host_bytes = int(config.host_mib * 2**20) if config.host_mib is not None else None
         self.store = BlockStore([layer.window for layer in spec.layers], spec.num_kv_heads, spec.head_dim, self.kv_dtype,
@@ -141,7 +142,7 @@ class Engine:
             torch.set_num_threads(config.threads)
         device = _resolve_device(config)
         backend_name, native_lib, triton_ops = _resolve_backend(config.backend, device, home, on_event)
-        if backend_name == "triton" and kv_dtype_of(config) != config.dtype:
+        if backend_name == "triton" and config.kv_dtype not in ("auto", config.dtype):
             raise UsageError(f"--kv-dtype {config.kv_dtype} with --dtype {config.dtype} runs on the native and torch "
                              "backends; the Triton kernels read KV of the compute dtype")
         if backend_name == "triton" and config.weights not in ("auto", "float32") and native_lib is None:
@@ -178,9 +179,10 @@ class Engine:
                              config.activations, kernels=triton_ops if backend_name == "triton" else None)
         del weights.tensors
         spec = runner.spec  # a rank's own heads: its store, pool and kernels hold and read only those
+        kv_dtype = kv_dtype_of(config, weights_format, backend_name)
         if backend_name == "native":
             backend = NativeBackend(native_lib, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.attn_scale,
-                                    kv_dtype_of(config))
+                                    kv_dtype)
         elif backend_name == "triton":
             backend = TritonBackend(triton_ops, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.attn_scale)
         else:
@@ -199,8 +201,8 @@ class Engine:
         computed = config.dtype if weights_format == "float32" else f"{config.dtype}|{weights_format} weights"
         if config.activations != "float32":
             computed += f"|{config.activations} activations"
-        if kv_dtype_of(config) != config.dtype:
-            computed += f"|{kv_dtype_of(config)} KV"
+        if kv_dtype != config.dtype:
+            computed += f"|{kv_dtype} KV"
         if runner.native_layers is not None:  # decode rows' norms and SiLU are rounded as layer.c rounds them
             computed += "|native layers"
         if shard is not None:  # the all-reduce's order changes the bits; each rank saves its own heads' share
@@ -216,7 +218,7 @@ class Engine:
                 raise ModelError(f"the draft model {config.draft_model} must share the model's tokenizer "
                                  f"(vocabularies of {draft.spec.vocab_size} and {spec.vocab_size} tokens)")
         engine = cls(weights.name, spec, runner, weights.tokenizer, config, device, backend, kv_path, home,
-                     fingerprint, draft, observer)
+                     fingerprint, kv_dtype, draft, observer)
         engine_ref.append(engine)
         return engine
 
@@ -660,7 +662,7 @@ class Engine:
 
     def kv_bytes_per_token(self) -> int:
         """K and V of one token in every layer, as kept (int8 blocks: with their rows' scales)."""
-        return self.spec.kv_bytes_per_token(kv_dtype_of(self.config))
+        return self.spec.kv_bytes_per_token(self.kv_dtype_name)
 
     def __repr__(self) -> str:
         return f"Engine({self.name!r}, {self.spec.arch}, {self.config.dtype}, backend={self.backend.name}, kv_path={self.kv_path})"
