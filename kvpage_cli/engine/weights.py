@@ -231,7 +231,9 @@ def _from_folder(folder: Path, name: str, tokenizer, on_event: EventCallback | N
         rope = rope_params_from_config(config, spec.arch, {layer.rope_key for layer in spec.layers}, home)
         own = _transformers_tokenizer(folder) if has_tokenizer else None
         write_card(folder, home, spec, rope, own)
-        tokenizer = own if tokenizer is None else tokenizer
+        if tokenizer is None:  # the card's, as later loads get it (and it keeps the chat template's text)
+            written = read_card(folder, home, lambda: own) if own is not None else None
+            tokenizer = written.tokenizer if written is not None and written.tokenizer is not None else own
     files = sorted(folder.glob("*.safetensors")) if weights else []
     if weights and not files:
         raise ModelError(f"{folder} has no .safetensors weights")
