@@ -67,7 +67,8 @@ def worker_kvpage(model: str, length: int, new_tokens: int, dtype: str, pool_mib
         "kv_bytes_per_token": engine.kv_bytes_per_token(),
         "path": f"{stats.backend}/{stats.kv_path}",
         "weights": engine.runner.weights + (" + int8 act." if activations == "int8" else "")
-                   + (f" + {kv_dtype} KV" if kv_dtype not in ("auto", dtype) else ""),
+                   + (f" + {engine.kv_dtype_name} KV" if engine.kv_dtype_name != dtype else ""),
+        "kv_dtype": engine.kv_dtype_name,
         "load_s": load_s,
         "blocks_moved": stats.blocks_moved,
         "peak_rss_mib": peak_rss_mib(),
