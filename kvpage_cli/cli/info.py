@@ -80,6 +80,7 @@ def describe(engine: Engine, source: str) -> dict:
         "context_limit": engine.max_context,
         "dtype": engine.config.dtype,
         "kv_dtype": kv_dtype,
+        "kv_dtype_option": engine.config.kv_dtype,
         "kv_bytes_per_token": spec.kv_bytes_per_token(kv_dtype),
         "kv_bytes_per_token_by_dtype": {d: spec.kv_bytes_per_token(d) for d in KV_ELEMENT_BYTES},
         "kv_bytes_per_token_full_attention_layers": spec.kv_bytes_per_token(kv_dtype, full_layers_only=True),
@@ -139,7 +140,9 @@ def _text(d: dict) -> str:
         ("model", d["model"] + (f" ({d['description']})" if d["description"] else "")),
         ("architecture", arch),
         ("context limit", f"{d['context_limit']:,} tokens"),
-        ("kv per token", f"{d['kv_bytes_per_token']:,} bytes ({d['kv_bytes_per_token'] / 1024:.1f} KiB) in {d['kv_dtype']}; "
+        ("kv per token", f"{d['kv_bytes_per_token']:,} bytes ({d['kv_bytes_per_token'] / 1024:.1f} KiB) in {d['kv_dtype']}"
+                         + (" (--kv-dtype auto" + (": beside quantized weights" if d["kv_dtype"] != d["dtype"] else "")
+                            + ")" if d["kv_dtype_option"] == "auto" else "") + "; "
                          + ", ".join(f"{name} {value:,}" for name, value in kv.items()) + " (int8: with each row's scale)"
                          + (f"; full-attention layers only {d['kv_bytes_per_token_full_attention_layers']:,} "
                             "(sliding layers keep a fixed window)" if d["sliding_window_layers"] else "")),
