@@ -229,7 +229,13 @@ def _from_folder(folder: Path, name: str, tokenizer, on_event: EventCallback | N
         except Exception as exc:
             raise ModelError(f"{folder}: config.json does not describe a usable model ({_short(exc)})") from exc
         rope = rope_params_from_config(config, spec.arch, {layer.rope_key for layer in spec.layers}, home)
-        own = _transformers_tokenizer(folder) if has_tokenizer else None
+        own = None
+        if has_tokenizer:
+            try:
+                own = _transformers_tokenizer(folder)
+            except ModelError:
+                if tokenizer is None:  # the caller's own tokenizer stands in for an unusable one
+                    raise
         write_card(folder, home, spec, rope, own)
         if tokenizer is None:  # the card's, as later loads get it (and it keeps the chat template's text)
             written = read_card(folder, home, lambda: own) if own is not None else None
