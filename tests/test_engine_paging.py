@@ -454,31 +454,3 @@ def test_native_kernel_gives_a_query_the_bits_it_gets_alone_when_others_share_it
         reference.decode_states(q, plan, LayerBlocks(None, None, lambda ids: (decoded[0][ids], decoded[1][ids])), window,
                                 states, lse)
         torch.testing.assert_close(together, reference.merge(states, lse, plan), atol=1e-4, rtol=1e-4)
-
-
-@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16", "int8"])
-def test_a_short_prompt_segment_is_attended_as_decode_queries_as_flash_attention_attends_it(kv_dtype, kv_home):
-    """The native backend attends a prompt segment of at most `prefill_query_rows` rows as that many
-    decode queries (one kernel call, each block read once for all of them; a row's later keys
-    masked): the attention torch's flash kernel gives to the same rows, within fp32 rounding, at
-    a context's start, across a block boundary and one token into a new block."""
-    model = tiny_model("llama")
-    engine = Engine.load(model, EngineConfig(home=str(kv_home), backend="native", kv_dtype=kv_dtype))
-    ctx = engine.prefill(random_prompt(4 * BLOCK_TOKENS + 9, seed=4))
-    rows = engine.backend.prefill_query_rows
-    assert rows >= 16
-    calls = []
-    kernel = engine.backend.decode_states
-    engine.backend.decode_states = lambda *args: (calls.append(args[1].num_queries), kernel(*args))[1]
-    generator = torch.Generator().manual_seed(5)
-    heads, dim = model.config.num_attention_heads, model.config.head_dim
-    for layer in (0, model.config.num_hidden_layers - 1):
-        for count, start in ((2, 0), (rows, 2 * BLOCK_TOKENS - rows // 2), (7, 4 * BLOCK_TOKENS + 1)):
-            q = torch.randn(count, heads, dim, generator=generator) * 3
-            got = engine.dispatch._prefill(layer, q, start, ctx)
-            assert calls[-1] == count
-            engine.backend.prefill_query_rows = 0  # the same rows through flash attention
-            want = engine.dispatch._prefill(layer, q, start, ctx)
-            engine.backend.prefill_query_rows = rows
-            assert (got - want).abs().max() <= 1e-5 * want.abs().max()
-    assert len(calls) == 6

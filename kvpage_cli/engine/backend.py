@@ -103,9 +103,6 @@ class TorchBackend:
     """The reference: plain torch (CPU flash attention per block where available)."""
 
     name = "torch"
-    # prompt segments of at most this many rows are attended as decode queries (decode_states):
-    # none here; the native kernel reads each block once for all of a short segment's rows
-    prefill_query_rows = 0
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         self.num_heads = num_heads
@@ -198,9 +195,6 @@ class NativeBackend(TorchBackend):
     """The C kernels of native/: decode states over an address table and merges, in fp32."""
 
     name = "native"
-    # measured (SmolLM2, 1 to 400 rows over 4,890 tokens of bfloat16 KV): 2.3x torch's flash
-    # attention at 2 rows, 1.5x at 8, 1.1x at 24, even at 32-48, slower from 64
-    prefill_query_rows = 24
 
     def __init__(self, lib, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, kv_dtype: str) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale)

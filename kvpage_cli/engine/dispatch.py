@@ -147,8 +147,6 @@ class AttentionDispatch:
         first = max(0, q_start - group.window + 1) // BLOCK_TOKENS if group.window else 0
         ids, positions = ctx.tables[group.index].live(first)
         self.kv_read_bytes += len(ids) * group.block_bytes_per_layer
-        if self.kv_path == "store" and not group.window and q.shape[0] <= self.backend.prefill_query_rows:
-            return self._rows_as_queries(layer, group, q, q_start, ids, positions)
         if self.kv_path == "store":
             pos = self.store.layer_pos[layer]
             runs, index = [], 0
@@ -159,21 +157,6 @@ class AttentionDispatch:
             return self.backend.store_prefill(q, q_start, runs, group.window)
         return self.backend.pool_prefill(q, q_start, self._pool_blocks(layer),
                                          self._passes(layer, group, ids, positions, seq_end), group.window)
-
-    def _rows_as_queries(self, layer: int, group, q: torch.Tensor, q_start: int, ids: list[int],
-                         positions: list[int]) -> torch.Tensor:
-        """A short segment's rows q [T, Hq, D] as T decode queries at positions q_start.. over the
-        blocks up to each row's own (one kernel call: each block read once for every row that sees
-        it, a row's later keys masked) -> [T, Hq, D]."""
-        block_ids = torch.tensor(ids, dtype=torch.int32)
-        block_pos = torch.tensor(positions, dtype=torch.int32)
-        rows = range(q_start, q_start + q.shape[0])
-        ends = torch.searchsorted(block_pos, torch.tensor([p // BLOCK_TOKENS for p in rows], dtype=torch.int32),
-                                  right=True).tolist()
-        plan = DecodePlan.build([(block_ids[:n], block_pos[:n]) for n in ends], list(rows))
-        states, lse = self.backend.states(plan.num_pairs, q.device)
-        self.backend.decode_states(q.float().contiguous(), plan, self._store_blocks(layer, group), 0, states, lse)
-        return self.backend.merge(states, lse, plan)
 
     # -- where blocks are read ---------------------------------------------------------------------
 
