@@ -40,11 +40,11 @@ def timed(command: list[str], env: dict, stdin: str) -> tuple[float, float]:
     child.stdin.write(stdin)
     child.stdin.close()
     stderr = child.stderr.read()
-    _, status, usage = os.wait4(child.pid, 0)
+    _, status, usage = os.wait4(child.pid, 0)  # the child's own peak RSS (Popen.wait would not give it)
     seconds = time.perf_counter() - started
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        raise SystemExit(f"{command[:4]} failed ({child.returncode}): {stderr[-1000:]}")
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{command[:4]} failed ({code}): {stderr[-1000:]}")
     return seconds, usage.ru_maxrss / 1024  # Linux: KiB
 
 

@@ -271,6 +271,7 @@ def test_a_base_models_answer_ends_where_it_writes_the_next_question():
     text, ended = stream([" Five", " years", "\n", "Ques"])  # the answer stops mid-word: all of it
     assert not ended and text == " Five years\nQues"
 
+
 def test_a_base_model_gets_a_question_to_continue_not_an_instruction(tiny_engine):
     tokenizer = tiny_engine.tokenizer
     saved = tokenizer.chat_template

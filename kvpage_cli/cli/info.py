@@ -130,6 +130,12 @@ def _weights(d: dict) -> str:
     return text
 
 
+def _kv_how(d: dict) -> str:
+    if d["kv_dtype_option"] != "auto":
+        return ""
+    return " (--kv-dtype auto: beside quantized weights)" if d["kv_dtype"] != d["dtype"] else " (--kv-dtype auto)"
+
+
 def _text(d: dict) -> str:
     kv = d["kv_bytes_per_token_by_dtype"]
     arch = (f"{d['architecture']}: {d['layers']} layers, {d['heads']} heads, {d['kv_heads']} KV heads, "
@@ -141,8 +147,7 @@ def _text(d: dict) -> str:
         ("architecture", arch),
         ("context limit", f"{d['context_limit']:,} tokens"),
         ("kv per token", f"{d['kv_bytes_per_token']:,} bytes ({d['kv_bytes_per_token'] / 1024:.1f} KiB) in {d['kv_dtype']}"
-                         + (" (--kv-dtype auto" + (": beside quantized weights" if d["kv_dtype"] != d["dtype"] else "")
-                            + ")" if d["kv_dtype_option"] == "auto" else "") + "; "
+                         + _kv_how(d) + "; "
                          + ", ".join(f"{name} {value:,}" for name, value in kv.items()) + " (int8: with each row's scale)"
                          + (f"; full-attention layers only {d['kv_bytes_per_token_full_attention_layers']:,} "
                             "(sliding layers keep a fixed window)" if d["sliding_window_layers"] else "")),

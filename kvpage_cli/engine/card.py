@@ -86,8 +86,9 @@ def read_card(folder: Path, home: Path, load_transformers: Callable[[], Any]) ->
     return ModelCard(spec, rope, tokenizer)
 
 
-def write_card(folder: Path, home: Path, spec: ModelSpec, rope: dict[str, RopeParams], tokenizer) -> None:
-    """Keeps what a load through transformers found (a read-only home: nothing is kept)."""
+def write_card(folder: Path, home: Path, spec: ModelSpec, rope: dict[str, RopeParams], tokenizer) -> ModelCard:
+    """Keeps what a load through transformers found (a read-only home: nothing is kept) and gives
+    it back as later loads will read it, its Tokenizer over the same backend."""
     path = card_path(folder, home)
     info = None
     backend_text = None
@@ -123,6 +124,12 @@ def write_card(folder: Path, home: Path, spec: ModelSpec, rope: dict[str, RopePa
         _replace(path, json.dumps(card))  # float32 -> float (a double) -> float32: the same bits back
     except OSError:
         pass
+    if info is None:
+        return ModelCard(spec, rope, None)
+    import tokenizers
+
+    return ModelCard(spec, rope, Tokenizer(tokenizers.Tokenizer.from_str(backend_text), info,
+                                           path.with_suffix(".templates.json"), lambda: tokenizer))
 
 
 def _plain_backend(tokenizer) -> bool:

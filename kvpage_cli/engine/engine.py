@@ -35,7 +35,6 @@ from .parallel import Shard
 from .policy import DraftPolicy, QuestPolicy, make_policy
 from .pool import SlotPool
 from .quant import UnsupportedFormat
-from .rope import rope_params_from_config
 from .sampler import sample
 from .selector import Selector
 from .spec import ModelSpec
@@ -169,9 +168,7 @@ class Engine:
                                          f"not this model's {spec.head_dim}: using the slower torch backend"))
             backend_name, triton_ops = "torch", None
         dtype = _DTYPES[config.dtype]
-        rope_keys = {layer.rope_key for layer in spec.layers}
-        rope = weights.rope if weights.rope is not None else rope_params_from_config(weights.config, spec.arch,
-                                                                                      rope_keys, home)
+        rope = weights.rope
         # the split path also runs for a process group of one rank (torchrun --nproc-per-node 1:
         # bench/gpu_check.sh tries NCCL so); a caller's own larger group with tp 1 is left alone
         shard = Shard.current(config.tp) if config.tp > 1 or _process_group_size() == 1 else None

@@ -50,7 +50,7 @@ ALIASES = {
 @dataclass
 class LoadedWeights:
     """What a source yields: the HF config (None when read from the folder's card), the model's
-    tensors by HF name, its tokenizer, and its rotary parameters when the card had them."""
+    tensors by HF name, its tokenizer, and its rotary parameters."""
 
     name: str
     config: Any
@@ -58,7 +58,7 @@ class LoadedWeights:
     tensors: dict[str, torch.Tensor]
     tokenizer: Any
     fingerprint: str  # identifies the weights (for saved KV); not a content hash for in-memory models
-    rope: dict[str, RopeParams] | None = None
+    rope: dict[str, RopeParams]
 
 
 def load_weights(source, home: Path, on_event: EventCallback | None = None, tokenizer=None,
@@ -70,7 +70,7 @@ def load_weights(source, home: Path, on_event: EventCallback | None = None, toke
     if blocks:
         return _from_gguf(source, home, on_event, tokenizer)
     if not isinstance(source, (str, Path)):
-        return _from_model(source, tokenizer)
+        return _from_model(source, tokenizer, home)
     folder = resolve_folder(source, home, on_event)
     name = str(source) if str(source) in ALIASES else (Path(source).name if str(source).endswith(".gguf") else str(folder))
     return _from_folder(folder, name, tokenizer, on_event, home)
@@ -236,10 +236,9 @@ def _from_folder(folder: Path, name: str, tokenizer, on_event: EventCallback | N
             except ModelError:
                 if tokenizer is None:  # the caller's own tokenizer stands in for an unusable one
                     raise
-        write_card(folder, home, spec, rope, own)
+        written = write_card(folder, home, spec, rope, own)
         if tokenizer is None:  # the card's, as later loads get it (and it keeps the chat template's text)
-            written = read_card(folder, home, lambda: own) if own is not None else None
-            tokenizer = written.tokenizer if written is not None and written.tokenizer is not None else own
+            tokenizer = written.tokenizer if written.tokenizer is not None else own
     files = sorted(folder.glob("*.safetensors")) if weights else []
     if weights and not files:
         raise ModelError(f"{folder} has no .safetensors weights")
@@ -270,7 +269,7 @@ def _transformers_tokenizer(folder: Path):
         raise ModelError(f"{folder}: no usable tokenizer ({_short(exc)})") from exc
 
 
-def _from_model(model, tokenizer) -> LoadedWeights:
+def _from_model(model, tokenizer, home: Path) -> LoadedWeights:
     config = getattr(model, "config", None)
     if config is None or not hasattr(model, "state_dict"):
         raise ModelError(f"cannot load a model from {type(model).__name__}: expected a transformers PreTrainedModel")
@@ -278,7 +277,8 @@ def _from_model(model, tokenizer) -> LoadedWeights:
     tensors = {_strip_prefix(k): v.detach() for k, v in model.state_dict().items()}
     fingerprint = _digest(type(model).__name__, [(k, tuple(v.shape), float(v.float().sum())) for k, v in sorted(tensors.items())],
                           config.to_json_string(use_diff=False))
-    return LoadedWeights(type(model).__name__, config, spec, tensors, tokenizer, fingerprint)
+    rope = rope_params_from_config(config, spec.arch, {layer.rope_key for layer in spec.layers}, home)
+    return LoadedWeights(type(model).__name__, config, spec, tensors, tokenizer, fingerprint, rope)
 
 
 def _strip_prefix(name: str) -> str:
