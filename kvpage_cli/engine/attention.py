@@ -12,11 +12,17 @@ row r = t * G + g, so grouped-query attention needs no repeated K/V.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from .config import BLOCK_TOKENS
 
 _flash_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+# Every query row over every key, no mask: (qh [Hkv, R, D], k, v [Hkv, S, D]) -> (out [Hkv, R, D],
+# lse [Hkv, R]) fp32, or None where it does not apply (torch's flash attention then runs).
+AttendAll = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor] | None"]
 
 
 def query_rows(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -112,6 +118,7 @@ def range_attention(
     seq_end: int,
     window: int,
     scale: float,
+    attend_all: AttendAll | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of query rows over a context's blocks read where they lie, as one state.
 
@@ -121,7 +128,8 @@ def range_attention(
     in one run, as fast as attention over a contiguous cache; gathered when they do not); the edge
     blocks (causal and window boundaries) get per-block masked calls; the pieces are merged in
     logical order. The split is fixed by the positions alone, so the result depends only on the
-    context, not on where its blocks are stored. Returns out: [Hkv, R, D], lse: [Hkv, R].
+    context, not on where its blocks are stored. attend_all, where given, replaces the unmasked
+    flash-attention call when it applies. Returns out: [Hkv, R, D], lse: [Hkv, R].
     """
     num_kv_heads, _, head_dim = qh.shape
     if not runs:
@@ -142,7 +150,10 @@ def range_attention(
         if b <= a:
             continue
         k, v = _blocks(runs, a, b)  # [Hkv, (b-a)*64, D]
-        if is_whole:
+        done = attend_all(qh, k, v) if is_whole and attend_all is not None else None
+        if done is not None:
+            o, l = done[0].unsqueeze(0), done[1].unsqueeze(0)
+        elif is_whole:
             o, l = _flash_cpu(qh.unsqueeze(0), k.float().unsqueeze(0), v.float().unsqueeze(0), scale=scale)
         else:
             # [Hkv, m*64, D] -> [m, Hkv, 64, D] (a view) for per-block states
@@ -155,12 +166,13 @@ def range_attention(
 
 
 def causal_attention(q: torch.Tensor, runs: list[tuple[torch.Tensor, torch.Tensor, int]], q_start: int,
-                     scale: float) -> torch.Tensor | None:
+                     scale: float, attend_all: AttendAll | None = None) -> torch.Tensor | None:
     """A prefill chunk's causal attention over its context, full-attention layers, keys read where
     they lie: q [T, Hq, D] at positions q_start.. over runs (as in range_attention) holding keys
-    0 .. q_start+T-1. Two flash-attention calls (the keys before the chunk, all visible; the chunk
-    itself, causal) and one merge: what an attention over a contiguous cache does. Returns
-    [T, Hq, D] fp32, or None where the CPU flash kernel is not available."""
+    0 .. q_start+T-1. Two flash-attention calls (the keys before the chunk, all visible, through
+    attend_all where given and it applies; the chunk itself, causal) and one merge: what an
+    attention over a contiguous cache does. Returns [T, Hq, D] fp32, or None where the CPU flash
+    kernel is not available."""
     if _flash_cpu is None or q.device.type != "cpu":
         return None
     num_tokens = q.shape[0]
@@ -169,7 +181,14 @@ def causal_attention(q: torch.Tensor, runs: list[tuple[torch.Tensor, torch.Tenso
     out, lse = _flash_cpu(qh, k.float().unsqueeze(0), v.float().unsqueeze(0), is_causal=True, scale=scale)
     if q_start:
         k, v = _tokens(runs, 0, q_start)
-        before, before_lse = _flash_cpu(qh, k.float().unsqueeze(0), v.float().unsqueeze(0), scale=scale)
+        done = attend_all(query_rows(q, k.shape[0]), k, v) if attend_all is not None else None
+        if done is not None:  # rows [Hkv, T*G, ...] -> heads [1, Hq, T, ...]
+            num_heads, head_dim = q.shape[1], q.shape[2]
+            group = num_heads // k.shape[0]
+            before = done[0].view(k.shape[0], num_tokens, group, head_dim).transpose(1, 2).reshape(1, num_heads, num_tokens, head_dim)
+            before_lse = done[1].view(k.shape[0], num_tokens, group).transpose(1, 2).reshape(1, num_heads, num_tokens)
+        else:
+            before, before_lse = _flash_cpu(qh, k.float().unsqueeze(0), v.float().unsqueeze(0), scale=scale)
         out, lse = merge_states_with_lse(torch.stack([before, out]), torch.stack([before_lse, lse]))
     return out[0].transpose(0, 1)  # [T, Hq, D]
 

@@ -5,7 +5,7 @@ One interface, chosen once when the engine loads:
 | backend | decode states (one token per sequence) | merge | prefill (a chunk of one sequence) |
 |---|---|---|---|
 | torch  | the reference: `attention.block_states` | `attention.merge_states` | `store_prefill` (one causal flash pass, or per-block states over store views), `pool_prefill` (per-block states pass after pass) |
-| native | C kernels over an address table (store or pool) | C, in logical order | as torch, the pool path's states folded in C |
+| native | C kernels over an address table (store or pool) | C, in logical order | as torch, the keys every row sees (bfloat16 KV) through prefill.c's bfloat16 dot products, the pool path's states folded in C |
 | triton | `shared_decode_states` over pool slots (each block read once for its queries) | `merge_ragged_states`, in logical order | `paged_prefill_attention` over pool slots |
 
 Dispatch only decides which blocks a step reads and from where; every attention computation is
@@ -15,7 +15,10 @@ so results do not depend on which slots or passes held the blocks. With the nati
 backends a decode query's state also does not depend on the other queries of its step: batched
 decoding gives each sequence the bits it gets alone. The store path's prefill (one
 flash-attention call over the blocks every row sees whole) is exact to rounding, within 1e-5 of
-the per-block path, not bit-identical to it (tested).
+the per-block path, not bit-identical to it (tested); over bfloat16 KV the native backend's
+(prefill.c: Q and the probabilities each split into two bfloat16 terms, fp32 sums) agrees with
+torch's fp32 flash attention to about 1e-5 of the outputs' scale (tested), and each query row's
+bits there do not depend on the other rows of the call either.
 """
 
 from __future__ import annotations
@@ -145,18 +148,21 @@ class TorchBackend:
         """Folds per-block states, pass after pass, in logical order."""
         return Accumulator(qh)
 
+    attend_all: "reference.AttendAll | None" = None
+
     def store_prefill(self, q: torch.Tensor, q_start: int, runs, window: int) -> torch.Tensor:
         """Store path: a chunk's queries [T, Hq, D] at positions q_start.. over runs of consecutive
         blocks read in place (runs: (k, v [Hkv, n*64, D] views, first block's position)) -> [T, Hq, D].
         When the keys are every position from 0 (a full-attention layer), one causal flash-attention
-        pass, exact to rounding; else per-block states merged in logical order."""
+        pass, exact to rounding; else per-block states merged in logical order. The keys every row
+        sees go through `attend_all` where the backend has one."""
         if not window and runs and runs[0][2] == 0:
-            out = reference.causal_attention(q, runs, q_start, self.scale)
+            out = reference.causal_attention(q, runs, q_start, self.scale, self.attend_all)
             if out is not None:
                 return out
         seq_end = q_start + q.shape[0]
         qh, row_pos = reference.rows(q, torch.arange(q_start, seq_end, device=q.device), self.num_kv_heads)
-        merged = reference.range_attention(qh, row_pos, runs, seq_end, window, self.scale)[0]
+        merged = reference.range_attention(qh, row_pos, runs, seq_end, window, self.scale, self.attend_all)[0]
         return reference.rows_to_tokens(merged, q.shape[0])
 
     def pool_prefill(self, q: torch.Tensor, q_start: int, blocks: LayerBlocks, passes, window: int) -> torch.Tensor:
@@ -210,6 +216,13 @@ class NativeBackend(TorchBackend):
             self._states = torch.empty(size, self.num_heads, self.head_dim)
             self._lse = torch.empty(size, self.num_heads)
         return self._states[:num_pairs], self._lse[:num_pairs]
+
+    def attend_all(self, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Rows over keys in the store's bfloat16: prefill.c's bfloat16 dot products (torch's fp32
+        flash attention where they do not apply)."""
+        if self.kv_dtype != "bfloat16":
+            return None
+        return native.attend_all_bf16(self.lib, qh, k, v, self.scale)
 
     def decode_states(self, q, plan, blocks, window, states, lse) -> None:
         native.decode_states(self.lib, q.contiguous(), blocks.k_addr, blocks.v_addr, plan, window, self.scale,

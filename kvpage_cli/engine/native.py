@@ -31,7 +31,7 @@ from .config import BLOCK_TOKENS
 _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
           "-ffp-contract=off",  # no fused multiply-adds the source does not ask for: torch's bits
           f"-DBLOCK_TOKENS={BLOCK_TOKENS}"]
-_SOURCES = ("attention.c", "layer.c", "linear.c", "quant.c")
+_SOURCES = ("attention.c", "layer.c", "linear.c", "prefill.c", "quant.c")
 _LIB: ctypes.CDLL | None = None
 
 
@@ -80,6 +80,8 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_layer_pre.restype = i32
     lib.kvp_layer_post.argtypes = [ptr, ptr, ptr, i32]
     lib.kvp_layer_post.restype = i32
+    lib.kvp_prefill_bf16.argtypes = [ptr, i64, i64, i32, i32, ptr, i64, i64, ptr, i64, i64, i32, i32, f32, ptr, ptr]
+    lib.kvp_prefill_bf16.restype = i32
     _LIB = lib
     return lib
 
@@ -239,6 +241,29 @@ class Fold:
     def result(self) -> torch.Tensor:
         out = self.acc / self.sum.clamp_min(torch.finfo(torch.float32).tiny)[:, None]
         return out.view(self.shape)
+
+
+def attend_all_bf16(lib: ctypes.CDLL, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Every query row over every key (no mask), with bfloat16 dot products (prefill.c): qh
+    [Hkv, R, D] fp32 rows, k, v [Hkv, S, D] bfloat16 (rows contiguous) -> out [Hkv, R, D] and lse
+    [Hkv, R] fp32, as flash attention in fp32 gives them to about 1e-5 of the outputs' scale (Q and
+    the probabilities are each split into two bfloat16 terms). None where prefill.c does not apply:
+    keys not bfloat16, D not a multiple of 64, or a CPU without AVX512-BF16."""
+    if k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16 or k.stride(2) != 1 or v.stride(2) != 1:
+        return None
+    qh = qh.float()
+    if qh.stride(2) != 1:
+        qh = qh.contiguous()
+    heads, rows, dim = qh.shape
+    out = torch.empty(heads, rows, dim)
+    lse = torch.empty(heads, rows)
+    rc = lib.kvp_prefill_bf16(qh.data_ptr(), qh.stride(0), qh.stride(1), heads, rows, k.data_ptr(), k.stride(0),
+                              k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), k.shape[1], dim, scale, out.data_ptr(),
+                              lse.data_ptr())
+    if rc == -2:
+        raise MemoryError("prefill attention: out of memory")
+    return (out, lse) if rc == 0 else None
 
 
 def gemm_rows(lib: ctypes.CDLL, x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
