@@ -462,7 +462,7 @@ def _bf16_prefill_or_skip(lib):
     from kvpage_cli.engine import native
 
     probe = torch.zeros(1, 1, 64)
-    if native.attend_all_bf16(lib, probe, probe.bfloat16(), probe.bfloat16(), 1.0) is None:
+    if native.attend_all_bf16(lib, probe, [(probe.bfloat16(), probe.bfloat16())], 1.0) is None:
         pytest.skip("this CPU has no AVX512-BF16")
     return native.attend_all_bf16
 
@@ -472,9 +472,10 @@ def _bf16_prefill_or_skip(lib):
 def test_native_bf16_prefill_agrees_with_fp32_attention_and_gives_each_row_its_own_bits(head_dim, group, keys, tokens,
                                                                                          kv_home):
     """prefill.c's attention of query rows over bfloat16 keys and values (Q and the probabilities
-    each split into two bfloat16 terms) is fp32 attention to 2e-5 of the outputs' scale, on keys
-    that are not a whole number of 64-key chunks, and on K and V read in place from a wider buffer
-    (the store's layout); each row's output is the one it gets alone, bit for bit."""
+    each split into two bfloat16 terms) is fp32 attention to 2e-5 of the outputs' scale: every key
+    visible, and causal (the last `tokens` keys are the rows' own tokens); on keys that are not a
+    whole number of 64-key chunks, read in place from a wider buffer (the store's layout). Each
+    row's output is the one it gets alone, and keys split into several runs give the same bits."""
     lib = _native_lib(kv_home)
     attend = _bf16_prefill_or_skip(lib)
     gen = torch.Generator().manual_seed(31)
@@ -485,20 +486,29 @@ def test_native_bf16_prefill_agrees_with_fp32_attention_and_gives_each_row_its_o
     rows = tokens * group
     qh = torch.randn(num_kv_heads, rows, head_dim, generator=gen) * 2
     scale = head_dim ** -0.5
-    out, lse = attend(lib, qh, k, v, scale)
     logits = (qh.double() @ k.double().transpose(1, 2)) * scale
-    truth = torch.softmax(logits, -1) @ v.double()
-    assert (out.double() - truth).abs().max() <= 2e-5 * truth.abs().max()
-    assert (lse.double() - torch.logsumexp(logits, -1)).abs().max() <= 2e-5 * logits.abs().max()
-    for r in (0, rows // 2, rows - 1):
-        alone, alone_lse = attend(lib, qh[:, r:r + 1], k, v, scale)
-        assert torch.equal(alone[:, 0], out[:, r]) and torch.equal(alone_lse[:, 0], lse[:, r])
+    start = max(keys - tokens, 0)  # causal: row r (token r // group) at position start + r // group
+    hidden = torch.arange(keys)[None, :] > start + torch.arange(rows)[:, None] // group
+    for causal, masked in ((None, logits), (start, logits.masked_fill(hidden, float("-inf")))):
+        out, lse = attend(lib, qh, [(k, v)], scale, causal, group)
+        truth = torch.softmax(masked, -1) @ v.double()
+        assert (out.double() - truth).abs().max() <= 2e-5 * truth.abs().max(), causal
+        assert (lse.double() - torch.logsumexp(masked, -1)).abs().max() <= 2e-5 * logits.abs().max(), causal
+        cut = keys // 3
+        split = attend(lib, qh, [(k[:, :cut], v[:, :cut]), (k[:, cut:], v[:, cut:])], scale, causal, group)
+        assert torch.equal(split[0], out) and torch.equal(split[1], lse)
+        for r in (0, rows // 2, rows - 1):
+            token = r // group  # alone: the token's rows, at its own position
+            alone, alone_lse = attend(lib, qh[:, token * group:(token + 1) * group], [(k, v)], scale,
+                                      None if causal is None else causal + token, group)
+            assert torch.equal(alone[:, r % group], out[:, r]) and torch.equal(alone_lse[:, r % group], lse[:, r])
 
 
 def test_native_store_prefill_over_bf16_kv_agrees_with_the_torch_backend(kv_home):
-    """A chunk's prefill over bfloat16 KV read in place (keys before the chunk through prefill.c,
-    the chunk's own causally through torch, merged; and a window layer's whole blocks) is the torch
-    backend's fp32 result to 1e-4, and the fp32-KV native backend still runs torch's kernel."""
+    """A chunk's prefill over bfloat16 KV read in place from two runs of blocks (a fork's: the
+    document's blocks, then its own), through prefill.c (one causal call; a window layer's whole
+    blocks), is the torch backend's fp32 result to 1e-4, and the fp32-KV native backend still runs
+    torch's kernel."""
     from kvpage_cli.engine.backend import NativeBackend, TorchBackend
 
     lib = _native_lib(kv_home)
@@ -507,16 +517,16 @@ def test_native_store_prefill_over_bf16_kv_agrees_with_the_torch_backend(kv_home
     num_kv_heads, group, head_dim, blocks, q_start, tokens = 3, 3, 64, 6, 300, 40
     kv = torch.randn(2, num_kv_heads, blocks * BLOCK_TOKENS, head_dim, generator=gen).bfloat16()
     runs = [(kv[0, :, :4 * BLOCK_TOKENS], kv[1, :, :4 * BLOCK_TOKENS], 0),
-            (kv[0, :, 4 * BLOCK_TOKENS:], kv[1, :, 4 * BLOCK_TOKENS:], 4)]  # two runs: gathered where needed
+            (kv[0, :, 4 * BLOCK_TOKENS:], kv[1, :, 4 * BLOCK_TOKENS:], 4)]
     q = torch.randn(tokens, num_kv_heads * group, head_dim, generator=gen) * 2
     args = (num_kv_heads * group, num_kv_heads, head_dim, head_dim ** -0.5)
     native_bf16 = NativeBackend(lib, *args, "bfloat16")
     calls = []
-    native_bf16.attend_all = lambda qh, k, v: calls.append(qh.shape) or NativeBackend.attend_all(native_bf16, qh, k, v)
+    native_bf16.attend_all = lambda *a: calls.append(a[2]) or NativeBackend.attend_all(native_bf16, *a)
     torch_backend = TorchBackend(*args)
-    for window in (0, 200):  # 200: block 3 is whole for every row, the others are edges
+    for window, causal in ((0, q_start), (200, None)):  # 200: block 3 is whole for every row, the others are edges
         calls.clear()
         got = native_bf16.store_prefill(q, q_start, runs, window)
-        assert calls, "prefill.c was not used"
+        assert calls == [causal], "prefill.c was not used"
         torch.testing.assert_close(got, torch_backend.store_prefill(q, q_start, runs, window), atol=1e-4, rtol=1e-4)
-    assert NativeBackend(lib, *args, "float32").attend_all(q[None, :, 0].contiguous(), kv[0], kv[1]) is None
+    assert NativeBackend(lib, *args, "float32").attend_all(q[None, :, 0].contiguous(), [(kv[0], kv[1])], None, 1) is None

@@ -20,9 +20,12 @@ from .config import BLOCK_TOKENS
 
 _flash_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
-# Every query row over every key, no mask: (qh [Hkv, R, D], k, v [Hkv, S, D]) -> (out [Hkv, R, D],
-# lse [Hkv, R]) fp32, or None where it does not apply (torch's flash attention then runs).
-AttendAll = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor] | None"]
+# Query rows over keys read in place: (qh [Hkv, R, D], [(k, v) [Hkv, n, D] views, together the keys
+# in order], causal, group) -> (out [Hkv, R, D], lse [Hkv, R]) fp32, or None where it does not apply
+# (torch's flash attention then runs). causal None: every row sees every key; causal c: row r
+# (token r // group) sees keys 0 .. c + r // group.
+AttendAll = Callable[[torch.Tensor, "list[tuple[torch.Tensor, torch.Tensor]]", "int | None", int],
+                     "tuple[torch.Tensor, torch.Tensor] | None"]
 
 
 def query_rows(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -149,11 +152,13 @@ def range_attention(
     for a, b, is_whole in ((0, lo, False), (lo, hi, True), (hi, n, False)):
         if b <= a:
             continue
-        k, v = _blocks(runs, a, b)  # [Hkv, (b-a)*64, D]
-        done = attend_all(qh, k, v) if is_whole and attend_all is not None else None
+        done = attend_all(qh, _block_views(runs, a, b), None, 1) if is_whole and attend_all is not None else None
         if done is not None:
-            o, l = done[0].unsqueeze(0), done[1].unsqueeze(0)
-        elif is_whole:
+            outs.append(done[0].unsqueeze(0))
+            lses.append(done[1].unsqueeze(0))
+            continue
+        k, v = _blocks(runs, a, b)  # [Hkv, (b-a)*64, D]
+        if is_whole:
             o, l = _flash_cpu(qh.unsqueeze(0), k.float().unsqueeze(0), v.float().unsqueeze(0), scale=scale)
         else:
             # [Hkv, m*64, D] -> [m, Hkv, 64, D] (a view) for per-block states
@@ -169,58 +174,68 @@ def causal_attention(q: torch.Tensor, runs: list[tuple[torch.Tensor, torch.Tenso
                      scale: float, attend_all: AttendAll | None = None) -> torch.Tensor | None:
     """A prefill chunk's causal attention over its context, full-attention layers, keys read where
     they lie: q [T, Hq, D] at positions q_start.. over runs (as in range_attention) holding keys
-    0 .. q_start+T-1. Two flash-attention calls (the keys before the chunk, all visible, through
-    attend_all where given and it applies; the chunk itself, causal) and one merge: what an
+    0 .. q_start+T-1. One attend_all call where given and it applies; else two flash-attention
+    calls (the keys before the chunk, all visible; the chunk itself, causal) and one merge: what an
     attention over a contiguous cache does. Returns [T, Hq, D] fp32, or None where the CPU flash
     kernel is not available."""
+    num_tokens = q.shape[0]
+    if attend_all is not None and q.device.type == "cpu":
+        views = _token_views(runs, 0, q_start + num_tokens)
+        num_kv_heads = views[0][0].shape[0]
+        done = attend_all(query_rows(q, num_kv_heads), views, q_start, q.shape[1] // num_kv_heads)
+        if done is not None:
+            return rows_to_tokens(done[0], num_tokens)
     if _flash_cpu is None or q.device.type != "cpu":
         return None
-    num_tokens = q.shape[0]
     qh = q.float().transpose(0, 1).unsqueeze(0)  # [1, Hq, T, D]: the kernel pairs Hq heads with Hkv (GQA)
     k, v = _tokens(runs, q_start, q_start + num_tokens)
     out, lse = _flash_cpu(qh, k.float().unsqueeze(0), v.float().unsqueeze(0), is_causal=True, scale=scale)
     if q_start:
         k, v = _tokens(runs, 0, q_start)
-        done = attend_all(query_rows(q, k.shape[0]), k, v) if attend_all is not None else None
-        if done is not None:  # rows [Hkv, T*G, ...] -> heads [1, Hq, T, ...]
-            num_heads, head_dim = q.shape[1], q.shape[2]
-            group = num_heads // k.shape[0]
-            before = done[0].view(k.shape[0], num_tokens, group, head_dim).transpose(1, 2).reshape(1, num_heads, num_tokens, head_dim)
-            before_lse = done[1].view(k.shape[0], num_tokens, group).transpose(1, 2).reshape(1, num_heads, num_tokens)
-        else:
-            before, before_lse = _flash_cpu(qh, k.float().unsqueeze(0), v.float().unsqueeze(0), scale=scale)
+        before, before_lse = _flash_cpu(qh, k.float().unsqueeze(0), v.float().unsqueeze(0), scale=scale)
         out, lse = merge_states_with_lse(torch.stack([before, out]), torch.stack([before_lse, lse]))
     return out[0].transpose(0, 1)  # [T, Hq, D]
 
 
-def _tokens(runs: list[tuple[torch.Tensor, torch.Tensor, int]], a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K, V [Hkv, b-a, D] of the context's tokens a .. b-1 (runs start at logical block 0): a view
-    when they lie in one run, else gathered."""
-    ks, vs = [], []
+def _token_views(runs: list[tuple[torch.Tensor, torch.Tensor, int]], a: int, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(K, V) [Hkv, n, D] views of the context's tokens a .. b-1, in order (runs start at logical
+    block 0)."""
+    views = []
     for k, v, first_block in runs:
         lo, hi = first_block * BLOCK_TOKENS, first_block * BLOCK_TOKENS + k.shape[1]
         if max(a, lo) < min(b, hi):
-            ks.append(k[:, max(a, lo) - lo:min(b, hi) - lo])
-            vs.append(v[:, max(a, lo) - lo:min(b, hi) - lo])
-    if len(ks) == 1:
-        return ks[0], vs[0]
-    return torch.cat(ks, dim=1), torch.cat(vs, dim=1)
+            views.append((k[:, max(a, lo) - lo:min(b, hi) - lo], v[:, max(a, lo) - lo:min(b, hi) - lo]))
+    return views
 
 
-def _blocks(runs: list[tuple[torch.Tensor, torch.Tensor, int]], a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K, V [Hkv, (b-a)*64, D] of the context's blocks a .. b-1 (counted from the first run): a
-    view when they lie in one run, else gathered."""
-    ks, vs, offset = [], [], 0
+def _block_views(runs: list[tuple[torch.Tensor, torch.Tensor, int]], a: int, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(K, V) [Hkv, n, D] views of the context's blocks a .. b-1 (counted from the first run), in order."""
+    views, offset = [], 0
     for k, v, _ in runs:
         count = k.shape[1] // BLOCK_TOKENS
         lo, hi = max(a, offset), min(b, offset + count)
         if lo < hi:
-            ks.append(k[:, (lo - offset) * BLOCK_TOKENS:(hi - offset) * BLOCK_TOKENS])
-            vs.append(v[:, (lo - offset) * BLOCK_TOKENS:(hi - offset) * BLOCK_TOKENS])
+            views.append((k[:, (lo - offset) * BLOCK_TOKENS:(hi - offset) * BLOCK_TOKENS],
+                          v[:, (lo - offset) * BLOCK_TOKENS:(hi - offset) * BLOCK_TOKENS]))
         offset += count
-    if len(ks) == 1:
-        return ks[0], vs[0]
-    return torch.cat(ks, dim=1), torch.cat(vs, dim=1)
+    return views
+
+
+def _joined(views: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One K, V [Hkv, n, D]: the view itself when there is one, else gathered."""
+    if len(views) == 1:
+        return views[0]
+    return torch.cat([k for k, _ in views], dim=1), torch.cat([v for _, v in views], dim=1)
+
+
+def _tokens(runs: list[tuple[torch.Tensor, torch.Tensor, int]], a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V [Hkv, b-a, D] of the context's tokens a .. b-1: a view when they lie in one run, else gathered."""
+    return _joined(_token_views(runs, a, b))
+
+
+def _blocks(runs: list[tuple[torch.Tensor, torch.Tensor, int]], a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V [Hkv, (b-a)*64, D] of the context's blocks a .. b-1: a view when they lie in one run, else gathered."""
+    return _joined(_block_views(runs, a, b))
 
 
 def _block_states_matmul(qh, row_pos, k, v, block_pos, seq_end, window, scale):

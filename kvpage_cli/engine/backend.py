@@ -217,12 +217,12 @@ class NativeBackend(TorchBackend):
             self._lse = torch.empty(size, self.num_heads)
         return self._states[:num_pairs], self._lse[:num_pairs]
 
-    def attend_all(self, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Rows over keys in the store's bfloat16: prefill.c's bfloat16 dot products (torch's fp32
-        flash attention where they do not apply)."""
+    def attend_all(self, qh: torch.Tensor, views, causal: int | None, group: int):
+        """Rows over keys in the store's bfloat16 (reference.AttendAll): prefill.c's bfloat16 dot
+        products (torch's fp32 flash attention where they do not apply)."""
         if self.kv_dtype != "bfloat16":
             return None
-        return native.attend_all_bf16(self.lib, qh, k, v, self.scale)
+        return native.attend_all_bf16(self.lib, qh, views, self.scale, causal, group)
 
     def decode_states(self, q, plan, blocks, window, states, lse) -> None:
         native.decode_states(self.lib, q.contiguous(), blocks.k_addr, blocks.v_addr, plan, window, self.scale,

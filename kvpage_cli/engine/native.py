@@ -80,7 +80,7 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_layer_pre.restype = i32
     lib.kvp_layer_post.argtypes = [ptr, ptr, ptr, i32]
     lib.kvp_layer_post.restype = i32
-    lib.kvp_prefill_bf16.argtypes = [ptr, i64, i64, i32, i32, ptr, i64, i64, ptr, i64, i64, i32, i32, f32, ptr, ptr]
+    lib.kvp_prefill_bf16.argtypes = [ptr, i64, i64, i32, i32, i32, i32, ptr, i32, i32, f32, ptr, ptr]
     lib.kvp_prefill_bf16.restype = i32
     _LIB = lib
     return lib
@@ -243,23 +243,28 @@ class Fold:
         return out.view(self.shape)
 
 
-def attend_all_bf16(lib: ctypes.CDLL, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    scale: float) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Every query row over every key (no mask), with bfloat16 dot products (prefill.c): qh
-    [Hkv, R, D] fp32 rows, k, v [Hkv, S, D] bfloat16 (rows contiguous) -> out [Hkv, R, D] and lse
-    [Hkv, R] fp32, as flash attention in fp32 gives them to about 1e-5 of the outputs' scale (Q and
-    the probabilities are each split into two bfloat16 terms). None where prefill.c does not apply:
-    keys not bfloat16, D not a multiple of 64, or a CPU without AVX512-BF16."""
-    if k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16 or k.stride(2) != 1 or v.stride(2) != 1:
+def attend_all_bf16(lib: ctypes.CDLL, qh: torch.Tensor, runs: list[tuple[torch.Tensor, torch.Tensor]], scale: float,
+                    causal: int | None = None, group: int = 1) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Query rows over keys read in place, with bfloat16 dot products (prefill.c): qh [Hkv, R, D]
+    fp32 rows; runs: (k, v) [Hkv, n, D] bfloat16 views (rows contiguous), together the keys in
+    order. Every row sees every key, or with `causal` = c, row r (token r // group) sees keys
+    0 .. c + r // group. Returns out [Hkv, R, D] and lse [Hkv, R] fp32, fp32 attention to about
+    1e-5 of the outputs' scale (Q and the probabilities are each split into two bfloat16 terms);
+    None where prefill.c does not apply: keys not bfloat16, D not a multiple of 64, or a CPU
+    without AVX512-BF16."""
+    if not runs or any(k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16 or k.stride(2) != 1 or v.stride(2) != 1
+                       for k, v in runs):
         return None
     qh = qh.float()
     if qh.stride(2) != 1:
         qh = qh.contiguous()
     heads, rows, dim = qh.shape
+    table = torch.tensor([[k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), v.stride(0), v.stride(1), k.shape[1]]
+                          for k, v in runs], dtype=torch.int64)
     out = torch.empty(heads, rows, dim)
     lse = torch.empty(heads, rows)
-    rc = lib.kvp_prefill_bf16(qh.data_ptr(), qh.stride(0), qh.stride(1), heads, rows, k.data_ptr(), k.stride(0),
-                              k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), k.shape[1], dim, scale, out.data_ptr(),
+    rc = lib.kvp_prefill_bf16(qh.data_ptr(), qh.stride(0), qh.stride(1), heads, rows, group,
+                              -1 if causal is None else causal, table.data_ptr(), len(runs), dim, scale, out.data_ptr(),
                               lse.data_ptr())
     if rc == -2:
         raise MemoryError("prefill attention: out of memory")

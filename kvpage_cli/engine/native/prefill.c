@@ -53,39 +53,55 @@ static inline __m512 hi_part(__m512bh b, int half) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* K of one head re-laid for the score products: per chunk of 64 keys, per 16-key tile, per pair
- * of head dimensions, the 16 keys' pairs (one 32-bit lane each; keys past S are zeros). */
-static void layout_keys(const uint16_t *k, int64_t ldk, int S, int D, uint32_t *kt, int chunk) {
+/* The keys and values attended, as consecutive runs of rows read in place: run i holds the next
+ * runs[7i+6] keys, head h's key j at (uint16_t *)runs[7i] + h*runs[7i+2] + j*runs[7i+3], its value
+ * at (uint16_t *)runs[7i+1] + h*runs[7i+4] + j*runs[7i+5]. A cursor walks them in key order. */
+#define RUN_FIELDS 7
+typedef struct {
+    const int64_t *runs;
+    int n, run, base; /* the run holding keys base.. */
+} cursor;
+
+/* Head h's key (which = 0) or value (1) row `key`, keys visited in increasing order; NULL past the
+ * last run. */
+static inline const uint16_t *row_at(cursor *c, int h, int key, int which) {
+    while (c->run < c->n && key >= c->base + (int)c->runs[RUN_FIELDS * c->run + 6]) {
+        c->base += (int)c->runs[RUN_FIELDS * c->run + 6];
+        c->run++;
+    }
+    if (c->run >= c->n) return NULL;
+    const int64_t *r = c->runs + RUN_FIELDS * c->run;
+    return (const uint16_t *)(intptr_t)r[which] + h * r[2 + 2 * which] + (int64_t)(key - c->base) * r[3 + 2 * which];
+}
+
+/* Chunk `chunk` of head h's K re-laid for the score products: per 16-key tile, per pair of head
+ * dimensions, the 16 keys' pairs (one 32-bit lane each; keys past S are zeros). And the chunk's V
+ * for the output products: per pair of keys (2i, 2i+1), for every head dimension d, the pair
+ * (v[2i][d], v[2i+1][d]) in one 32-bit lane (keys past S are zeros). */
+static void layout_chunk(const int64_t *runs, int n_runs, int h, int S, int D, int chunk, uint32_t *kt, uint32_t *vp) {
     const int pairs = D / 2;
+    cursor c = {runs, n_runs, 0, 0};
     uint32_t *dst = kt + (int64_t)chunk * CHUNK * pairs;
     for (int tile = 0; tile < CHUNK / 16; tile++)
         for (int j = 0; j < 16; j++) {
             const int key = chunk * CHUNK + tile * 16 + j;
+            const uint32_t *row = key < S ? (const uint32_t *)row_at(&c, h, key, 0) : NULL;
             uint32_t *col = dst + (int64_t)tile * 16 * pairs + j;
-            if (key < S) {
-                const uint32_t *row = (const uint32_t *)(k + (int64_t)key * ldk);
-                for (int p = 0; p < pairs; p++) col[16 * p] = row[p];
-            } else {
-                for (int p = 0; p < pairs; p++) col[16 * p] = 0;
-            }
+            for (int p = 0; p < pairs; p++) col[16 * p] = row ? row[p] : 0;
         }
-}
-
-/* V of one head re-laid for the output products: per pair of keys (2i, 2i+1), for every head
- * dimension d, the pair (v[2i][d], v[2i+1][d]) in one 32-bit lane (keys past S are zeros). */
-static void layout_values(const uint16_t *v, int64_t ldv, int S, int D, uint32_t *vp, int chunk) {
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
                                         36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    c.run = c.base = 0;
     for (int i = 0; i < CHUNK / 2; i++) {
         const int key = chunk * CHUNK + 2 * i;
-        uint32_t *dst = vp + ((int64_t)chunk * (CHUNK / 2) + i) * D;
+        const uint16_t *ra = key < S ? row_at(&c, h, key, 1) : NULL, *rb = key + 1 < S ? row_at(&c, h, key + 1, 1) : NULL;
+        uint32_t *out = vp + ((int64_t)chunk * (CHUNK / 2) + i) * D;
         for (int d = 0; d < D; d += 32) {
-            const __m512i a = key < S ? _mm512_loadu_si512((const void *)(v + (int64_t)key * ldv + d)) : _mm512_setzero_si512();
-            const __m512i b = key + 1 < S ? _mm512_loadu_si512((const void *)(v + (int64_t)(key + 1) * ldv + d))
-                                          : _mm512_setzero_si512();
-            _mm512_storeu_si512((void *)(dst + d), _mm512_permutex2var_epi16(a, lo, b));
-            _mm512_storeu_si512((void *)(dst + d + 16), _mm512_permutex2var_epi16(a, hi, b));
+            const __m512i a = ra ? _mm512_loadu_si512((const void *)(ra + d)) : _mm512_setzero_si512();
+            const __m512i b = rb ? _mm512_loadu_si512((const void *)(rb + d)) : _mm512_setzero_si512();
+            _mm512_storeu_si512((void *)(out + d), _mm512_permutex2var_epi16(a, lo, b));
+            _mm512_storeu_si512((void *)(out + d + 16), _mm512_permutex2var_epi16(a, hi, b));
         }
     }
 }
@@ -94,8 +110,11 @@ static void layout_values(const uint16_t *v, int64_t ldv, int S, int D, uint32_t
  * lo pairs of bf16 ([rows][2][D/2]); o: the rows' fp32 outputs [rows][D] (accumulated, then
  * normalised); lse: their log-sum-exps. */
 static inline __attribute__((always_inline)) void tile_rows(const int T, const uint32_t *qb, int D, const uint32_t *kt,
-                                                            const uint32_t *vp, int S, float scale, float *o, float *lse) {
-    const int pairs = D / 2, chunks = (S + CHUNK - 1) / CHUNK;
+                                                            const uint32_t *vp, const int *lim, float scale, float *o,
+                                                            float *lse) {
+    int most = 0;
+    for (int r = 0; r < T; r++) most = lim[r] > most ? lim[r] : most;
+    const int pairs = D / 2, chunks = (most + CHUNK - 1) / CHUNK;
     float m[TILE], l[TILE];
     uint32_t pb[TILE][CHUNK / 2] __attribute__((aligned(64)));
     uint32_t pl[TILE][CHUNK / 2] __attribute__((aligned(64)));
@@ -123,9 +142,9 @@ static inline __attribute__((always_inline)) void tile_rows(const int T, const u
         }
         /* online softmax: the chunk's probabilities (keys past S: 0) as hi and lo bf16 pairs, the
          * rows' running max and sum, and the factor their outputs so far are rescaled by */
-        const int valid = S - c * CHUNK;
         float alpha[TILE];
         for (int r = 0; r < T; r++) {
+            const int valid = lim[r] - c * CHUNK;
             __m512 mx = _mm512_set1_ps(-INFINITY);
             for (int t = 0; t < 4; t++) {
                 s[r][t] = _mm512_mul_ps(s[r][t], vscale);
@@ -137,6 +156,12 @@ static inline __attribute__((always_inline)) void tile_rows(const int T, const u
                 mx = _mm512_max_ps(mx, s[r][t]);
             }
             const float m_new = fmaxf(m[r], _mm512_reduce_max_ps(mx));
+            if (m_new == -INFINITY) { /* no key visible to the row at all: nothing to add */
+                alpha[r] = 1.0f;
+                memset(pb[r], 0, sizeof pb[r]);
+                memset(pl[r], 0, sizeof pl[r]);
+                continue;
+            }
             alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - m_new);
             m[r] = m_new;
             const __m512 mv = _mm512_set1_ps(m_new);
@@ -182,14 +207,18 @@ static inline __attribute__((always_inline)) void tile_rows(const int T, const u
     }
 }
 
-/* out[h, r] = softmax(scale * q[h, r] . k[h, :S]) v[h, :S] for H heads of R fp32 query rows (q: row
- * r of head h at q + h*ldqh + r*ldq) over S bf16 keys and values (k + h*ldkh + s*ldk, the same
- * for v), every key visible to every row; out: [H, R, D] fp32, lse: [H, R]. D a multiple of 64 up
- * to 512, S >= 1. Returns 0; -1 for a shape it does not take; -2 out of memory. */
-int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, const uint16_t *k, int64_t ldkh,
-                     int64_t ldk, const uint16_t *v, int64_t ldvh, int64_t ldv, int S, int D, float scale, float *out,
-                     float *lse) {
-    if (D % 64 != 0 || D > 512 || S < 1 || R < 1 || H < 1) return -1;
+/* out[h, r] = softmax(scale * q[h, r] . k[h, keys]) v[h, keys] for H heads of R fp32 query rows
+ * (row r of head h at q + h*ldqh + r*ldq) over S bf16 keys and values in n_runs runs (see cursor):
+ * with causal < 0 every key is visible to every row; with causal >= 0 row r sees keys
+ * 0 .. causal + r / group (rows are token-major, `group` query heads per KV head, token r / group
+ * at position causal + r / group). out: [H, R, D] fp32, lse: [H, R]. D a multiple of 64 up to
+ * 512, S >= 1. Returns 0; -1 for a shape it does not take; -2 out of memory. */
+int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, int group, int causal,
+                     const int64_t *runs, int n_runs, int D, float scale, float *out, float *lse) {
+    int S = 0;
+    for (int i = 0; i < n_runs; i++) S += (int)runs[RUN_FIELDS * i + 6];
+    if (D % 64 != 0 || D > 512 || S < 1 || R < 1 || H < 1 || group < 1) return -1;
+    if (causal >= 0 && causal + (R - 1) / group + 1 > S) return -1;
     const int chunks = (S + CHUNK - 1) / CHUNK, pairs = D / 2, tiles = (R + TILE - 1) / TILE;
     const size_t per_head = (size_t)chunks * CHUNK * pairs; /* 32-bit lanes, K's and V's alike */
     uint32_t *kt = aligned_alloc(64, sizeof(uint32_t) * 2 * per_head * (size_t)H);
@@ -204,10 +233,7 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, co
     {
 #pragma omp for schedule(static) collapse(2) nowait
         for (int h = 0; h < H; h++)
-            for (int c = 0; c < chunks; c++) {
-                layout_keys(k + h * ldkh, ldk, S, D, kt + per_head * h, c);
-                layout_values(v + h * ldvh, ldv, S, D, vp + per_head * h, c);
-            }
+            for (int c = 0; c < chunks; c++) layout_chunk(runs, n_runs, h, S, D, c, kt + per_head * h, vp + per_head * h);
 #pragma omp for schedule(static) collapse(2)
         for (int h = 0; h < H; h++)
             for (int r = 0; r < R; r++) {
@@ -225,16 +251,18 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, co
         for (int h = 0; h < H; h++)
             for (int t = 0; t < tiles; t++) {
                 const int r0 = t * TILE, n = R - r0 < TILE ? R - r0 : TILE;
+                int lim[TILE];
+                for (int r = 0; r < n; r++) lim[r] = causal < 0 ? S : causal + (r0 + r) / group + 1;
                 const uint32_t *qt = qb + ((int64_t)h * R + r0) * 2 * pairs;
                 const uint32_t *kh = kt + per_head * h, *vh = vp + per_head * h;
                 float *o = out + ((int64_t)h * R + r0) * D, *ls = lse + (int64_t)h * R + r0;
                 switch (n) {
-                case 6: tile_rows(6, qt, D, kh, vh, S, scale, o, ls); break;
-                case 5: tile_rows(5, qt, D, kh, vh, S, scale, o, ls); break;
-                case 4: tile_rows(4, qt, D, kh, vh, S, scale, o, ls); break;
-                case 3: tile_rows(3, qt, D, kh, vh, S, scale, o, ls); break;
-                case 2: tile_rows(2, qt, D, kh, vh, S, scale, o, ls); break;
-                default: tile_rows(1, qt, D, kh, vh, S, scale, o, ls); break;
+                case 6: tile_rows(6, qt, D, kh, vh, lim, scale, o, ls); break;
+                case 5: tile_rows(5, qt, D, kh, vh, lim, scale, o, ls); break;
+                case 4: tile_rows(4, qt, D, kh, vh, lim, scale, o, ls); break;
+                case 3: tile_rows(3, qt, D, kh, vh, lim, scale, o, ls); break;
+                case 2: tile_rows(2, qt, D, kh, vh, lim, scale, o, ls); break;
+                default: tile_rows(1, qt, D, kh, vh, lim, scale, o, ls); break;
                 }
             }
     }
@@ -244,11 +272,10 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, co
 }
 
 #else
-int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, const uint16_t *k, int64_t ldkh,
-                     int64_t ldk, const uint16_t *v, int64_t ldvh, int64_t ldv, int S, int D, float scale, float *out,
-                     float *lse) {
-    (void)q, (void)ldqh, (void)ldq, (void)H, (void)R, (void)k, (void)ldkh, (void)ldk, (void)v, (void)ldvh, (void)ldv,
-        (void)S, (void)D, (void)scale, (void)out, (void)lse;
+int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, int group, int causal,
+                     const int64_t *runs, int n_runs, int D, float scale, float *out, float *lse) {
+    (void)q, (void)ldqh, (void)ldq, (void)H, (void)R, (void)group, (void)causal, (void)runs, (void)n_runs, (void)D,
+        (void)scale, (void)out, (void)lse;
     return -3; /* built without AVX512-BF16 */
 }
 #endif
