@@ -471,8 +471,8 @@ def _bf16_prefill_or_skip(lib):
                                                          (128, 2, 130, 6), (256, 4, 200, 5)])
 def test_native_bf16_prefill_agrees_with_fp32_attention_and_gives_each_row_its_own_bits(head_dim, group, keys, tokens,
                                                                                          kv_home):
-    """prefill.c's attention of query rows over bfloat16 keys and values (Q and the probabilities
-    each split into two bfloat16 terms) is fp32 attention to 2e-5 of the outputs' scale: every key
+    """prefill.c's attention of query rows over bfloat16 keys and values (Q written as three
+    bfloat16 terms, the probabilities as two) is fp32 attention to 1e-5 of the outputs' scale: every key
     visible, and causal (the last `tokens` keys are the rows' own tokens); on keys that are not a
     whole number of 64-key chunks, read in place from a wider buffer (the store's layout). Each
     row's output is the one it gets alone, and keys split into several runs give the same bits."""
@@ -492,8 +492,8 @@ def test_native_bf16_prefill_agrees_with_fp32_attention_and_gives_each_row_its_o
     for causal, masked in ((None, logits), (start, logits.masked_fill(hidden, float("-inf")))):
         out, lse = attend(lib, qh, [(k, v)], scale, causal, group)
         truth = torch.softmax(masked, -1) @ v.double()
-        assert (out.double() - truth).abs().max() <= 2e-5 * truth.abs().max(), causal
-        assert (lse.double() - torch.logsumexp(masked, -1)).abs().max() <= 2e-5 * logits.abs().max(), causal
+        assert (out.double() - truth).abs().max() <= 1e-5 * truth.abs().max(), causal  # 3.9e-6 measured
+        assert (lse.double() - torch.logsumexp(masked, -1)).abs().max() <= 5e-6 * logits.abs().max(), causal
         cut = keys // 3
         split = attend(lib, qh, [(k[:, :cut], v[:, :cut]), (k[:, cut:], v[:, cut:])], scale, causal, group)
         assert torch.equal(split[0], out) and torch.equal(split[1], lse)

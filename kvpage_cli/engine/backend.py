@@ -16,7 +16,7 @@ backends a decode query's state also does not depend on the other queries of its
 decoding gives each sequence the bits it gets alone. The store path's prefill (one
 flash-attention call over the blocks every row sees whole) is exact to rounding, within 1e-5 of
 the per-block path, not bit-identical to it (tested); over bfloat16 KV the native backend's
-(prefill.c: Q and the probabilities each split into two bfloat16 terms, fp32 sums) agrees with
+(prefill.c: Q written as three bfloat16 terms and the probabilities as two, fp32 sums) agrees with
 torch's fp32 flash attention to about 1e-5 of the outputs' scale (tested), and each query row's
 bits there do not depend on the other rows of the call either.
 """

@@ -1,16 +1,18 @@
 /* kvpage native CPU kernels: prefill attention of many query rows over bfloat16 keys and values,
  * with the CPU's bfloat16 dot products (AVX512-BF16).
  *
- * A prefill chunk's rows see every key before the chunk: R query rows per KV head against S keys,
- * all visible (no mask; causal edges are attention.py's). torch's CPU flash attention does this in
- * fp32 at 100-190 GFLOP/s on a 2-core Zen 5, where the bfloat16 dot products of the same cores
+ * A prefill chunk's R query rows per KV head attend to the S keys before them (every key, or
+ * causally: the chunk's own keys up to each row's token), read in place from the store's runs of
+ * blocks. torch's CPU flash attention does this in fp32 at 100-190 GFLOP/s on a 2-core Zen 5, where the bfloat16 dot products of the same cores
  * multiply at four times the rate. The store keeps K and V in bfloat16 (the default beside
- * quantized weights), so their products with bfloat16 operands are exact; Q and the softmax
- * probabilities are each written as the sum of two bfloat16 terms (hi = bf16(x), lo = bf16(x - hi),
- * x - hi - lo within 2^-17 |x|) and both terms are multiplied, so scores and outputs agree with
- * fp32 flash attention to about 1e-5 of their scale at twice its speed (one term each would be
- * 2.5-3x and 1e-2 off: measured, not taken). Scores, softmax statistics and outputs accumulate in
- * fp32.
+ * quantized weights), so their products with bfloat16 operands are exact; a query row is written
+ * as the sum of three bfloat16 terms (each the bfloat16 of what the ones before leave, together
+ * within 2^-27 of it) and a softmax probability as two (within 2^-18), and every term is
+ * multiplied. Scores, softmax statistics and outputs accumulate in fp32; the outputs agree with
+ * fp32 flash attention to about 1e-5 of their scale, as closely as torch's kernel agrees with
+ * float64 (measured on a call of SmolLM2's prefill, outputs up to 6.5: largest error 1.7e-5 against
+ * torch's 6.6e-6), at 1.6-2x its speed. Measured, not taken: two terms for Q (1.4e-4, 20% faster) and one for each
+ * (1e-2, 2.5-3x torch's speed).
  *
  * Each row is computed alone, in one fixed order of operations (64-key chunks in key order, the
  * same pairs of head dimensions per dot product), so the bits a row gets do not depend on the rows
@@ -27,6 +29,7 @@
 
 #define CHUNK 64 /* keys per softmax step */
 #define TILE 6   /* query rows per register tile */
+#define Q_TERMS 3 /* bfloat16 terms a query row is written as */
 
 
 /* exp(x) for x <= 0, 16 lanes: attention.c's exp_nonpositive, vectorised. */
@@ -106,8 +109,8 @@ static void layout_chunk(const int64_t *runs, int n_runs, int h, int S, int D, i
     }
 }
 
-/* T rows of one head over all chunks: the flash-attention loop. qb: each row's hi pairs then its
- * lo pairs of bf16 ([rows][2][D/2]); o: the rows' fp32 outputs [rows][D] (accumulated, then
+/* T rows of one head over all chunks: the flash-attention loop. qb: each row's Q_TERMS terms, each
+ * as pairs of bf16 ([rows][Q_TERMS][D/2]); o: the rows' fp32 outputs [rows][D] (accumulated, then
  * normalised); lse: their log-sum-exps. */
 static inline __attribute__((always_inline)) void tile_rows(const int T, const uint32_t *qb, int D, const uint32_t *kt,
                                                             const uint32_t *vp, const int *lim, float scale, float *o,
@@ -134,14 +137,15 @@ static inline __attribute__((always_inline)) void tile_rows(const int T, const u
             __m512bh kv[4];
             for (int t = 0; t < 4; t++) kv[t] = (__m512bh)_mm512_loadu_si512((const void *)(kc + ((int64_t)t * pairs + p) * 16));
             for (int r = 0; r < T; r++) {
-                const __m512bh qv = (__m512bh)_mm512_set1_epi32((int)qb[(int64_t)r * 2 * pairs + p]);
-                for (int t = 0; t < 4; t++) s[r][t] = _mm512_dpbf16_ps(s[r][t], qv, kv[t]);
-                const __m512bh ql = (__m512bh)_mm512_set1_epi32((int)qb[(int64_t)r * 2 * pairs + pairs + p]);
-                for (int t = 0; t < 4; t++) s[r][t] = _mm512_dpbf16_ps(s[r][t], ql, kv[t]);
+                for (int part = 0; part < Q_TERMS; part++) {
+                    const __m512bh qv = (__m512bh)_mm512_set1_epi32((int)qb[((int64_t)r * Q_TERMS + part) * pairs + p]);
+                    for (int t = 0; t < 4; t++) s[r][t] = _mm512_dpbf16_ps(s[r][t], qv, kv[t]);
+                }
             }
         }
-        /* online softmax: the chunk's probabilities (keys past S: 0) as hi and lo bf16 pairs, the
-         * rows' running max and sum, and the factor their outputs so far are rescaled by */
+        /* online softmax: the chunk's probabilities (keys past the row's last: 0) as two terms of
+         * bf16 pairs, the rows' running max and sum, and the factor their outputs so far are
+         * rescaled by */
         float alpha[TILE];
         for (int r = 0; r < T; r++) {
             const int valid = lim[r] - c * CHUNK;
@@ -222,7 +226,7 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
     const int chunks = (S + CHUNK - 1) / CHUNK, pairs = D / 2, tiles = (R + TILE - 1) / TILE;
     const size_t per_head = (size_t)chunks * CHUNK * pairs; /* 32-bit lanes, K's and V's alike */
     uint32_t *kt = aligned_alloc(64, sizeof(uint32_t) * 2 * per_head * (size_t)H);
-    uint32_t *qb = malloc(sizeof(uint32_t) * 2 * (size_t)H * (size_t)R * (size_t)pairs);
+    uint32_t *qb = malloc(sizeof(uint32_t) * Q_TERMS * (size_t)H * (size_t)R * (size_t)pairs);
     if (kt == NULL || qb == NULL) {
         free(kt);
         free(qb);
@@ -238,13 +242,15 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
         for (int h = 0; h < H; h++)
             for (int r = 0; r < R; r++) {
                 const float *x = q + h * ldqh + r * ldq;
-                uint32_t *dst = qb + ((int64_t)h * R + r) * 2 * pairs;
+                uint32_t *dst = qb + ((int64_t)h * R + r) * Q_TERMS * pairs;
                 for (int d = 0; d < D; d += 32) {
-                    const __m512 x0 = _mm512_loadu_ps(x + d), x1 = _mm512_loadu_ps(x + d + 16);
-                    const __m512bh b = _mm512_cvtne2ps_pbh(x1, x0);
-                    _mm512_storeu_si512((void *)(dst + d / 2), (__m512i)b);
-                    const __m512bh lo = _mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, hi_part(b, 1)), _mm512_sub_ps(x0, hi_part(b, 0)));
-                    _mm512_storeu_si512((void *)(dst + pairs + d / 2), (__m512i)lo);
+                    __m512 x0 = _mm512_loadu_ps(x + d), x1 = _mm512_loadu_ps(x + d + 16);
+                    for (int part = 0; part < Q_TERMS; part++) { /* each term: bf16 of what the others leave */
+                        const __m512bh b = _mm512_cvtne2ps_pbh(x1, x0);
+                        _mm512_storeu_si512((void *)(dst + part * pairs + d / 2), (__m512i)b);
+                        x0 = _mm512_sub_ps(x0, hi_part(b, 0));
+                        x1 = _mm512_sub_ps(x1, hi_part(b, 1));
+                    }
                 }
             }
 #pragma omp for schedule(dynamic, 1) collapse(2)
@@ -253,7 +259,7 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
                 const int r0 = t * TILE, n = R - r0 < TILE ? R - r0 : TILE;
                 int lim[TILE];
                 for (int r = 0; r < n; r++) lim[r] = causal < 0 ? S : causal + (r0 + r) / group + 1;
-                const uint32_t *qt = qb + ((int64_t)h * R + r0) * 2 * pairs;
+                const uint32_t *qt = qb + ((int64_t)h * R + r0) * Q_TERMS * pairs;
                 const uint32_t *kh = kt + per_head * h, *vh = vp + per_head * h;
                 float *o = out + ((int64_t)h * R + r0) * D, *ls = lse + (int64_t)h * R + r0;
                 switch (n) {
