@@ -488,26 +488,30 @@ def test_native_bf16_prefill_agrees_with_fp32_attention_and_gives_each_row_its_o
     scale = head_dim ** -0.5
     logits = (qh.double() @ k.double().transpose(1, 2)) * scale
     start = max(keys - tokens, 0)  # causal: row r (token r // group) at position start + r // group
-    hidden = torch.arange(keys)[None, :] > start + torch.arange(rows)[:, None] // group
-    for causal, masked in ((None, logits), (start, logits.masked_fill(hidden, float("-inf")))):
-        out, lse = attend(lib, qh, [(k, v)], scale, causal, group)
+    own = start + torch.arange(rows)[:, None] // group
+    window = max(keys // 3, 2)
+    hidden = torch.arange(keys)[None, :] > own
+    outside = hidden | (torch.arange(keys)[None, :] <= own - window)
+    for causal, win, masked in ((None, 0, logits), (start, 0, logits.masked_fill(hidden, float("-inf"))),
+                                (start, window, logits.masked_fill(outside, float("-inf")))):
+        out, lse = attend(lib, qh, [(k, v)], scale, causal, group, win)
         truth = torch.softmax(masked, -1) @ v.double()
-        assert (out.double() - truth).abs().max() <= 1e-5 * truth.abs().max(), causal  # 3.9e-6 measured
-        assert (lse.double() - torch.logsumexp(masked, -1)).abs().max() <= 5e-6 * logits.abs().max(), causal
+        assert (out.double() - truth).abs().max() <= 1e-5 * truth.abs().max(), (causal, win)  # 3.9e-6 measured
+        assert (lse.double() - torch.logsumexp(masked, -1)).abs().max() <= 5e-6 * logits.abs().max(), (causal, win)
         cut = keys // 3
-        split = attend(lib, qh, [(k[:, :cut], v[:, :cut]), (k[:, cut:], v[:, cut:])], scale, causal, group)
+        split = attend(lib, qh, [(k[:, :cut], v[:, :cut]), (k[:, cut:], v[:, cut:])], scale, causal, group, win)
         assert torch.equal(split[0], out) and torch.equal(split[1], lse)
         for r in (0, rows // 2, rows - 1):
             token = r // group  # alone: the token's rows, at its own position
             alone, alone_lse = attend(lib, qh[:, token * group:(token + 1) * group], [(k, v)], scale,
-                                      None if causal is None else causal + token, group)
+                                      None if causal is None else causal + token, group, win)
             assert torch.equal(alone[:, r % group], out[:, r]) and torch.equal(alone_lse[:, r % group], lse[:, r])
 
 
 def test_native_store_prefill_over_bf16_kv_agrees_with_the_torch_backend(kv_home):
     """A chunk's prefill over bfloat16 KV read in place from two runs of blocks (a fork's: the
-    document's blocks, then its own), through prefill.c (one causal call; a window layer's whole
-    blocks), is the torch backend's fp32 result to 1e-4, and the fp32-KV native backend still runs
+    document's blocks, then its own), through prefill.c in one causal call, with and without a
+    window, is the torch backend's fp32 result to 1e-4, and the fp32-KV native backend still runs
     torch's kernel."""
     from kvpage_cli.engine.backend import NativeBackend, TorchBackend
 
@@ -522,11 +526,16 @@ def test_native_store_prefill_over_bf16_kv_agrees_with_the_torch_backend(kv_home
     args = (num_kv_heads * group, num_kv_heads, head_dim, head_dim ** -0.5)
     native_bf16 = NativeBackend(lib, *args, "bfloat16")
     calls = []
-    native_bf16.attend_all = lambda *a: calls.append(a[2]) or NativeBackend.attend_all(native_bf16, *a)
+    native_bf16.attend_all = lambda *a: calls.append(a[2:]) or NativeBackend.attend_all(native_bf16, *a)
     torch_backend = TorchBackend(*args)
-    for window, causal in ((0, q_start), (200, None)):  # 200: block 3 is whole for every row, the others are edges
+    for window in (0, 200):
         calls.clear()
         got = native_bf16.store_prefill(q, q_start, runs, window)
-        assert calls == [causal], "prefill.c was not used"
+        assert calls == [(q_start, group, window)], "prefill.c was not used"
         torch.testing.assert_close(got, torch_backend.store_prefill(q, q_start, runs, window), atol=1e-4, rtol=1e-4)
+    later = [(k[:, BLOCK_TOKENS:], v[:, BLOCK_TOKENS:], 1) for k, v, _ in runs[:1]] + runs[1:]  # a window layer's runs
+    calls.clear()
+    got = native_bf16.store_prefill(q, q_start, later, 200)
+    assert calls == [(q_start - BLOCK_TOKENS, group, 200)]
+    torch.testing.assert_close(got, torch_backend.store_prefill(q, q_start, later, 200), atol=1e-4, rtol=1e-4)
     assert NativeBackend(lib, *args, "float32").attend_all(q[None, :, 0].contiguous(), [(kv[0], kv[1])], None, 1) is None

@@ -21,11 +21,10 @@ from .config import BLOCK_TOKENS
 _flash_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 # Query rows over keys read in place: (qh [Hkv, R, D], [(k, v) [Hkv, n, D] views, together the keys
-# in order], causal, group) -> (out [Hkv, R, D], lse [Hkv, R]) fp32, or None where it does not apply
-# (torch's flash attention then runs). causal None: every row sees every key; causal c: row r
-# (token r // group) sees keys 0 .. c + r // group.
-AttendAll = Callable[[torch.Tensor, "list[tuple[torch.Tensor, torch.Tensor]]", "int | None", int],
-                     "tuple[torch.Tensor, torch.Tensor] | None"]
+# in order], causal, group[, window]) -> (out [Hkv, R, D], lse [Hkv, R]) fp32, or None where it does
+# not apply (torch's flash attention then runs). causal None: every row sees every key; causal c:
+# row r (token r // group) sees keys 0 .. c + r // group, the last `window` of them where window > 0.
+AttendAll = Callable[..., "tuple[torch.Tensor, torch.Tensor] | None"]
 
 
 def query_rows(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -121,7 +120,6 @@ def range_attention(
     seq_end: int,
     window: int,
     scale: float,
-    attend_all: AttendAll | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of query rows over a context's blocks read where they lie, as one state.
 
@@ -131,8 +129,7 @@ def range_attention(
     in one run, as fast as attention over a contiguous cache; gathered when they do not); the edge
     blocks (causal and window boundaries) get per-block masked calls; the pieces are merged in
     logical order. The split is fixed by the positions alone, so the result depends only on the
-    context, not on where its blocks are stored. attend_all, where given, replaces the unmasked
-    flash-attention call when it applies. Returns out: [Hkv, R, D], lse: [Hkv, R].
+    context, not on where its blocks are stored. Returns out: [Hkv, R, D], lse: [Hkv, R].
     """
     num_kv_heads, _, head_dim = qh.shape
     if not runs:
@@ -152,11 +149,6 @@ def range_attention(
     for a, b, is_whole in ((0, lo, False), (lo, hi, True), (hi, n, False)):
         if b <= a:
             continue
-        done = attend_all(qh, _block_views(runs, a, b), None, 1) if is_whole and attend_all is not None else None
-        if done is not None:
-            outs.append(done[0].unsqueeze(0))
-            lses.append(done[1].unsqueeze(0))
-            continue
         k, v = _blocks(runs, a, b)  # [Hkv, (b-a)*64, D]
         if is_whole:
             o, l = _flash_cpu(qh.unsqueeze(0), k.float().unsqueeze(0), v.float().unsqueeze(0), scale=scale)
@@ -171,22 +163,15 @@ def range_attention(
 
 
 def causal_attention(q: torch.Tensor, runs: list[tuple[torch.Tensor, torch.Tensor, int]], q_start: int,
-                     scale: float, attend_all: AttendAll | None = None) -> torch.Tensor | None:
+                     scale: float) -> torch.Tensor | None:
     """A prefill chunk's causal attention over its context, full-attention layers, keys read where
     they lie: q [T, Hq, D] at positions q_start.. over runs (as in range_attention) holding keys
-    0 .. q_start+T-1. One attend_all call where given and it applies; else two flash-attention
-    calls (the keys before the chunk, all visible; the chunk itself, causal) and one merge: what an
-    attention over a contiguous cache does. Returns [T, Hq, D] fp32, or None where the CPU flash
-    kernel is not available."""
-    num_tokens = q.shape[0]
-    if attend_all is not None and q.device.type == "cpu":
-        views = _token_views(runs, 0, q_start + num_tokens)
-        num_kv_heads = views[0][0].shape[0]
-        done = attend_all(query_rows(q, num_kv_heads), views, q_start, q.shape[1] // num_kv_heads)
-        if done is not None:
-            return rows_to_tokens(done[0], num_tokens)
+    0 .. q_start+T-1. Two flash-attention calls (the keys before the chunk, all visible; the chunk
+    itself, causal) and one merge: what an attention over a contiguous cache does. Returns
+    [T, Hq, D] fp32, or None where the CPU flash kernel is not available."""
     if _flash_cpu is None or q.device.type != "cpu":
         return None
+    num_tokens = q.shape[0]
     qh = q.float().transpose(0, 1).unsqueeze(0)  # [1, Hq, T, D]: the kernel pairs Hq heads with Hkv (GQA)
     k, v = _tokens(runs, q_start, q_start + num_tokens)
     out, lse = _flash_cpu(qh, k.float().unsqueeze(0), v.float().unsqueeze(0), is_causal=True, scale=scale)
@@ -197,27 +182,14 @@ def causal_attention(q: torch.Tensor, runs: list[tuple[torch.Tensor, torch.Tenso
     return out[0].transpose(0, 1)  # [T, Hq, D]
 
 
-def _token_views(runs: list[tuple[torch.Tensor, torch.Tensor, int]], a: int, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(K, V) [Hkv, n, D] views of the context's tokens a .. b-1, in order (runs start at logical
-    block 0)."""
+def token_views(runs: list[tuple[torch.Tensor, torch.Tensor, int]], a: int, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(K, V) [Hkv, n, D] views of the context's tokens at positions a .. b-1, in order (runs: (k, v,
+    logical index of the first block))."""
     views = []
     for k, v, first_block in runs:
         lo, hi = first_block * BLOCK_TOKENS, first_block * BLOCK_TOKENS + k.shape[1]
         if max(a, lo) < min(b, hi):
             views.append((k[:, max(a, lo) - lo:min(b, hi) - lo], v[:, max(a, lo) - lo:min(b, hi) - lo]))
-    return views
-
-
-def _block_views(runs: list[tuple[torch.Tensor, torch.Tensor, int]], a: int, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(K, V) [Hkv, n, D] views of the context's blocks a .. b-1 (counted from the first run), in order."""
-    views, offset = [], 0
-    for k, v, _ in runs:
-        count = k.shape[1] // BLOCK_TOKENS
-        lo, hi = max(a, offset), min(b, offset + count)
-        if lo < hi:
-            views.append((k[:, (lo - offset) * BLOCK_TOKENS:(hi - offset) * BLOCK_TOKENS],
-                          v[:, (lo - offset) * BLOCK_TOKENS:(hi - offset) * BLOCK_TOKENS]))
-        offset += count
     return views
 
 
@@ -230,12 +202,21 @@ def _joined(views: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tenso
 
 def _tokens(runs: list[tuple[torch.Tensor, torch.Tensor, int]], a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
     """K, V [Hkv, b-a, D] of the context's tokens a .. b-1: a view when they lie in one run, else gathered."""
-    return _joined(_token_views(runs, a, b))
+    return _joined(token_views(runs, a, b))
 
 
 def _blocks(runs: list[tuple[torch.Tensor, torch.Tensor, int]], a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K, V [Hkv, (b-a)*64, D] of the context's blocks a .. b-1: a view when they lie in one run, else gathered."""
-    return _joined(_block_views(runs, a, b))
+    """K, V [Hkv, (b-a)*64, D] of the context's blocks a .. b-1 (counted from the first run): a
+    view when they lie in one run, else gathered."""
+    views, offset = [], 0
+    for k, v, _ in runs:
+        count = k.shape[1] // BLOCK_TOKENS
+        lo, hi = max(a, offset), min(b, offset + count)
+        if lo < hi:
+            views.append((k[:, (lo - offset) * BLOCK_TOKENS:(hi - offset) * BLOCK_TOKENS],
+                          v[:, (lo - offset) * BLOCK_TOKENS:(hi - offset) * BLOCK_TOKENS]))
+        offset += count
+    return _joined(views)
 
 
 def _block_states_matmul(qh, row_pos, k, v, block_pos, seq_end, window, scale):

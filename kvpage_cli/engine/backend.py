@@ -29,6 +29,7 @@ import torch
 
 from . import attention as reference
 from . import native
+from .config import BLOCK_TOKENS
 
 
 @dataclass(frozen=True)
@@ -154,15 +155,24 @@ class TorchBackend:
         """Store path: a chunk's queries [T, Hq, D] at positions q_start.. over runs of consecutive
         blocks read in place (runs: (k, v [Hkv, n*64, D] views, first block's position)) -> [T, Hq, D].
         When the keys are every position from 0 (a full-attention layer), one causal flash-attention
-        pass, exact to rounding; else per-block states merged in logical order. The keys every row
-        sees go through `attend_all` where the backend has one."""
+        pass, exact to rounding; else per-block states merged in logical order. A backend with
+        `attend_all` (the native one over bfloat16 KV) takes the whole chunk in one call, window
+        layers too."""
+        if self.attend_all is not None and runs and q.device.type == "cpu":
+            base = runs[0][2] * BLOCK_TOKENS  # runs hold consecutive blocks from there (range_attention's contract)
+            views = reference.token_views(runs, base, q_start + q.shape[0])
+            num_kv_heads = views[0][0].shape[0]
+            done = self.attend_all(reference.query_rows(q, num_kv_heads), views, q_start - base, q.shape[1] // num_kv_heads,
+                                   window)
+            if done is not None:
+                return reference.rows_to_tokens(done[0], q.shape[0])
         if not window and runs and runs[0][2] == 0:
-            out = reference.causal_attention(q, runs, q_start, self.scale, self.attend_all)
+            out = reference.causal_attention(q, runs, q_start, self.scale)
             if out is not None:
                 return out
         seq_end = q_start + q.shape[0]
         qh, row_pos = reference.rows(q, torch.arange(q_start, seq_end, device=q.device), self.num_kv_heads)
-        merged = reference.range_attention(qh, row_pos, runs, seq_end, window, self.scale, self.attend_all)[0]
+        merged = reference.range_attention(qh, row_pos, runs, seq_end, window, self.scale)[0]
         return reference.rows_to_tokens(merged, q.shape[0])
 
     def pool_prefill(self, q: torch.Tensor, q_start: int, blocks: LayerBlocks, passes, window: int) -> torch.Tensor:
@@ -217,12 +227,12 @@ class NativeBackend(TorchBackend):
             self._lse = torch.empty(size, self.num_heads)
         return self._states[:num_pairs], self._lse[:num_pairs]
 
-    def attend_all(self, qh: torch.Tensor, views, causal: int | None, group: int):
+    def attend_all(self, qh: torch.Tensor, views, causal: int | None, group: int, window: int = 0):
         """Rows over keys in the store's bfloat16 (reference.AttendAll): prefill.c's bfloat16 dot
         products (torch's fp32 flash attention where they do not apply)."""
         if self.kv_dtype != "bfloat16":
             return None
-        return native.attend_all_bf16(self.lib, qh, views, self.scale, causal, group)
+        return native.attend_all_bf16(self.lib, qh, views, self.scale, causal, group, window)
 
     def decode_states(self, q, plan, blocks, window, states, lse) -> None:
         native.decode_states(self.lib, q.contiguous(), blocks.k_addr, blocks.v_addr, plan, window, self.scale,

@@ -80,7 +80,7 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_layer_pre.restype = i32
     lib.kvp_layer_post.argtypes = [ptr, ptr, ptr, i32]
     lib.kvp_layer_post.restype = i32
-    lib.kvp_prefill_bf16.argtypes = [ptr, i64, i64, i32, i32, i32, i32, ptr, i32, i32, f32, ptr, ptr]
+    lib.kvp_prefill_bf16.argtypes = [ptr, i64, i64, i32, i32, i32, i32, i32, ptr, i32, i32, f32, ptr, ptr]
     lib.kvp_prefill_bf16.restype = i32
     _LIB = lib
     return lib
@@ -244,11 +244,11 @@ class Fold:
 
 
 def attend_all_bf16(lib: ctypes.CDLL, qh: torch.Tensor, runs: list[tuple[torch.Tensor, torch.Tensor]], scale: float,
-                    causal: int | None = None, group: int = 1) -> tuple[torch.Tensor, torch.Tensor] | None:
+                    causal: int | None = None, group: int = 1, window: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Query rows over keys read in place, with bfloat16 dot products (prefill.c): qh [Hkv, R, D]
     fp32 rows; runs: (k, v) [Hkv, n, D] bfloat16 views (rows contiguous), together the keys in
     order. Every row sees every key, or with `causal` = c, row r (token r // group) sees keys
-    0 .. c + r // group. Returns out [Hkv, R, D] and lse [Hkv, R] fp32, fp32 attention to about
+    0 .. c + r // group (with `window` > 0, the last `window` of them). Returns out [Hkv, R, D] and lse [Hkv, R] fp32, fp32 attention to about
     1e-5 of the outputs' scale (Q written as three bfloat16 terms, the probabilities as two);
     None where prefill.c does not apply: keys not bfloat16, D not a multiple of 64, or a CPU
     without AVX512-BF16."""
@@ -264,7 +264,7 @@ def attend_all_bf16(lib: ctypes.CDLL, qh: torch.Tensor, runs: list[tuple[torch.T
     out = torch.empty(heads, rows, dim)
     lse = torch.empty(heads, rows)
     rc = lib.kvp_prefill_bf16(qh.data_ptr(), qh.stride(0), qh.stride(1), heads, rows, group,
-                              -1 if causal is None else causal, table.data_ptr(), len(runs), dim, scale, out.data_ptr(),
+                              -1 if causal is None else causal, window, table.data_ptr(), len(runs), dim, scale, out.data_ptr(),
                               lse.data_ptr())
     if rc == -2:
         raise MemoryError("prefill attention: out of memory")

@@ -113,11 +113,14 @@ static void layout_chunk(const int64_t *runs, int n_runs, int h, int S, int D, i
  * as pairs of bf16 ([rows][Q_TERMS][D/2]); o: the rows' fp32 outputs [rows][D] (accumulated, then
  * normalised); lse: their log-sum-exps. */
 static inline __attribute__((always_inline)) void tile_rows(const int T, const uint32_t *qb, int D, const uint32_t *kt,
-                                                            const uint32_t *vp, const int *lim, float scale, float *o,
-                                                            float *lse) {
-    int most = 0;
-    for (int r = 0; r < T; r++) most = lim[r] > most ? lim[r] : most;
-    const int pairs = D / 2, chunks = (most + CHUNK - 1) / CHUNK;
+                                                            const uint32_t *vp, const int *from, const int *lim, float scale,
+                                                            float *o, float *lse) {
+    int most = 0, least = lim[0];
+    for (int r = 0; r < T; r++) {
+        most = lim[r] > most ? lim[r] : most;
+        least = from[r] < least ? from[r] : least;
+    }
+    const int pairs = D / 2, first = least / CHUNK, chunks = (most + CHUNK - 1) / CHUNK;
     float m[TILE], l[TILE];
     uint32_t pb[TILE][CHUNK / 2] __attribute__((aligned(64)));
     uint32_t pl[TILE][CHUNK / 2] __attribute__((aligned(64)));
@@ -127,7 +130,7 @@ static inline __attribute__((always_inline)) void tile_rows(const int T, const u
         memset(o + (int64_t)r * D, 0, sizeof(float) * D);
     }
     const __m512 vscale = _mm512_set1_ps(scale);
-    for (int c = 0; c < chunks; c++) {
+    for (int c = first; c < chunks; c++) {
         /* scores of the T rows over the chunk's 64 keys: 4 vectors of 16 keys per row */
         __m512 s[TILE][4];
         for (int r = 0; r < T; r++)
@@ -148,14 +151,15 @@ static inline __attribute__((always_inline)) void tile_rows(const int T, const u
          * rescaled by */
         float alpha[TILE];
         for (int r = 0; r < T; r++) {
-            const int valid = lim[r] - c * CHUNK;
+            const int valid = lim[r] - c * CHUNK, skip = from[r] - c * CHUNK; /* the row's keys: [skip, valid) */
             __m512 mx = _mm512_set1_ps(-INFINITY);
             for (int t = 0; t < 4; t++) {
                 s[r][t] = _mm512_mul_ps(s[r][t], vscale);
-                if (valid < CHUNK) {
-                    const int n = valid - 16 * t;
-                    const __mmask16 keep = n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
-                    s[r][t] = _mm512_mask_blend_ps(keep, _mm512_set1_ps(-INFINITY), s[r][t]);
+                if (valid < CHUNK || skip > 0) {
+                    const int n = valid - 16 * t, z = skip - 16 * t;
+                    const __mmask16 below = n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+                    const __mmask16 above = z <= 0 ? 0xFFFF : z >= 16 ? 0 : (__mmask16)~((1u << z) - 1);
+                    s[r][t] = _mm512_mask_blend_ps(below & above, _mm512_set1_ps(-INFINITY), s[r][t]);
                 }
                 mx = _mm512_max_ps(mx, s[r][t]);
             }
@@ -215,9 +219,9 @@ static inline __attribute__((always_inline)) void tile_rows(const int T, const u
  * (row r of head h at q + h*ldqh + r*ldq) over S bf16 keys and values in n_runs runs (see cursor):
  * with causal < 0 every key is visible to every row; with causal >= 0 row r sees keys
  * 0 .. causal + r / group (rows are token-major, `group` query heads per KV head, token r / group
- * at position causal + r / group). out: [H, R, D] fp32, lse: [H, R]. D a multiple of 64 up to
+ * at position causal + r / group), and with window > 0 only the last `window` of them. out: [H, R, D] fp32, lse: [H, R]. D a multiple of 64 up to
  * 512, S >= 1. Returns 0; -1 for a shape it does not take; -2 out of memory. */
-int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, int group, int causal,
+int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, int group, int causal, int window,
                      const int64_t *runs, int n_runs, int D, float scale, float *out, float *lse) {
     int S = 0;
     for (int i = 0; i < n_runs; i++) S += (int)runs[RUN_FIELDS * i + 6];
@@ -257,18 +261,22 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
         for (int h = 0; h < H; h++)
             for (int t = 0; t < tiles; t++) {
                 const int r0 = t * TILE, n = R - r0 < TILE ? R - r0 : TILE;
-                int lim[TILE];
-                for (int r = 0; r < n; r++) lim[r] = causal < 0 ? S : causal + (r0 + r) / group + 1;
+                int from[TILE], lim[TILE];
+                for (int r = 0; r < n; r++) {
+                    const int last = causal + (r0 + r) / group; /* the row's own key */
+                    lim[r] = causal < 0 ? S : last + 1;
+                    from[r] = causal < 0 || window <= 0 || last - window + 1 < 0 ? 0 : last - window + 1;
+                }
                 const uint32_t *qt = qb + ((int64_t)h * R + r0) * Q_TERMS * pairs;
                 const uint32_t *kh = kt + per_head * h, *vh = vp + per_head * h;
                 float *o = out + ((int64_t)h * R + r0) * D, *ls = lse + (int64_t)h * R + r0;
                 switch (n) {
-                case 6: tile_rows(6, qt, D, kh, vh, lim, scale, o, ls); break;
-                case 5: tile_rows(5, qt, D, kh, vh, lim, scale, o, ls); break;
-                case 4: tile_rows(4, qt, D, kh, vh, lim, scale, o, ls); break;
-                case 3: tile_rows(3, qt, D, kh, vh, lim, scale, o, ls); break;
-                case 2: tile_rows(2, qt, D, kh, vh, lim, scale, o, ls); break;
-                default: tile_rows(1, qt, D, kh, vh, lim, scale, o, ls); break;
+                case 6: tile_rows(6, qt, D, kh, vh, from, lim, scale, o, ls); break;
+                case 5: tile_rows(5, qt, D, kh, vh, from, lim, scale, o, ls); break;
+                case 4: tile_rows(4, qt, D, kh, vh, from, lim, scale, o, ls); break;
+                case 3: tile_rows(3, qt, D, kh, vh, from, lim, scale, o, ls); break;
+                case 2: tile_rows(2, qt, D, kh, vh, from, lim, scale, o, ls); break;
+                default: tile_rows(1, qt, D, kh, vh, from, lim, scale, o, ls); break;
                 }
             }
     }
@@ -278,9 +286,9 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
 }
 
 #else
-int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, int group, int causal,
+int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, int group, int causal, int window,
                      const int64_t *runs, int n_runs, int D, float scale, float *out, float *lse) {
-    (void)q, (void)ldqh, (void)ldq, (void)H, (void)R, (void)group, (void)causal, (void)runs, (void)n_runs, (void)D,
+    (void)q, (void)ldqh, (void)ldq, (void)H, (void)R, (void)group, (void)causal, (void)window, (void)runs, (void)n_runs, (void)D,
         (void)scale, (void)out, (void)lse;
     return -3; /* built without AVX512-BF16 */
 }
