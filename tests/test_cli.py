@@ -619,6 +619,9 @@ def test_info_text_and_json(cli):
     assert data["context_limit"] == 8192 and data["architecture"] == "llama"
     assert data["pool_slots_per_layer"] > 0 and data["store_mib"] == 0
     assert data["device"] == "cpu" and data["backend"] in ("native", "torch")
+    if data["backend"] == "native":  # head dim 16: torch's kernel, whatever the KV and the CPU
+        assert data["prefill_attention"].startswith("torch's float32 flash attention (KV in float32")
+        assert "(head dim 16; prefill.c takes multiples of 64)" in half["prefill_attention"]
     assert data["weights"] == "float32" and data["weights_option"] == "auto"  # a folder has no GGUF blocks
     if data["backend"] == "native":
         compact = json.loads(cli("info", "--weights", "int8", "--json").stdout)

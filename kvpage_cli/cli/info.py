@@ -96,12 +96,33 @@ def describe(engine: Engine, source: str) -> dict:
         "weights_float32_mib_computed": round(engine.runner.weight_values() * 4 / MIB, 1),
         "device": str(engine.device),
         "backend": engine.backend.name,
+        "prefill_attention": _prefill_attention(engine),
         "kv_path": engine.kv_path,
         "mode": engine.config.mode,
         # retrieval mode: the most document tokens a question reads, before its own tokens are taken
         "retrieval_tokens": question_budget(engine, 0) * BLOCK_TOKENS,
         "retrieval_bound": _retrieval_bound(engine),
     }
+
+
+def _prefill_attention(engine: Engine) -> str | None:
+    """What computes a prompt's attention on a CPU's native backend (None elsewhere: the backend says)."""
+    backend = engine.backend
+    if backend.name != "native" or engine.kv_path != "store":
+        return None
+    import torch
+
+    from ..engine import native
+
+    head_dim = engine.spec.head_dim
+    if engine.kv_dtype_name != "bfloat16":
+        return f"torch's float32 flash attention (KV in {engine.kv_dtype_name}; prefill.c reads bfloat16 KV)"
+    probe = torch.zeros(1, 1, head_dim)
+    if native.attend_all_bf16(backend.lib, probe, [(probe.bfloat16(), probe.bfloat16())], 1.0) is not None:
+        return "bfloat16 dot products (prefill.c, AVX512-BF16)"
+    if head_dim % 64:
+        return f"torch's float32 flash attention (head dim {head_dim}; prefill.c takes multiples of 64)"
+    return "torch's float32 flash attention (this CPU has no AVX512-BF16 for prefill.c)"
 
 
 def _retrieval_bound(engine: Engine) -> str:
@@ -155,7 +176,7 @@ def _text(d: dict) -> str:
         ("store", f"{d['store_mib']:,.1f} MiB in use"),
         ("weights", _weights(d)),
         ("device", d["device"]),
-        ("backend", d["backend"]),
+        ("backend", d["backend"] + (f"; prompt attention: {d['prefill_attention']}" if d["prefill_attention"] else "")),
         ("kv path", d["kv_path"]),
         ("mode", d["mode"]),
         ("retrieval", f"a question over a document longer than the context reads at most {d['retrieval_tokens']:,} "

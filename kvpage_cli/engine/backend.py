@@ -5,7 +5,7 @@ One interface, chosen once when the engine loads:
 | backend | decode states (one token per sequence) | merge | prefill (a chunk of one sequence) |
 |---|---|---|---|
 | torch  | the reference: `attention.block_states` | `attention.merge_states` | `store_prefill` (one causal flash pass, or per-block states over store views), `pool_prefill` (per-block states pass after pass) |
-| native | C kernels over an address table (store or pool) | C, in logical order | as torch, the keys every row sees (bfloat16 KV) through prefill.c's bfloat16 dot products, the pool path's states folded in C |
+| native | C kernels over an address table (store or pool) | C, in logical order | over bfloat16 KV in the store, a chunk in one call of prefill.c (bfloat16 dot products; causal, windows); else as torch, the pool path's states folded in C |
 | triton | `shared_decode_states` over pool slots (each block read once for its queries) | `merge_ragged_states`, in logical order | `paged_prefill_attention` over pool slots |
 
 Dispatch only decides which blocks a step reads and from where; every attention computation is

@@ -248,10 +248,10 @@ def attend_all_bf16(lib: ctypes.CDLL, qh: torch.Tensor, runs: list[tuple[torch.T
     """Query rows over keys read in place, with bfloat16 dot products (prefill.c): qh [Hkv, R, D]
     fp32 rows; runs: (k, v) [Hkv, n, D] bfloat16 views (rows contiguous), together the keys in
     order. Every row sees every key, or with `causal` = c, row r (token r // group) sees keys
-    0 .. c + r // group (with `window` > 0, the last `window` of them). Returns out [Hkv, R, D] and lse [Hkv, R] fp32, fp32 attention to about
-    1e-5 of the outputs' scale (Q written as three bfloat16 terms, the probabilities as two);
-    None where prefill.c does not apply: keys not bfloat16, D not a multiple of 64, or a CPU
-    without AVX512-BF16."""
+    0 .. c + r // group (with `window` > 0, the last `window` of them). Returns out [Hkv, R, D] and
+    lse [Hkv, R] fp32, fp32 attention to about 1e-5 of the outputs' scale (Q written as three
+    bfloat16 terms, the probabilities as two); None where prefill.c does not apply: keys not
+    bfloat16, D not a multiple of 64, or a CPU without AVX512-BF16."""
     if not runs or any(k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16 or k.stride(2) != 1 or v.stride(2) != 1
                        for k, v in runs):
         return None

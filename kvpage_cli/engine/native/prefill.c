@@ -1,23 +1,23 @@
 /* kvpage native CPU kernels: prefill attention of many query rows over bfloat16 keys and values,
  * with the CPU's bfloat16 dot products (AVX512-BF16).
  *
- * A prefill chunk's R query rows per KV head attend to the S keys before them (every key, or
- * causally: the chunk's own keys up to each row's token), read in place from the store's runs of
- * blocks. torch's CPU flash attention does this in fp32 at 100-190 GFLOP/s on a 2-core Zen 5, where the bfloat16 dot products of the same cores
- * multiply at four times the rate. The store keeps K and V in bfloat16 (the default beside
- * quantized weights), so their products with bfloat16 operands are exact; a query row is written
- * as the sum of three bfloat16 terms (each the bfloat16 of what the ones before leave, together
- * within 2^-27 of it) and a softmax probability as two (within 2^-18), and every term is
- * multiplied. Scores, softmax statistics and outputs accumulate in fp32; the outputs agree with
- * fp32 flash attention to about 1e-5 of their scale, as closely as torch's kernel agrees with
- * float64 (measured on a call of SmolLM2's prefill, outputs up to 6.5: largest error 1.7e-5 against
- * torch's 6.6e-6), at 1.6-2x its speed. Measured, not taken: two terms for Q (1.4e-4, 20% faster) and one for each
- * (1e-2, 2.5-3x torch's speed).
+ * A prefill chunk's R query rows per KV head attend to the S keys before and in the chunk (every
+ * key, or causally up to each row's token, and within a sliding window where the layer has one),
+ * read in place from the store's runs of blocks. torch's CPU flash attention does this in fp32 at
+ * 100-200 GFLOP/s on a 2-core Zen 5, where the bfloat16 dot products of the same cores multiply at
+ * four times the rate. The store keeps K and V in bfloat16 (the default beside quantized
+ * weights), so their products with bfloat16 operands are exact; a query row is written as the sum
+ * of three bfloat16 terms (each the bfloat16 of what the ones before leave, together within 2^-27
+ * of it) and a softmax probability as two (within 2^-18), and every term is multiplied. Scores,
+ * softmax statistics and outputs accumulate in fp32. bench/prefill_attention.py: 1.4-1.8x torch's
+ * kernel, results within 4e-6 of the largest output from float64 attention (torch's: 2e-6).
+ * Measured, not taken: two terms for Q (20% faster, 8x further off) and one for each (2.5-3x
+ * torch's speed, 1e-2 off).
  *
- * Each row is computed alone, in one fixed order of operations (64-key chunks in key order, the
- * same pairs of head dimensions per dot product), so the bits a row gets do not depend on the rows
- * beside it, their count, or the thread computing it: a batch gives each sequence the bits it gets
- * alone.
+ * Each row is computed alone, in one fixed order of operations (64-key chunks in key order from
+ * the call's first key, always a block's first; the same pairs of head dimensions per product), so
+ * the bits a row gets do not depend on the rows beside it, their count, the thread computing it,
+ * or where the prompt was cut into chunks: a batch gives each sequence the bits it gets alone.
  */
 #include <math.h>
 #include <stdint.h>
@@ -30,7 +30,6 @@
 #define CHUNK 64 /* keys per softmax step */
 #define TILE 6   /* query rows per register tile */
 #define Q_TERMS 3 /* bfloat16 terms a query row is written as */
-
 
 /* exp(x) for x <= 0, 16 lanes: attention.c's exp_nonpositive, vectorised. */
 static inline __m512 exp512(__m512 x) {
