@@ -52,6 +52,34 @@ def test_a_batch_gives_every_sequence_the_bits_it_gets_alone(arch, kv_path, kv_h
     assert order.index(5) < max(i for i, q in enumerate(order) if q == 3)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_a_batch_over_bfloat16_kv_gives_every_sequence_the_bits_it_gets_alone(arch, kv_home, monkeypatch):
+    """The prompt attention of prefill.c (bfloat16 KV, head dim 64; gemma3_text's window layers
+    too) keeps the batch's bit-identity: the same tokens and the same logits, bit for bit."""
+    from kvpage_cli.engine import native
+
+    real, used = native.attend_all_bf16, []
+
+    def counted(*args, **kwargs):
+        result = real(*args, **kwargs)
+        used.append(result is not None)
+        return result
+
+    monkeypatch.setattr(native, "attend_all_bf16", counted)
+    engine = load(tiny_model(arch, head_dim=64), kv_home, backend="native", kv_path="store", kv_dtype="bfloat16")
+    doc = engine.prefill(random_prompt(5 * BLOCK_TOKENS + 21, seed=3))
+    if not any(used):
+        pytest.skip("this CPU has no AVX512-BF16: prefill.c does not run")
+    new_tokens = [9, 1, 4, 12, 2, 7]
+    alone_tokens, alone_logits = one_at_a_time(engine, doc, QUESTIONS, new_tokens)
+    used.clear()
+    tokens, logits, _ = batched(engine, doc, QUESTIONS, new_tokens, max_batch=4)
+    assert all(used) and len(used) >= (len(QUESTIONS) - 1) * engine.spec.num_layers  # a 1-token prompt is a decode step
+    assert tokens == alone_tokens
+    for a, b in zip(alone_logits, logits):
+        assert torch.equal(a, b)
+
+
 def test_sequences_that_end_at_once_or_only_append_leave_the_batch(kv_home):
     engine = load(tiny_model("llama"), kv_home, backend="native")
     doc = engine.prefill(random_prompt(200, seed=4))

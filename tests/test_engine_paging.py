@@ -472,8 +472,9 @@ def _bf16_prefill_or_skip(lib):
 def test_native_bf16_prefill_agrees_with_fp32_attention_and_gives_each_row_its_own_bits(head_dim, group, keys, tokens,
                                                                                          kv_home):
     """prefill.c's attention of query rows over bfloat16 keys and values (Q written as three
-    bfloat16 terms, the probabilities as two) is fp32 attention to 1e-5 of the outputs' scale: every key
-    visible, and causal (the last `tokens` keys are the rows' own tokens); on keys that are not a
+    bfloat16 terms, the probabilities as two) is fp32 attention to 1e-5 of the outputs' scale: every
+    key visible, causal (the last `tokens` keys are the rows' own tokens), and causal within a
+    window; on keys that are not a
     whole number of 64-key chunks, read in place from a wider buffer (the store's layout). Each
     row's output is the one it gets alone, and keys split into several runs give the same bits."""
     lib = _native_lib(kv_home)
