@@ -39,6 +39,8 @@ def main() -> None:
     from kvpage_cli.engine.home import default_home
 
     lib = native.load(default_home())
+    if not native.has_bf16_prefill(lib):
+        sys.exit("this CPU has no AVX512-BF16: prefill.c does not run here")
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     num_kv_heads, head_dim = map(int, args.heads.split(","))
     scale = head_dim ** -0.5
@@ -49,8 +51,6 @@ def main() -> None:
             qh = torch.randn(num_kv_heads, rows, head_dim, generator=gen) * 2
             k = (torch.randn(num_kv_heads, keys, head_dim, generator=gen) * 2).bfloat16()
             v = torch.randn(num_kv_heads, keys, head_dim, generator=gen).bfloat16()
-            if native.attend_all_bf16(lib, qh, [(k, v)], scale) is None:
-                sys.exit("this CPU has no AVX512-BF16: prefill.c does not run here")
             logits = (qh.double() @ k.double().transpose(1, 2)) * scale
             truth = torch.softmax(logits, -1) @ v.double()
 

@@ -461,8 +461,7 @@ def _bf16_prefill_or_skip(lib):
     do; elsewhere the native backend keeps torch's fp32 flash attention, which other tests cover)."""
     from kvpage_cli.engine import native
 
-    probe = torch.zeros(1, 1, 64)
-    if native.attend_all_bf16(lib, probe, [(probe.bfloat16(), probe.bfloat16())], 1.0) is None:
+    if not native.has_bf16_prefill(lib):
         pytest.skip("this CPU has no AVX512-BF16")
     return native.attend_all_bf16
 

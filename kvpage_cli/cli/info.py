@@ -110,19 +110,16 @@ def _prefill_attention(engine: Engine) -> str | None:
     backend = engine.backend
     if backend.name != "native" or engine.kv_path != "store":
         return None
-    import torch
-
     from ..engine import native
 
     head_dim = engine.spec.head_dim
     if engine.kv_dtype_name != "bfloat16":
         return f"torch's float32 flash attention (KV in {engine.kv_dtype_name}; prefill.c reads bfloat16 KV)"
-    probe = torch.zeros(1, 1, head_dim)
-    if native.attend_all_bf16(backend.lib, probe, [(probe.bfloat16(), probe.bfloat16())], 1.0) is not None:
-        return "bfloat16 dot products (prefill.c, AVX512-BF16)"
     if head_dim % 64:
         return f"torch's float32 flash attention (head dim {head_dim}; prefill.c takes multiples of 64)"
-    return "torch's float32 flash attention (this CPU has no AVX512-BF16 for prefill.c)"
+    if not native.has_bf16_prefill(backend.lib):
+        return "torch's float32 flash attention (this CPU has no AVX512-BF16 for prefill.c)"
+    return "bfloat16 dot products (prefill.c, AVX512-BF16)"
 
 
 def _retrieval_bound(engine: Engine) -> str:

@@ -107,6 +107,7 @@ class TorchBackend:
     """The reference: plain torch (CPU flash attention per block where available)."""
 
     name = "torch"
+    attend_all: "reference.AttendAll | None" = None  # a whole prompt chunk in one call (the native backend's)
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         self.num_heads = num_heads
@@ -148,8 +149,6 @@ class TorchBackend:
     def accumulator(self, qh: torch.Tensor) -> "Accumulator":
         """Folds per-block states, pass after pass, in logical order."""
         return Accumulator(qh)
-
-    attend_all: "reference.AttendAll | None" = None
 
     def store_prefill(self, q: torch.Tensor, q_start: int, runs, window: int) -> torch.Tensor:
         """Store path: a chunk's queries [T, Hq, D] at positions q_start.. over runs of consecutive

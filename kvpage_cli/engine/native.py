@@ -271,6 +271,13 @@ def attend_all_bf16(lib: ctypes.CDLL, qh: torch.Tensor, runs: list[tuple[torch.T
     return (out, lse) if rc == 0 else None
 
 
+def has_bf16_prefill(lib: ctypes.CDLL) -> bool:
+    """Whether prefill.c's kernel runs here (built with AVX512-BF16 for this CPU): one call over
+    one row and one key."""
+    probe = torch.zeros(1, 1, 64)
+    return attend_all_bf16(lib, probe, [(probe.bfloat16(), probe.bfloat16())], 1.0) is not None
+
+
 def gemm_rows(lib: ctypes.CDLL, x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
     """y = x @ w_t for a few rows, each row's result independent of the others (see linear.c).
 
