@@ -230,8 +230,7 @@ def streamed(answer, tokens) -> tuple[str, bool]:
         pieces.append(piece)
         if ended:
             break
-    if not ended:
-        pieces.append(answer.finish())
+    pieces.append(answer.finish())  # as Asker.answers does for every answer, ended or not
     return "".join(pieces), ended
 
 
@@ -252,6 +251,36 @@ def test_a_loop_is_cut_before_its_second_copy_is_shown_and_other_repeats_are_sho
     shown, ended = stream([1, 2] + line + line[:15])  # the answer ends while repeating: all of it is shown
     assert not ended and shown == decode([1, 2] + line + line[:15])
     assert repeating_tail([5, 6, 7, 5, 6]) == 2 and repeating_tail([1, 2, 3]) == 0 and repeating_tail([4, 4, 4]) == 2
+
+
+def test_a_loop_whose_copies_break_their_lines_at_other_words_is_still_a_loop(tiny_engine):
+    """SmolLM2 over Jinja's sources said one sentence eight times, its copies wrapped at different
+    words (the newlines are its own): the answer ends after the first copy."""
+    from kvpage_cli.tasks.ask import AnswerText
+
+    tokenizer = tiny_engine.tokenizer
+    first = "The function `select_autoescape` picks autoescaping by file name.  "
+    copy = "The function is defined as `select_autoescape` when enabled."
+    looped = first + copy + "  The\nfunction is defined as `select_autoescape` when enabled.  The function is defined as\n" \
+        "`select_autoescape` when enabled.  The function is defined as `select_autoescape` when\nenabled."
+    ids = tokenizer(looped, add_special_tokens=False).input_ids
+    assert len(ids) > 40 and ids[:len(tokenizer(first + copy, add_special_tokens=False).input_ids)] \
+        == tokenizer(first + copy, add_special_tokens=False).input_ids
+    decode = lambda tokens: tokenizer.decode(tokens)  # noqa: E731
+    shown, ended = streamed(AnswerText(decode), ids)
+    assert ended and shown.strip().rstrip(".") == (first + copy).rstrip(".")  # cut where the copies repeat from
+    # Its own answer: the loop's first copy starts inside a sentence ("... and [is defined as ...
+    # The function]"), so the answer ends with the last sentence that ended, not "The function"
+    answer = "This is the recommended way.  The function is defined as `select_autoescape` and is defined as " \
+        "`select_autoescape`\nwhen enabled.  The function is defined as `select_autoescape` when enabled.  The\n" \
+        "function is defined as `select_autoescape` when enabled.  The function is defined as `select_autoescape` " \
+        "when\nenabled.  The function is defined as `select_autoescape` when enabled."
+    shown, ended = streamed(AnswerText(decode), tokenizer(answer, add_special_tokens=False).input_ids)
+    assert ended and shown.strip() == answer[:answer.index("when enabled.") + len("when enabled.")]
+    # the same words said once more, then something new: nothing is cut, and all of it is shown
+    said_again = first + copy + "  The\nfunction is defined as `select_autoescape` when enabled, and by `escape` otherwise."
+    shown, ended = streamed(AnswerText(decode), tokenizer(said_again, add_special_tokens=False).input_ids)
+    assert not ended and shown == said_again
 
 
 def test_a_base_models_answer_ends_where_it_writes_the_next_question():

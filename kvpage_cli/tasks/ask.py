@@ -7,6 +7,7 @@ to continue ("Question: ... Answer:"), never an instruction it would echo.
 
 from __future__ import annotations
 
+import re
 from typing import Iterator
 
 from ..engine import Engine
@@ -222,6 +223,7 @@ def _runs(blocks: list[int]) -> list[list[int]]:
 
 READ_AGAIN_TOKENS = 1024  # at most this many of a question's best tokens are computed again (Asker._read_again)
 LOOP_TOKENS = 32  # a block repeated back to back over at least this many tokens is a loop
+HOLD_WORDS = 3  # a sentence is held back while this many of an answer's last tokens repeat earlier ones (AnswerText)
 
 
 BASE_TURNS = ("Question:", "Answer:")
@@ -232,7 +234,13 @@ answer that starts with one of them is the model writing the next question, or t
 class AnswerText:
     """One answer's text as its tokens come. What it shows is never taken back: a tail of tokens
     that repeats earlier ones (`repeating_tail`) is held until it stops repeating (then shown) or
-    becomes a loop (`loop_start`: then cut, so a loop's second copy is neither streamed nor kept).
+    becomes a loop (`loop_start`: then cut, so a loop's second copy is neither streamed nor kept),
+    and while HOLD_WORDS or more of them repeat, the sentence they are in is held too (a loop's
+    first copy can start and end inside a sentence; the answer then ends with the last sentence
+    that ended, where that was not yet shown). Repeats are judged on the tokens' text less its
+    white space, so a sentence said again with its line broken elsewhere is the same sentence
+    (SmolLM2 over a repository's reStructuredText repeated "The function is defined as
+    `select_autoescape` when enabled." eight times, its copies wrapped at different words).
     With `turns`, a line starting with one of them ends the answer before it (the line is not
     shown); a last line that may still become one is held until it cannot."""
 
@@ -240,33 +248,53 @@ class AnswerText:
         self.decode = decode
         self.turns = turns
         self.tokens: list[int] = []
+        self.words: list[str | int] = []  # per token that is not white space: its text less white space
+        self.at: list[int] = []  # the index in `tokens` of each of `words`
         self.shown = ""
         self.ended = False
 
     def add(self, token: int) -> tuple[str, bool]:
         """The new text to show, and whether the answer ends here (it started to loop, or a turn)."""
         self.tokens.append(token)
-        loop = loop_start(self.tokens)
+        text = self.decode([token])
+        word = token if "\ufffd" in text else "".join(text.split())  # part of a character: the token itself
+        if word != "":
+            self.words.append(word)
+            self.at.append(len(self.tokens) - 1)
+        loop = loop_start(self.words)
         if loop is not None:
-            del self.tokens[loop:]
-            return self._show(len(self.tokens), last=True), True
-        piece = self._show(len(self.tokens) - repeating_tail(self.tokens), last=False)
-        return piece, self.ended
+            del self.tokens[self.at[loop]:]
+            piece, self.ended = self._show(len(self.tokens), last=True, whole=True), True
+            return piece, True
+        held = repeating_tail(self.words)
+        return self._show(self.at[-held] if held else len(self.tokens), last=False, whole=held >= HOLD_WORDS), self.ended
 
     def finish(self) -> str:
-        """What is still held, once the answer has ended without a loop."""
+        """What is still held, once the answer has ended (nothing after a loop or a turn)."""
         return "" if self.ended else self._show(len(self.tokens), last=True)
 
-    def _show(self, count: int, last: bool) -> str:
+    def _show(self, count: int, last: bool, whole: bool = False) -> str:
+        """The text of the first `count` tokens not yet shown; `whole`: less the sentence it
+        breaks off in, after one that ended and where that is not yet shown (a loop's first copy
+        can start and end inside a sentence: "... and [is defined as X when enabled. The function]")."""
         text = self.decode(self.tokens[:count])
         if not last and text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
             return ""
         if self.turns:
             text, self.ended = _before_turn(text, self.turns, last)
+        end = _sentences_end(text) if whole else -1
+        if end >= len(self.shown) and (end > 0 or not last):  # a loop of one broken sentence keeps its first copy
+            text = text[:end]
         piece = text[len(self.shown):]
         if piece:
             self.shown = text
         return piece
+
+
+def _sentences_end(text: str) -> int:
+    """The length of `text` up to the end of its last whole sentence or line (0 if none ends)."""
+    ends = [m.end() for m in re.finditer(r"[.!?:;][\"')\]`*]*(?=\s|$)|\n", text.rstrip())]
+    return ends[-1] if ends else 0
 
 
 def _before_turn(text: str, turns: tuple[str, ...], last: bool) -> tuple[str, bool]:
@@ -284,7 +312,7 @@ def _before_turn(text: str, turns: tuple[str, ...], last: bool) -> tuple[str, bo
         start = end + 1
 
 
-def repeating_tail(tokens: list[int]) -> int:
+def repeating_tail(tokens: list) -> int:
     """How many of the last tokens repeat, in order, the tokens some fixed distance before them:
     the part of an answer that may be the start of a loop's next copy."""
     n = len(tokens)
@@ -297,7 +325,7 @@ def repeating_tail(tokens: list[int]) -> int:
     return longest
 
 
-def loop_start(tokens: list[int]) -> int | None:
+def loop_start(tokens: list) -> int | None:
     """Where the answer starts looping (the index after the loop's first copy), or None.
 
     A loop is any block of p tokens that ends the answer and repeats back to back, at least twice
