@@ -86,3 +86,20 @@ def test_an_extra_category_is_found_by_its_values_so_it_needs_one():
     text = GOOD + '\n[categories."Payment Terms"]\nfinding = false\nlevel = "none"\nquestions.due = "Due?"\n'
     with pytest.raises(PlaybookError, match=r"line 17\).*'Payment Terms' is found by its values"):
         Playbook.parse(text, "mine.toml")
+
+
+def test_a_question_may_need_words_in_the_clause_before_a_yes_counts():
+    text = GOOD.replace('questions.automatic = "Does it renew automatically?"',
+                        'questions.automatic = { ask = "Does it renew automatically?", needs = ["renew", "extend"] }')
+    play = Playbook.parse(text, "mine.toml").categories["Renewal Term"]
+    assert play.questions == {"automatic": "Does it renew automatically?"}  # asked as before
+    assert play.may_say_yes("automatic", "The term is EXTENDED by one year unless either party objects.")
+    assert play.may_say_yes("automatic", "It renews each year.")
+    assert not play.may_say_yes("automatic", "The initial term is five years.")
+    assert not play.may_say_yes("automatic", "Prerenewal fees apply.")  # a word starts with it, not contains it
+    assert Playbook.parse(GOOD, "mine.toml").categories["Renewal Term"].may_say_yes("automatic", "Five years.")
+    control = Playbook.default().categories["Change Of Control"]
+    assert not control.may_say_yes("terminate", "Within fifteen (15) Business Days after the merger, such Person "
+                                                "will execute an agreement to assume the Servicer's obligations.")
+    with pytest.raises(PlaybookError, match=r"\(line 9\).*question 'automatic'.*needs"):
+        Playbook.parse(text.replace('needs = ["renew", "extend"]', 'needs = "renew"'), "mine.toml")

@@ -363,3 +363,29 @@ def test_payment_terms_are_found_by_their_words_and_copied_exactly(tiny_engine, 
     assert terms["Payment terms"].clause_id == "4"
     value = terms["Payment terms"].values[0]
     assert caps_contract.text[value.start:value.end] == "forty-five (45) days"
+
+
+CHANGE_OF_CONTROL = """MASTER SERVICES AGREEMENT
+
+1. Merger. Within fifteen (15) Business Days after any merger, consolidation or change of control of the
+Servicer, the surviving Person will execute an agreement to assume the Servicer's obligations under this
+Agreement and deliver to the Issuer an Officer's Certificate stating that the merger complies with this Section 1.
+
+2. Change of Control. Either party may terminate this Agreement on thirty (30) days' written notice if the
+other party undergoes a change of control, including a merger in which it is not the surviving entity.
+"""
+
+
+def test_a_clause_that_never_mentions_termination_does_not_let_anyone_terminate(tiny_engine, tmp_path, monkeypatch):
+    """The 111-page servicing agreement of the corpus: its merger clauses (a successor assumes the
+    obligations) were high risk, "A change of control lets the other party terminate", from the
+    model's yes. The playbook's question needs a word of termination in the clause; here the
+    model says yes to every question, so only the playbook decides."""
+    path = tmp_path / "control.txt"
+    path.write_text(CHANGE_OF_CONTROL)
+    monkeypatch.setattr(Reviewer, "_yes_odds", lambda self, contexts, questions: [
+        0.0 if ctx is self._null else 3.0 for ctx in contexts])
+    findings = {f.clause_id: f for f in Reviewer(tiny_engine, load(str(path))).findings()}
+    control = {cid: next(a for a in findings[cid].assessments if a.cuad == "Change Of Control") for cid in "12"}
+    assert (control["2"].level, control["2"].reason) == ("high", "A change of control lets the other party terminate.")
+    assert control["1"].level == "medium" and "lets the other party terminate" not in control["1"].reason

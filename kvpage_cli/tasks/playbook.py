@@ -15,7 +15,9 @@ A playbook is a TOML file (the default is prompts/playbook.toml; `--playbook FIL
     [terms]                                          # the key terms a review opens with
     "Liability cap" = "Cap On Liability.amount"
 
-A question is answered yes or no by the model; a value is an exact span of the clause (kind:
+A question is answered yes or no by the model; `questions.name = { ask = "...", needs = ["terminat",
+"cancel"] }` takes a yes only from a clause that holds a word starting so (a clause that never
+mentions termination does not let anyone terminate, whatever the model says). A value is an exact span of the clause (kind:
 duration, money, date, place, party; `near` lists cue words, one of which must stand close to a
 candidate, e.g. near = ["notice"] for a notice period). A rule applies when every condition in `when` holds: a
 question answered yes (`name`) or no (`!name`), a value found (`name`) or not (`!name`), or a
@@ -89,6 +91,12 @@ class CategoryPlay:
     values: dict[str, ValueSpec] = field(default_factory=dict)
     rules: tuple[Rule, ...] = ()
     finding: bool = True
+    needs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # question -> words a yes needs in the clause
+
+    def may_say_yes(self, question: str, clause: str) -> bool:
+        """Whether `clause` holds one of the words a yes to `question` needs (any, if it needs none)."""
+        words = self.needs.get(question, ())
+        return not words or any(re.search(r"\b" + re.escape(w), clause, re.IGNORECASE) for w in words)
 
 
 @dataclass(frozen=True)
@@ -179,9 +187,17 @@ class _Parser:
         reason = entry.get("reason", "")
         if not isinstance(reason, str):
             raise self.fail(f"the reason of {name!r} must be a string", "reason", after=at)
-        questions = entry.get("questions", {})
-        if not isinstance(questions, dict) or not all(isinstance(q, str) and q.strip() for q in questions.values()):
-            raise self.fail(f"the questions of {name!r} must be name = \"question\"", "questions", after=at)
+        questions, needs = {}, {}
+        if not isinstance(entry.get("questions") or {}, dict):
+            raise self.fail(f"the questions of {name!r} must be a table of name = \"question\"", "questions", after=at)
+        for q_name, q in (entry.get("questions") or {}).items():
+            if isinstance(q, dict) and set(q) <= {"ask", "needs"} and isinstance(q.get("ask"), str) \
+                    and isinstance(q.get("needs", []), list) and all(isinstance(w, str) and w.strip() for w in q.get("needs", [])):
+                q, needs[q_name] = q["ask"], tuple(w.strip() for w in q.get("needs", []))
+            if not isinstance(q, str) or not q.strip():
+                raise self.fail(f"question {q_name!r} of {name!r} must be name = \"question\" or "
+                                "name = { ask = \"question\", needs = [words] }", q_name, after=at)
+            questions[q_name] = q
         values = {}
         for value_name, spec in (entry.get("values") or {}).items():
             line = self.line_of(value_name, after=at)
@@ -212,7 +228,7 @@ class _Parser:
         finding = entry.get("finding", True)
         if not isinstance(finding, bool):
             raise self.fail(f"finding of {name!r} must be true or false", "finding", after=at)
-        return CategoryPlay(name, level, reason, dict(questions), values, tuple(rules), finding)
+        return CategoryPlay(name, level, reason, questions, values, tuple(rules), finding, needs)
 
     def level(self, level, name: str, at: int) -> str:
         if level not in LEVELS:

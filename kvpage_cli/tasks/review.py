@@ -239,7 +239,8 @@ class Reviewer:
         odds = self._yes_odds([clause_ctx[it.clause] for it, _, _ in questions], [t for _, _, t in questions])
         for (it, name, text), score in zip(questions, odds):
             it.answer_scores[name] = round(score - self._null_odds[text], 4)
-            it.answers[name] = score - self._null_odds[text] > 0
+            it.answers[name] = score - self._null_odds[text] > 0 \
+                and it.play.may_say_yes(name, self.clauses[it.clause].text)
         # values: each candidate span scored as the answer, after the clause and after "N/A"
         self._values(items, clause_ctx, self._null_context())
         for ctx in base:
