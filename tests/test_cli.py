@@ -152,6 +152,19 @@ def test_review_json_is_one_document_with_valid_findings(reviewed, contract):
     stats_only(reviewed.stderr, decoded=False)
 
 
+def test_a_review_that_asks_the_model_nothing_prints_no_rate(cli, tmp_path):
+    """An AI addendum of the corpus: its one finding (an IP assignment) needs no question, so
+    nothing is prefilled, and a rate of 0 tokens in 0 seconds is not a measurement."""
+    path = tmp_path / "addendum.txt"
+    path.write_text("2.1 Ownership. To the extent permitted by Applicable Laws, Provider hereby assigns to Customer "
+                    "all right, title, and interest, if any, in and to Output.\n")
+    result = cli("review", path, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert [f["categories"] for f in json.loads(result.stdout)["findings"]] == [["IP ownership assignment"]]
+    line = result.stderr.splitlines()[-1]
+    assert line.startswith("kvpage: prefill 0 tok | pool ") and "tok/s" not in line, line
+
+
 def test_review_in_a_pipe_is_plain_text_and_says_the_mode(cli, contract):
     result = cli("review", contract, "-v")
     assert result.exit_code == 0, result.stderr

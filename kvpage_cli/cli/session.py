@@ -207,8 +207,10 @@ def stats_line(engine: Engine, wall_seconds: float, mode: str | None = None) -> 
     cached = f" ({s.cached_tokens:,} from saved KV)" if s.cached_tokens else ""
     # a review scores its answers and decodes nothing (unless --explain): no decode rate to show
     decode = f" | decode {s.decode_tokens:,} tok at {s.decode_tokens_per_s:,.1f} tok/s" if s.decode_tokens else ""
+    # nothing computed (a review whose findings needed no question): no rate to show
+    rate = f" at {s.prefill_tokens_per_s:,.1f} tok/s" if s.prefill_tokens else ""
     return (
-        f"kvpage: prefill {s.prefill_tokens:,} tok at {s.prefill_tokens_per_s:,.1f} tok/s{cached}{decode}"
+        f"kvpage: prefill {s.prefill_tokens:,} tok{rate}{cached}{decode}"
         f" | pool {pool_mib:,.1f} MiB{pool_note}"
         f" | store {s.store_reserved_bytes / MIB:,.1f} MiB"
         f" | blocks moved {s.blocks_moved:,}"
