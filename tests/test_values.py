@@ -45,3 +45,36 @@ def test_the_sample_contracts_governing_law_and_renewal():
     start = text.index("4.2 Automatic Renewal")
     end = text.index("5. TERMINATION")
     assert spans(text[start:end], "duration")[:2] == ["three (3) years", "one hundred eighty (180) days"]
+
+
+def test_a_party_is_a_name_not_the_end_of_a_sentence_before_one():
+    """Common Paper's contractor agreement: "... each as identified on the SOW. Company and
+    Contractor desire ..." was a review's Parties key term, "SOW. Company"."""
+    text = ("This Independent Contractor Agreement is entered into as of the Effective Date, by and between Company "
+            "and Contractor, each as identified on the SOW. Company and Contractor desire to have Contractor perform "
+            "the Services. 2.1 Required Production. The Company shall pay. Notices go to 100 Main St., Cherry Hill, "
+            "NJ. 08054 and Food For Athletes, Inc. or to U.S. Bancorp Trust.")
+    assert spans(text, "party") == ["Food For Athletes, Inc.", "U.S. Bancorp Trust"]  # a role ("Company") names no one
+
+
+def test_a_notice_period_is_the_duration_its_notice_follows_not_a_cure_period_beside_it():
+    """Common Paper's contractor agreement: termination without cause on "thirty (30) days' prior
+    written notice" was reported as 15 days, the cure period of the sentence before."""
+    text = ("a. Either party may terminate this Agreement immediately if the other party fails to cure a material "
+            "breach within 15 days after receiving notice of the breach.\nb. Company may terminate this Agreement "
+            "at any time, for any reason or no reason, by giving thirty (30) days' prior written notice.")
+    notice = ("notice", "prior", "in advance")
+    assert [c.text for c in candidates(text, 0, len(text), "duration", notice)] == ["thirty (30) days"]
+    cure_only = text[:text.index("\nb.")]
+    assert [c.text for c in candidates(cure_only, 0, len(cure_only), "duration", notice)] == ["15 days"]  # nothing better
+    renewal = "It renews for two (2) successive terms of five (5) years if you give notice to renew six (6) months before."
+    assert [c.text for c in candidates(renewal, 0, len(renewal), "duration", ("renew", "successive"))] == \
+        ["five (5) years", "six (6) months"]  # a cue before a duration does not narrow the choice
+
+
+def test_the_months_a_cap_counts_fees_over_are_no_duration_of_the_contract():
+    text = ("Company's total liability will not be more than the fees paid or payable to Contractor in the twelve "
+            "(12) month period preceding the events giving rise to such claim. Invoices are payable within "
+            "thirty (30) days.")
+    assert spans(text, "duration") == ["thirty (30) days"]
+    assert spans(text, "money") == ["the fees paid or payable to Contractor in the twelve (12) month"]  # the cap's own
