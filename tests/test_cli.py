@@ -694,3 +694,16 @@ def test_no_cache_neither_reads_nor_writes(cli, tmp_path):
     cleared = cli("cache", "clear", env=env)
     assert cleared.exit_code == 0 and "removed 1" in cleared.stderr
     assert json.loads(cli("cache", "ls", "--json", env=env).stdout) == []
+
+
+def test_the_places_an_answer_read_name_each_place_once(tmp_path):
+    """Two passages of one page of a PDF read "pages 45-46; page 46" on `ask -v`'s line."""
+    from kvpage_cli.cli.ask import _places
+    from kvpage_cli.ingest import load
+
+    path = tmp_path / "long-lines.txt"
+    path.write_text("A" * 900 + "\n" + "B" * 900 + "\n" + "C" * 900 + "\n")
+    doc = load(str(path))
+    sources = [{"where": doc.where(s, e), "start": s, "end": e} for s, e in ((0, 100), (500, 1000), (1200, 1300), (2000, 2100))]
+    assert [s["where"] for s in sources] == ["line 1", "lines 1-2", "line 2", "line 3"]
+    assert _places(doc, sources) == ["line 1", "lines 1-2", "line 3"]  # line 2 again adds nothing to lines 1-2

@@ -95,10 +95,23 @@ def ask(
             printer.done(i, answers[i], result)
             if result.sources:
                 label = f"Q{i + 1} " if len(questions) > 1 else ""
-                session.reporter.note(f"{label}read: " + "; ".join(s["where"] for s in result.sources))
+                session.reporter.note(f"{label}read: " + "; ".join(_places(doc, result.sources)))
         printer.finish(results, engine.name, doc.source)
         sink.commit()
         session.print_stats(engine, _mode_line(results))
+
+
+def _places(doc, sources: list[dict]) -> list[str]:
+    """The sources' places for a reader, less a place that adds nothing to the one before
+    ("pages 45-46; page 46" reads "pages 45-46": two passages, one place)."""
+    places: list[str] = []
+    first = None
+    for source in sources:
+        if places and doc.where(first, source["end"]) == places[-1]:
+            continue
+        places.append(source["where"])
+        first = source["start"]
+    return places
 
 
 def _result(asker: Asker, engine, doc, index: int, answer: str, session: Session) -> AskResult:
