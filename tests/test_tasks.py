@@ -296,9 +296,14 @@ def test_a_base_models_answer_ends_where_it_writes_the_next_question():
     text, ended = stream(["\n", "\n", "Answer", ":"])  # only the cue again: nothing to show
     assert ended and text.strip() == ""
     text, ended = stream([" Five", " years", ".", "\n", "Ques", "tions", " of", " law", " remain"])
-    assert not ended and text == " Five years.\nQuestions of law remain"
+    assert not ended and text == "Five years.\nQuestions of law remain"
     text, ended = stream([" Five", " years", "\n", "Ques"])  # the answer stops mid-word: all of it
-    assert not ended and text == " Five years\nQues"
+    assert not ended and text == "Five years\nQues"
+    # Gemma's answer to "Who are the parties?": its own next question, in short
+    text, ended = stream(["\n", "\n", "Q", ":", " What", " is", " the", " purpose", "?"])
+    assert ended and text == ""
+    text, ended = stream([" Delaware", "\n", "\n", "\n"])  # no space before it, no blank lines after it
+    assert not ended and text == "Delaware"
 
 
 def test_a_base_model_gets_a_question_to_continue_not_an_instruction(tiny_engine):

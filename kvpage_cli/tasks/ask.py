@@ -226,15 +226,17 @@ LOOP_TOKENS = 32  # a block repeated back to back over at least this many tokens
 HOLD_WORDS = 3  # a sentence is held back while this many of an answer's last tokens repeat earlier ones (AnswerText)
 
 
-BASE_TURNS = ("Question:", "Answer:")
-"""The turns of a base model's prompt (prompts/ask_base.md, then the answer's cue): a line of the
-answer that starts with one of them is the model writing the next question, or the cue again."""
+BASE_TURNS = ("Question:", "Answer:", "Q:")
+"""The turns of a base model's prompt (prompts/ask_base.md, then the answer's cue) and their short
+form: a line of the answer that starts with one of them is the model writing the next question,
+or the cue again (Gemma 3 270M answered "Who are the parties?" with "Q: What is the purpose of
+this document?")."""
 
 
 class AnswerText:
-    """One answer's text as its tokens come. What it shows is never taken back: a tail of tokens
-    that repeats earlier ones (`repeating_tail`) is held until it stops repeating (then shown) or
-    becomes a loop (`loop_start`: then cut, so a loop's second copy is neither streamed nor kept),
+    """One answer's text as its tokens come, without white space before or after it. What it
+    shows is never taken back: a tail of tokens that repeats earlier ones (`repeating_tail`) is
+    held until it stops repeating (then shown) or becomes a loop (`loop_start`: then cut, so a loop's second copy is neither streamed nor kept),
     and while HOLD_WORDS or more of them repeat, the sentence they are in is held too (a loop's
     first copy can start and end inside a sentence; the answer then ends with the last sentence
     that ended, where that was not yet shown). Repeats are judged on the tokens' text less its
@@ -282,6 +284,7 @@ class AnswerText:
             return ""
         if self.turns:
             text, self.ended = _before_turn(text, self.turns, last)
+        text = text.strip()  # an answer neither starts nor ends with white space (a last line break is held)
         end = _sentences_end(text) if whole else -1
         if end >= len(self.shown) and (end > 0 or not last):  # a loop of one broken sentence keeps its first copy
             text = text[:end]
