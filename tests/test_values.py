@@ -64,12 +64,19 @@ def test_a_notice_period_is_the_duration_its_notice_follows_not_a_cure_period_be
             "breach within 15 days after receiving notice of the breach.\nb. Company may terminate this Agreement "
             "at any time, for any reason or no reason, by giving thirty (30) days' prior written notice.")
     notice = ("notice", "prior", "in advance")
-    assert [c.text for c in candidates(text, 0, len(text), "duration", notice)] == ["thirty (30) days"]
+    assert [c.text for c in candidates(text, 0, len(text), "duration", notice, attached=True)] == ["thirty (30) days"]
+    assert [c.text for c in candidates(text, 0, len(text), "duration", notice)] == ["15 days", "thirty (30) days"]
     cure_only = text[:text.index("\nb.")]
-    assert [c.text for c in candidates(cure_only, 0, len(cure_only), "duration", notice)] == ["15 days"]  # nothing better
+    assert [c.text for c in candidates(cure_only, 0, len(cure_only), "duration", notice, attached=True)] == ["15 days"]
     renewal = "It renews for two (2) successive terms of five (5) years if you give notice to renew six (6) months before."
-    assert [c.text for c in candidates(renewal, 0, len(renewal), "duration", ("renew", "successive"))] == \
-        ["five (5) years", "six (6) months"]  # a cue before a duration does not narrow the choice
+    assert [c.text for c in candidates(renewal, 0, len(renewal), "duration", ("renew", "successive"), attached=True)] \
+        == ["five (5) years", "six (6) months"]  # a cue before a duration does not narrow the choice
+    from kvpage_cli.tasks.playbook import Playbook
+
+    book = Playbook.default()  # the notice periods are attached; a term is not ("successive 1-year terms")
+    assert book.categories["Termination For Convenience"].values["notice"].attached
+    assert book.categories["Notice Period To Terminate Renewal"].values["notice"].attached
+    assert not book.categories["Expiration Date"].values["term"].attached
 
 
 def test_the_months_a_cap_counts_fees_over_are_no_duration_of_the_contract():

@@ -19,7 +19,9 @@ A question is answered yes or no by the model; `questions.name = { ask = "...", 
 "cancel"] }` takes a yes only from a clause that holds a word starting so (a clause that never
 mentions termination does not let anyone terminate, whatever the model says). A value is an exact span of the clause (kind:
 duration, money, date, place, party; `near` lists cue words, one of which must stand close to a
-candidate, e.g. near = ["notice"] for a notice period). A rule applies when every condition in `when` holds: a
+candidate, e.g. near = ["notice"] for a notice period; with attached = true, a candidate a cue word
+follows as its own, "thirty (30) days' prior written notice", is preferred to a cure period
+beside it, "within 15 days after receiving notice"). A rule applies when every condition in `when` holds: a
 question answered yes (`name`) or no (`!name`), a value found (`name`) or not (`!name`), or a
 duration or amount compared (`notice < 90 days`, `amount >= 1000000`); an amount compared with a
 duration (`amount < 12 months`) holds when the amount is fees over a period ("the fees paid in
@@ -80,6 +82,7 @@ class ValueSpec:
     kind: str
     ask: str
     near: tuple[str, ...] = ()  # cue words: a candidate counts only with one of them close by
+    attached: bool = False  # where a cue word follows a candidate as its own, only such candidates count
 
 
 @dataclass(frozen=True)
@@ -202,15 +205,15 @@ class _Parser:
         for value_name, spec in (entry.get("values") or {}).items():
             line = self.line_of(value_name, after=at)
             if not isinstance(spec, dict) or spec.get("kind") not in VALUE_KINDS or not isinstance(spec.get("ask"), str) \
-                    or set(spec) - {"kind", "ask", "near"}:
+                    or set(spec) - {"kind", "ask", "near", "attached"} or not isinstance(spec.get("attached", False), bool):
                 raise self.fail(f"value {value_name!r} of {name!r} needs kind (one of {', '.join(VALUE_KINDS)}) "
-                                "and ask, and may have near", value_name, after=line)
+                                "and ask, and may have near and attached (true or false)", value_name, after=line)
             near = spec.get("near", [])
             if not isinstance(near, list) or not all(isinstance(w, str) and w.strip() for w in near):
                 raise self.fail(f"near of value {value_name!r} of {name!r} must be a list of words", value_name, after=line)
             if value_name in questions:
                 raise self.fail(f"{value_name!r} is both a question and a value of {name!r}", value_name, after=at)
-            values[value_name] = ValueSpec(value_name, spec["kind"], spec["ask"], tuple(near))
+            values[value_name] = ValueSpec(value_name, spec["kind"], spec["ask"], tuple(near), spec.get("attached", False))
         if name in EXTRA_CATEGORIES and not values:
             raise self.fail(f"{name!r} is found by its values (no trained head scores it): give it one", name)
         self.places(reason, values, (), name, at)

@@ -183,7 +183,7 @@ class Reviewer:
             if play.category in self.head.categories:
                 continue
             for i, clause in enumerate(self.clauses):
-                if any(candidates(self.doc.text, clause.start, clause.end, spec.kind, spec.near)
+                if any(candidates(self.doc.text, clause.start, clause.end, spec.kind, spec.near, spec.attached)
                        for spec in play.values.values()):
                     chosen.setdefault(i, []).append(_Item(i, play, None))
         asked = [i for i in sorted(chosen) if any(it.play.questions or it.play.values for it in chosen[i])]
@@ -268,7 +268,7 @@ class Reviewer:
         for it in items:
             clause = self.clauses[it.clause]
             for spec in it.play.values.values():
-                found = candidates(text, clause.start, clause.end, spec.kind, spec.near)[:MAX_CANDIDATES]
+                found = candidates(text, clause.start, clause.end, spec.kind, spec.near, spec.attached)[:MAX_CANDIDATES]
                 if found:
                     asks.append((it, spec, found))
         if not asks:

@@ -71,10 +71,12 @@ class Candidate:
 CUE_REACH = 80  # characters around a candidate where one of its cue words must be
 
 
-def candidates(text: str, start: int, end: int, kind: str, near: tuple[str, ...] = ()) -> list[Candidate]:
+def candidates(text: str, start: int, end: int, kind: str, near: tuple[str, ...] = (),
+               attached: bool = False) -> list[Candidate]:
     """The candidate spans of `kind` in text[start:end], in order, none inside another; with
     `near`, only those with one of these words (case-insensitive, as a word start) within
-    CUE_REACH characters before or after them, in the same sentence."""
+    CUE_REACH characters before or after them, in the same sentence; with `attached` too, only
+    those a cue word follows as their own (`_attached`), where there are such."""
     found = _candidates(text, start, end, kind)
     if not near:
         return found
@@ -87,14 +89,13 @@ def candidates(text: str, start: int, end: int, kind: str, near: tuple[str, ...]
         after = re.split(r"[.;](?:\s|$)", after)[0]
         if cue.search(before) or cue.search(after):
             kept.append(c)
-    if kind == "duration":  # a duration that is its cue's own ("thirty (30) days' prior written notice") is the one
-        attached = [c for c in kept if _attached(text, c, cue)]
-        return attached or kept
+    if attached:  # a candidate that is its cue's own ("thirty (30) days' prior written notice") is the one
+        return [c for c in kept if _attached(text, c, cue)] or kept
     return kept
 
 
-# The words that may stand between a duration and the cue after it when the duration is the
-# cue's own: "thirty (30) days' prior written notice", "ninety (90) days in advance", "one hundred
+# The words that may stand between a candidate and the cue after it when the candidate is the
+# cue's own (a playbook value's `attached`): "thirty (30) days' prior written notice", "ninety (90) days in advance", "one hundred
 # eighty (180) days before the end of the term"; not "within 15 days after receiving notice" (a
 # cure period). Over CUAD's 113 clauses that set a notice period to stop a renewal, the right
 # period stays a candidate in the 95 where it was one, and is the only one in 94 (75 before).
