@@ -236,10 +236,11 @@ this document?")."""
 class AnswerText:
     """One answer's text as its tokens come, without white space before or after it. What it
     shows is never taken back: a tail of tokens that repeats earlier ones (`repeating_tail`) is
-    held until it stops repeating (then shown) or becomes a loop (`loop_start`: then cut, so a loop's second copy is neither streamed nor kept),
-    and while HOLD_WORDS or more of them repeat, the sentence they are in is held too (a loop's
-    first copy can start and end inside a sentence; the answer then ends with the last sentence
-    that ended, where that was not yet shown). Repeats are judged on the tokens' text less its
+    held until it stops repeating (then shown) or becomes a loop (`loop_start`: then cut, so a
+    loop's second copy is neither streamed nor kept), and while HOLD_WORDS or more of them
+    repeat, the sentence they are in is held too (a loop's first copy can start and end inside a
+    sentence; the answer then ends with the last sentence that ended, where that was not yet
+    shown). Repeats are judged on the tokens' text less its
     white space, so a sentence said again with its line broken elsewhere is the same sentence
     (SmolLM2 over a repository's reStructuredText repeated "The function is defined as
     `select_autoescape` when enabled." eight times, its copies wrapped at different words).
@@ -269,7 +270,8 @@ class AnswerText:
             piece, self.ended = self._show(len(self.tokens), last=True, whole=True), True
             return piece, True
         held = repeating_tail(self.words)
-        return self._show(self.at[-held] if held else len(self.tokens), last=False, whole=held >= HOLD_WORDS), self.ended
+        count = self.at[-held] if held else len(self.tokens)
+        return self._show(count, last=False, whole=held >= HOLD_WORDS), self.ended
 
     def finish(self) -> str:
         """What is still held, once the answer has ended (nothing after a loop or a turn)."""

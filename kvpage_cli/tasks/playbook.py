@@ -15,14 +15,14 @@ A playbook is a TOML file (the default is prompts/playbook.toml; `--playbook FIL
     [terms]                                          # the key terms a review opens with
     "Liability cap" = "Cap On Liability.amount"
 
-A question is answered yes or no by the model; `questions.name = { ask = "...", needs = ["terminat",
-"cancel"] }` takes a yes only from a clause that holds a word starting so (a clause that never
-mentions termination does not let anyone terminate, whatever the model says). A value is an exact span of the clause (kind:
-duration, money, date, place, party; `near` lists cue words, one of which must stand close to a
-candidate, e.g. near = ["notice"] for a notice period; with attached = true, a candidate a cue word
-follows as its own, "thirty (30) days' prior written notice", is preferred to a cure period
-beside it, "within 15 days after receiving notice"). A rule applies when every condition in `when` holds: a
-question answered yes (`name`) or no (`!name`), a value found (`name`) or not (`!name`), or a
+A question is answered yes or no by the model; `questions.name = { ask = "...", needs =
+["terminat", "cancel"] }` takes a yes only from a clause that holds a word starting so (a clause
+that never mentions termination lets no one terminate, whatever the model says). A value is an
+exact span of the clause (kind: duration, money, date, place, party; `near` lists cue words, one
+of which must stand close to a candidate, e.g. near = ["notice"] for a notice period; with
+attached = true, a candidate a cue word follows as its own, "thirty (30) days' prior written
+notice", is preferred to a cure period beside it, "within 15 days after receiving notice"). A
+rule applies when every condition in `when` holds: a question answered yes (`name`) or no (`!name`), a value found (`name`) or not (`!name`), or a
 duration or amount compared (`notice < 90 days`, `amount >= 1000000`); an amount compared with a
 duration (`amount < 12 months`) holds when the amount is fees over a period ("the fees paid in
 the three (3) months before the claim") and the period compares so. The first rule that applies
@@ -194,9 +194,10 @@ class _Parser:
         if not isinstance(entry.get("questions") or {}, dict):
             raise self.fail(f"the questions of {name!r} must be a table of name = \"question\"", "questions", after=at)
         for q_name, q in (entry.get("questions") or {}).items():
+            words = q.get("needs", []) if isinstance(q, dict) else []
             if isinstance(q, dict) and set(q) <= {"ask", "needs"} and isinstance(q.get("ask"), str) \
-                    and isinstance(q.get("needs", []), list) and all(isinstance(w, str) and w.strip() for w in q.get("needs", [])):
-                q, needs[q_name] = q["ask"], tuple(w.strip() for w in q.get("needs", []))
+                    and isinstance(words, list) and all(isinstance(w, str) and w.strip() for w in words):
+                q, needs[q_name] = q["ask"], tuple(w.strip() for w in words)
             if not isinstance(q, str) or not q.strip():
                 raise self.fail(f"question {q_name!r} of {name!r} must be name = \"question\" or "
                                 "name = { ask = \"question\", needs = [words] }", q_name, after=at)
@@ -205,7 +206,8 @@ class _Parser:
         for value_name, spec in (entry.get("values") or {}).items():
             line = self.line_of(value_name, after=at)
             if not isinstance(spec, dict) or spec.get("kind") not in VALUE_KINDS or not isinstance(spec.get("ask"), str) \
-                    or set(spec) - {"kind", "ask", "near", "attached"} or not isinstance(spec.get("attached", False), bool):
+                    or set(spec) - {"kind", "ask", "near", "attached"} \
+                    or not isinstance(spec.get("attached", False), bool):
                 raise self.fail(f"value {value_name!r} of {name!r} needs kind (one of {', '.join(VALUE_KINDS)}) "
                                 "and ask, and may have near and attached (true or false)", value_name, after=line)
             near = spec.get("near", [])
@@ -213,7 +215,8 @@ class _Parser:
                 raise self.fail(f"near of value {value_name!r} of {name!r} must be a list of words", value_name, after=line)
             if value_name in questions:
                 raise self.fail(f"{value_name!r} is both a question and a value of {name!r}", value_name, after=at)
-            values[value_name] = ValueSpec(value_name, spec["kind"], spec["ask"], tuple(near), spec.get("attached", False))
+            values[value_name] = ValueSpec(value_name, spec["kind"], spec["ask"], tuple(near),
+                                           spec.get("attached", False))
         if name in EXTRA_CATEGORIES and not values:
             raise self.fail(f"{name!r} is found by its values (no trained head scores it): give it one", name)
         self.places(reason, values, (), name, at)

@@ -95,9 +95,9 @@ def candidates(text: str, start: int, end: int, kind: str, near: tuple[str, ...]
 
 
 # The words that may stand between a candidate and the cue after it when the candidate is the
-# cue's own (a playbook value's `attached`): "thirty (30) days' prior written notice", "ninety (90) days in advance", "one hundred
-# eighty (180) days before the end of the term"; not "within 15 days after receiving notice" (a
-# cure period). Over CUAD's 113 clauses that set a notice period to stop a renewal, the right
+# cue's own (a playbook value's `attached`): "thirty (30) days' prior written notice", "ninety
+# (90) days in advance", "one hundred eighty (180) days before the end of the term"; not "within
+# 15 days after receiving notice" (a cure period). Over CUAD's 113 clauses that set a notice period to stop a renewal, the right
 # period stays a candidate in the 95 where it was one, and is the only one in 94 (75 before).
 _LINK = r"(?:\s+(?:prior|advance|written|of|at|least|not|no|less|more|than|a|an|the|such))*"
 
