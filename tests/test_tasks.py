@@ -304,6 +304,8 @@ def test_a_base_models_answer_ends_where_it_writes_the_next_question():
     assert ended and text == ""
     text, ended = stream([" Delaware", "\n", "\n", "\n"])  # no space before it, no blank lines after it
     assert not ended and text == "Delaware"
+    text, ended = stream([" 2", ".", "2", ".", "1", "\n", "</", "document", ">", "Question", ":"])  # the prompt again
+    assert ended and text == "2.2.1"
 
 
 def test_a_base_model_gets_a_question_to_continue_not_an_instruction(tiny_engine):

@@ -226,11 +226,12 @@ LOOP_TOKENS = 32  # a block repeated back to back over at least this many tokens
 HOLD_WORDS = 3  # a sentence is held back while this many of an answer's last tokens repeat earlier ones (AnswerText)
 
 
-BASE_TURNS = ("Question:", "Answer:", "Q:")
-"""The turns of a base model's prompt (prompts/ask_base.md, then the answer's cue) and their short
-form: a line of the answer that starts with one of them is the model writing the next question,
-or the cue again (Gemma 3 270M answered "Who are the parties?" with "Q: What is the purpose of
-this document?")."""
+BASE_TURNS = ("Question:", "Answer:", "Q:", "</document>")
+"""The turns of a base model's prompt (prompts/ask_base.md, then the answer's cue), their short
+form and the document's end (prompts/document.md): a line of the answer that starts with one of
+them is the model writing the next question, or the prompt again (Gemma 3 270M answered "Who are
+the parties?" with "Q: What is the purpose of this document?", and a question over tomli's
+sources with the end of the document, "</document>Question: ...")."""
 
 
 class AnswerText:
