@@ -707,3 +707,11 @@ def test_the_places_an_answer_read_name_each_place_once(tmp_path):
     sources = [{"where": doc.where(s, e), "start": s, "end": e} for s, e in ((0, 100), (500, 1000), (1200, 1300), (2000, 2100))]
     assert [s["where"] for s in sources] == ["line 1", "lines 1-2", "line 2", "line 3"]
     assert _places(doc, sources) == ["line 1", "lines 1-2", "line 3"]  # line 2 again adds nothing to lines 1-2
+
+
+def test_an_empty_document_is_refused_in_the_words_of_the_command_used(cli, tmp_path):
+    """`kvpage ask` over an empty file said "there is no text to review"."""
+    path = tmp_path / "empty.txt"
+    path.write_text("\n \n")
+    line = one_error_line(cli("ask", path, "What is it about?"))
+    assert "is empty" in line and "review" not in line, line

@@ -269,14 +269,20 @@ def test_a_loop_whose_copies_break_their_lines_at_other_words_is_still_a_loop(ti
     decode = lambda tokens: tokenizer.decode(tokens)  # noqa: E731
     shown, ended = streamed(AnswerText(decode), ids)
     assert ended and shown.strip().rstrip(".") == (first + copy).rstrip(".")  # cut where the copies repeat from
-    # Its own answer: the loop's first copy starts inside a sentence ("... and [is defined as ...
-    # The function]"), so the answer ends with the last sentence that ended, not "The function"
+    # Its own answer: the sentence said again and again is kept once, after the one it repeats
+    # the end of, and nothing of its next copy (not "The function")
     answer = "This is the recommended way.  The function is defined as `select_autoescape` and is defined as " \
         "`select_autoescape`\nwhen enabled.  The function is defined as `select_autoescape` when enabled.  The\n" \
         "function is defined as `select_autoescape` when enabled.  The function is defined as `select_autoescape` " \
         "when\nenabled.  The function is defined as `select_autoescape` when enabled."
     shown, ended = streamed(AnswerText(decode), tokenizer(answer, add_special_tokens=False).input_ids)
-    assert ended and shown.strip() == answer[:answer.index("when enabled.") + len("when enabled.")]
+    second = answer.index("when enabled.", answer.index("when enabled.") + 1)
+    assert ended and shown.strip() == answer[:second + len("when enabled.")]
+    # a sentence said twice in a row is a loop, though its two copies are under LOOP_TOKENS
+    twice = "This document is about bicycles. It is a legal and technical analysis of a document. It is a legal " \
+        "and technical analysis of a document. It is"
+    shown, ended = streamed(AnswerText(decode), tokenizer(twice, add_special_tokens=False).input_ids)
+    assert ended and shown == "This document is about bicycles. It is a legal and technical analysis of a document."
     # the same words said once more, then something new: nothing is cut, and all of it is shown
     said_again = first + copy + "  The\nfunction is defined as `select_autoescape` when enabled, and by `escape` otherwise."
     shown, ended = streamed(AnswerText(decode), tokenizer(said_again, add_special_tokens=False).input_ids)

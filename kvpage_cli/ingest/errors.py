@@ -68,7 +68,7 @@ class EmptyDocument(IngestError):
 
     def __init__(self, name: str):
         self.name = name
-        super().__init__(f"{name} is empty: there is no text to review")
+        super().__init__(f"{name} is empty: it holds no text to read")
 
 
 class BinaryDocument(IngestError):

@@ -223,6 +223,7 @@ def _runs(blocks: list[int]) -> list[list[int]]:
 
 READ_AGAIN_TOKENS = 1024  # at most this many of a question's best tokens are computed again (Asker._read_again)
 LOOP_TOKENS = 32  # a block repeated back to back over at least this many tokens is a loop
+SENTENCE_TOKENS = 8  # a sentence of at least this many tokens said twice in a row is a loop
 HOLD_WORDS = 3  # a sentence is held back while this many of an answer's last tokens repeat earlier ones (AnswerText)
 
 
@@ -336,15 +337,18 @@ def loop_start(tokens: list) -> int | None:
 
     A loop is any block of p tokens that ends the answer and repeats back to back, at least twice
     and over at least LOOP_TOKENS tokens in all ("the the the ...", or a whole line said again and
-    again), whatever p is."""
+    again), whatever p is; or, where the tokens are text (AnswerText's), a sentence of at least
+    SENTENCE_TOKENS said twice in a row ("It is a legal and technical analysis of a document. It
+    is a legal and technical analysis of a document.", SmolLM2 on a landscape PDF)."""
     n = len(tokens)
     last = tokens[-1] if tokens else None
+    sentence = isinstance(last, str) and last[-1:] in (".", "!", "?")
     for period in range(1, n // 2 + 1):
         if tokens[n - 1 - period] != last:
             continue
         repeats = 1
         while (repeats + 1) * period <= n and tokens[n - (repeats + 1) * period:n - repeats * period] == tokens[n - period:]:
             repeats += 1
-        if repeats >= 2 and repeats * period >= LOOP_TOKENS:
+        if repeats >= 2 and (repeats * period >= LOOP_TOKENS or (sentence and period >= SENTENCE_TOKENS)):
             return n - (repeats - 1) * period
     return None
