@@ -45,7 +45,7 @@ from .prompts import render
 from .retrieval import Retriever, block_char_spans, default_window, question_budget
 from .schema import Assessment, Finding, Term, Value
 from .taxonomy import ALL_CATEGORIES
-from .values import FEES_OVER_A_PERIOD, amount, candidates, in_unit
+from .values import ABBREVIATIONS, FEES_OVER_A_PERIOD, amount, candidates, in_unit
 from .zero_shot import shorten
 
 MAX_CLAUSE_CHARS = 2400  # a clause longer than this is shown to the model cut at a sentence end
@@ -588,10 +588,6 @@ def _passes(text: str, clause: str, finding: Finding) -> bool:
 _SENTENCE_END = re.compile(r"(?<=[A-Za-z)\]\"”'%])[.;:](?=\s|$)")
 
 
-_ABBREVIATIONS = {"no", "nos", "inc", "ltd", "co", "corp", "llc", "l.l.c", "e.g", "i.e", "etc", "mr", "mrs", "ms", "dr",
-                  "st", "u.s", "art", "sec", "para", "vs", "approx", "jr", "sr"}
-
-
 def _word_before(text: str, index: int) -> str:
     """The word that ends at `index` (letters and inner dots)."""
     start = index
@@ -604,7 +600,7 @@ def _sentences(text: str, start: int, end: int) -> list[tuple[int, int]]:
     """(start, end) offsets of the sentences of text[start:end], white space trimmed."""
     spans, first = [], start
     for match in _SENTENCE_END.finditer(text, start, end):
-        if match.group() == "." and _word_before(text, match.start()).lower() in _ABBREVIATIONS:
+        if match.group() == "." and _word_before(text, match.start()).lower() in ABBREVIATIONS:
             continue  # "No. 1", "Inc.", "e.g." end no sentence
         spans.append((first, match.end()))
         first = match.end()

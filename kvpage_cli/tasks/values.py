@@ -148,7 +148,7 @@ def _trim_entity(text: str, s: int, e: int) -> tuple[int, int]:
     words = text[s:e].split()
     lead = 0
     for n, word in enumerate(words[:-1]):
-        if word.endswith(".") and not _ABBREVIATION.fullmatch(word):
+        if word.endswith(".") and word[:-1].lower() not in ABBREVIATIONS and not _INITIALS.fullmatch(word):
             lead = n + 1  # a sentence ended: the name starts after it
     for word in words[lead:-1]:
         if word[:1].isupper() and word.lower() not in ("the", "this", "by", "and", "between", "among", "whereas"):
@@ -161,8 +161,11 @@ def _trim_entity(text: str, s: int, e: int) -> tuple[int, int]:
     return s, e
 
 
-# a word that ends with a dot inside a name: initials ("U.S.", "J."), the suffixes, "St.", "Bros."
-_ABBREVIATION = re.compile(r"(?:[A-Za-z]\.)+|(?:Inc|Co|Corp|Ltd|Bros|St|Mt|No|Intl|Int'l|Mfg|Assn)\.", re.IGNORECASE)
+# Words whose dot ends no sentence ("No. 1", "Acme Inc. shall", "Smith Bros. Company"), less the dot:
+# the review's sentences and the names of parties here.
+ABBREVIATIONS = {"no", "nos", "inc", "ltd", "co", "corp", "llc", "l.l.c", "e.g", "i.e", "etc", "mr", "mrs", "ms", "dr",
+                 "st", "u.s", "art", "sec", "para", "vs", "approx", "jr", "sr", "bros", "mt", "mfg", "assn", "intl"}
+_INITIALS = re.compile(r"(?:[A-Za-z]\.)+")  # "J.", "U.S.", "N.V."
 _SUFFIX = re.compile(_SUFFIXES)
 
 
