@@ -59,6 +59,9 @@ def test_a_playbook_is_read_with_its_rules():
     (('kind = "duration", ask = "For', 'kind = "length", ask = "For'), 10, "kind"),
     (('questions.automatic', 'question.automatic'), 9, "unknown key 'question'"),
     (('"notice >= 90 days"', '"automatic >= 90 days"'), 13, "compares"),
+    (('ask = "How much notice stops it?"', 'ask = "How much?", attached = "beside"'), 11, "attached"),
+    (('ask = "How much notice stops it?"', 'ask = "How much?", not_followed_by = "notice"'), 11,
+     "not_followed_by of value 'notice'"),
     (('rules = [', 'rules = ['), 0, ""),  # unchanged: parses
 ])
 def test_a_malformed_playbook_names_the_line(change, line, words):
@@ -103,3 +106,14 @@ def test_a_question_may_need_words_in_the_clause_before_a_yes_counts():
                                                 "will execute an agreement to assume the Servicer's obligations.")
     with pytest.raises(PlaybookError, match=r"\(line 9\).*question 'automatic'.*needs"):
         Playbook.parse(text.replace('needs = ["renew", "extend"]', 'needs = "renew"'), "mine.toml")
+
+
+def test_a_value_may_be_the_duration_its_cue_leads_to_and_never_one_a_notice_follows():
+    text = GOOD.replace('ask = "For how long does it renew?"', 'ask = "For how long?", near = ["renew"], '
+                        'attached = "before", not_followed_by = ["notice"]')
+    text = text.replace('ask = "How much notice stops it?"', 'ask = "How much?", near = ["notice"], attached = true')
+    play = Playbook.parse(text, "mine.toml").categories["Renewal Term"]
+    assert play.values["notice"].attached == "after"  # true is "after", as before "before" was a choice
+    clause = "It renews for successive periods of two (2) years, and a party may stop that on 60 days notice."
+    assert [c.text for c in play.values["renewal"].candidates(clause, 0, len(clause))] == ["two (2) years"]
+    assert [c.text for c in play.values["notice"].candidates(clause, 0, len(clause))] == ["60 days"]

@@ -207,6 +207,19 @@ def test_ask_streams_text_and_refuses_an_empty_question(tiny_engine):
         Asker(tiny_engine, doc, "  ")
 
 
+def test_a_document_reads_the_same_whatever_path_names_it(tiny_engine, monkeypatch):
+    """`kvpage ask jinja2-3.1.4 Q` and `kvpage ask /abs/path/jinja2-3.1.4 Q` gave two answers (the
+    prompt named the path as typed) and indexed the sources twice."""
+    relative = "samples/contract.txt"
+    monkeypatch.chdir(SAMPLES.parent)
+    prompts = [Asker(tiny_engine, load(path), "Who pays?").prefix_ids for path in (relative, str(SAMPLES / "contract.txt"))]
+    assert prompts[0] == prompts[1]
+    assert Reviewer(tiny_engine, load(relative)).prefix_ids == Reviewer(tiny_engine, load(str(SAMPLES / "contract.txt"))).prefix_ids
+    assert "contract.txt" in tiny_engine.tokenizer.decode(prompts[0])
+    monkeypatch.chdir(SAMPLES)
+    assert load(".").name == "samples" and load("-", stdin=b"some text").name == "standard input"
+
+
 def test_an_answer_that_loops_is_cut_after_its_first_copy():
     from kvpage_cli.tasks.ask import LOOP_TOKENS, loop_start
 

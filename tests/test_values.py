@@ -64,19 +64,49 @@ def test_a_notice_period_is_the_duration_its_notice_follows_not_a_cure_period_be
             "breach within 15 days after receiving notice of the breach.\nb. Company may terminate this Agreement "
             "at any time, for any reason or no reason, by giving thirty (30) days' prior written notice.")
     notice = ("notice", "prior", "in advance")
-    assert [c.text for c in candidates(text, 0, len(text), "duration", notice, attached=True)] == ["thirty (30) days"]
+    assert [c.text for c in candidates(text, 0, len(text), "duration", notice, attached="after")] == ["thirty (30) days"]
     assert [c.text for c in candidates(text, 0, len(text), "duration", notice)] == ["15 days", "thirty (30) days"]
     cure_only = text[:text.index("\nb.")]
-    assert [c.text for c in candidates(cure_only, 0, len(cure_only), "duration", notice, attached=True)] == ["15 days"]
+    assert [c.text for c in candidates(cure_only, 0, len(cure_only), "duration", notice, attached="after")] == ["15 days"]
     renewal = "It renews for two (2) successive terms of five (5) years if you give notice to renew six (6) months before."
-    assert [c.text for c in candidates(renewal, 0, len(renewal), "duration", ("renew", "successive"), attached=True)] \
-        == ["five (5) years", "six (6) months"]  # a cue before a duration does not narrow the choice
+    assert [c.text for c in candidates(renewal, 0, len(renewal), "duration", ("renew", "successive"), attached="after")] \
+        == ["five (5) years", "six (6) months"]  # a cue before a duration does not narrow the choice "after"
     from kvpage_cli.tasks.playbook import Playbook
 
-    book = Playbook.default()  # the notice periods are attached; a term is not ("successive 1-year terms")
-    assert book.categories["Termination For Convenience"].values["notice"].attached
-    assert book.categories["Notice Period To Terminate Renewal"].values["notice"].attached
-    assert not book.categories["Expiration Date"].values["term"].attached
+    book = Playbook.default()  # the notice periods are attached after; the terms before ("successive 1-year terms")
+    assert book.categories["Termination For Convenience"].values["notice"].attached == "after"
+    assert book.categories["Notice Period To Terminate Renewal"].values["notice"].attached == "after"
+    assert book.categories["Expiration Date"].values["term"].attached == "before"
+
+
+def test_a_renewal_term_is_the_duration_its_renewal_words_lead_to_not_the_notice_to_stop_it():
+    """CUAD: "shall automatically be renewed for subsequent one (1) year periods unless either party
+    notifies the other ... at least one hundred twenty (120) days prior to the expiration" gave the
+    renewal term as one of three durations (and the SmartRx distributor agreement's review said
+    "five (5) year", its initial term)."""
+    from kvpage_cli.tasks.playbook import Playbook
+
+    renewal = Playbook.default().categories["Renewal Term"].values["renewal"]
+    text = ("Unless otherwise terminated as provided herein, the initial term of this Agreement shall be three (3) "
+            "years from the Effective Date and shall thereafter be automatically renewed for subsequent one (1) year "
+            "periods unless either party notifies the other in writing of its election not to renew the Agreement at "
+            "least one hundred twenty (120) days prior to the expiration of the then-current term.")
+    assert [c.text for c in renewal.candidates(text, 0, len(text))] == ["one (1) year"]
+    text = "It renews for two (2) successive terms of five (5) years if you give notice to renew six (6) months before."
+    assert [c.text for c in renewal.candidates(text, 0, len(text))] == ["five (5) years"]
+    text = "This Agreement renews each year unless a party gives sixty (60) days prior written notice."
+    assert renewal.candidates(text, 0, len(text)) == []  # a notice period alone is no renewal term: none is said
+    text = "The Term will be 3 years from the Effective Date with automatic 2 year term extensions."
+    assert [c.text for c in renewal.candidates(text, 0, len(text))] == ["2 year"]
+
+
+def test_an_initial_term_is_not_the_notice_that_ends_it():
+    from kvpage_cli.tasks.playbook import Playbook
+
+    term = Playbook.default().categories["Expiration Date"].values["term"]
+    text = ("This Agreement shall continue in effect for an initial term of two (2) years and may be ended by either "
+            "party on ninety (90) days prior written notice before the end of the term.")
+    assert [c.text for c in term.candidates(text, 0, len(text))] == ["two (2) years"]
 
 
 def test_the_months_a_cap_counts_fees_over_are_no_duration_of_the_contract():

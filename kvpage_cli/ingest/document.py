@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # Characters a quote may spell differently from the document; each maps to its plain form.
 _QUOTE_FOLDS = {
@@ -60,6 +61,15 @@ class Document:
     text: str
     spans: list[Span]
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        """What a prompt calls the document: its file or folder's own name, whatever path named it
+        (an answer or a saved index must not depend on the directory kvpage ran in); stdin's is
+        "standard input"."""
+        if self.source == "-":
+            return "standard input"
+        return Path(self.source).resolve().name or self.source
 
     def locate(self, start: int, end: int) -> list[Span]:
         """The spans overlapping [start, end); an empty range gives the span holding `start`."""

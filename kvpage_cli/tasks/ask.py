@@ -47,7 +47,7 @@ class Asker:
             refuse_if_too_long(doc.text, engine.tokenizer, engine.max_context)
         self.prompts = PromptBuilder(engine.tokenizer)
         text = doc.text.strip()
-        document = render("document", kind=_KINDS.get(doc.kind, doc.kind), source=doc.source, text=text)
+        document = render("document", kind=_KINDS.get(doc.kind, doc.kind), source=doc.name, text=text)
         self.prefix_ids, chars = self.prompts.prefix_spans(document)
         # per prompt token, the characters of doc.text it holds (None: the template's own words)
         start, shift = document.find(text), doc.text.find(text) - document.find(text)

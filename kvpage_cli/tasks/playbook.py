@@ -20,8 +20,10 @@ A question is answered yes or no by the model; `questions.name = { ask = "...", 
 that never mentions termination lets no one terminate, whatever the model says). A value is an
 exact span of the clause (kind: duration, money, date, place, party; `near` lists cue words, one
 of which must stand close to a candidate, e.g. near = ["notice"] for a notice period; with
-attached = true, a candidate a cue word follows as its own, "thirty (30) days' prior written
-notice", is preferred to a cure period beside it, "within 15 days after receiving notice"). A
+attached = "after", a candidate a cue word follows as its own, "thirty (30) days' prior written
+notice", is preferred to a cure period beside it, "within 15 days after receiving notice"; with
+attached = "before", one a cue word leads to, "renewed for successive one (1) year periods";
+not_followed_by = ["notice"] rules out the candidates those words follow as their own). A
 rule applies when every condition in `when` holds: a question answered yes (`name`) or no (`!name`), a value found (`name`) or not (`!name`), or a
 duration or amount compared (`notice < 90 days`, `amount >= 1000000`); an amount compared with a
 duration (`amount < 12 months`) holds when the amount is fees over a period ("the fees paid in
@@ -47,6 +49,7 @@ from pathlib import Path
 
 from ..errors import KvpageError
 from .taxonomy import ALL_CATEGORIES, CATEGORIES, EXTRA_CATEGORIES
+from .values import Candidate, candidates
 
 LEVELS = ("high", "medium", "low", "none")
 VALUE_KINDS = ("duration", "money", "date", "place", "party")
@@ -82,7 +85,12 @@ class ValueSpec:
     kind: str
     ask: str
     near: tuple[str, ...] = ()  # cue words: a candidate counts only with one of them close by
-    attached: bool = False  # where a cue word follows a candidate as its own, only such candidates count
+    attached: str = ""  # "after", "before": where a cue word follows (comes before) a candidate as its own, only those count
+    not_followed_by: tuple[str, ...] = ()  # a candidate one of these words follows as its own is not this value
+
+    def candidates(self, text: str, start: int, end: int) -> list[Candidate]:
+        """This value's candidates in text[start:end] (values.candidates)."""
+        return candidates(text, start, end, self.kind, self.near, self.attached, self.not_followed_by)
 
 
 @dataclass(frozen=True)
@@ -205,18 +213,24 @@ class _Parser:
         values = {}
         for value_name, spec in (entry.get("values") or {}).items():
             line = self.line_of(value_name, after=at)
+            attached = spec.get("attached", False) if isinstance(spec, dict) else None
+            attached = {True: "after", False: ""}.get(attached, attached) if isinstance(attached, bool) else attached
             if not isinstance(spec, dict) or spec.get("kind") not in VALUE_KINDS or not isinstance(spec.get("ask"), str) \
-                    or set(spec) - {"kind", "ask", "near", "attached"} \
-                    or not isinstance(spec.get("attached", False), bool):
+                    or set(spec) - {"kind", "ask", "near", "attached", "not_followed_by"} \
+                    or attached not in ("", "after", "before"):
                 raise self.fail(f"value {value_name!r} of {name!r} needs kind (one of {', '.join(VALUE_KINDS)}) "
-                                "and ask, and may have near and attached (true or false)", value_name, after=line)
+                                "and ask, and may have near, not_followed_by and attached (\"after\", \"before\", "
+                                "true for \"after\", or false)", value_name, after=line)
+            for words in ("near", "not_followed_by"):
+                listed = spec.get(words, [])
+                if not isinstance(listed, list) or not all(isinstance(w, str) and w.strip() for w in listed):
+                    raise self.fail(f"{words} of value {value_name!r} of {name!r} must be a list of words", value_name,
+                                    after=line)
             near = spec.get("near", [])
-            if not isinstance(near, list) or not all(isinstance(w, str) and w.strip() for w in near):
-                raise self.fail(f"near of value {value_name!r} of {name!r} must be a list of words", value_name, after=line)
             if value_name in questions:
                 raise self.fail(f"{value_name!r} is both a question and a value of {name!r}", value_name, after=at)
-            values[value_name] = ValueSpec(value_name, spec["kind"], spec["ask"], tuple(near),
-                                           spec.get("attached", False))
+            values[value_name] = ValueSpec(value_name, spec["kind"], spec["ask"], tuple(near), attached,
+                                           tuple(spec.get("not_followed_by", [])))
         if name in EXTRA_CATEGORIES and not values:
             raise self.fail(f"{name!r} is found by its values (no trained head scores it): give it one", name)
         self.places(reason, values, (), name, at)

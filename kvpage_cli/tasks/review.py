@@ -45,7 +45,7 @@ from .prompts import render
 from .retrieval import Retriever, block_char_spans, default_window, question_budget
 from .schema import Assessment, Finding, Term, Value
 from .taxonomy import ALL_CATEGORIES
-from .values import ABBREVIATIONS, FEES_OVER_A_PERIOD, amount, candidates, in_unit
+from .values import ABBREVIATIONS, FEES_OVER_A_PERIOD, amount, in_unit
 from .zero_shot import shorten
 
 MAX_CLAUSE_CHARS = 2400  # a clause longer than this is shown to the model cut at a sentence end
@@ -106,7 +106,7 @@ class Reviewer:
         self.label = label  # names the document's saved KV (kvpage cache ls)
         self.prompts = PromptBuilder(engine.tokenizer)
         text = doc.text.strip()
-        document = render("document", kind="contract", source=doc.source, text=text)
+        document = render("document", kind="contract", source=doc.name, text=text)
         self.prefix_ids, chars = self.prompts.prefix_spans(document)
         start, shift = document.find(text), doc.text.find(text) - document.find(text)
         self._chars = [(c[0] + shift, c[1] + shift) if c is not None and c[1] > start and c[0] < start + len(text)
@@ -183,7 +183,7 @@ class Reviewer:
             if play.category in self.head.categories:
                 continue
             for i, clause in enumerate(self.clauses):
-                if any(candidates(self.doc.text, clause.start, clause.end, spec.kind, spec.near, spec.attached)
+                if any(spec.candidates(self.doc.text, clause.start, clause.end)
                        for spec in play.values.values()):
                     chosen.setdefault(i, []).append(_Item(i, play, None))
         asked = [i for i in sorted(chosen) if any(it.play.questions or it.play.values for it in chosen[i])]
@@ -268,7 +268,7 @@ class Reviewer:
         for it in items:
             clause = self.clauses[it.clause]
             for spec in it.play.values.values():
-                found = candidates(text, clause.start, clause.end, spec.kind, spec.near, spec.attached)[:MAX_CANDIDATES]
+                found = spec.candidates(text, clause.start, clause.end)[:MAX_CANDIDATES]
                 if found:
                     asks.append((it, spec, found))
         if not asks:
