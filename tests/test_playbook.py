@@ -62,6 +62,7 @@ def test_a_playbook_is_read_with_its_rules():
     (('ask = "How much notice stops it?"', 'ask = "How much?", attached = "beside"'), 11, "attached"),
     (('ask = "How much notice stops it?"', 'ask = "How much?", not_followed_by = "notice"'), 11,
      "not_followed_by of value 'notice'"),
+    (('rules = [', 'found_by = "renews"\nrules = ['), 12, "found_by of 'Renewal Term' must be a list"),
     (('rules = [', 'rules = ['), 0, ""),  # unchanged: parses
 ])
 def test_a_malformed_playbook_names_the_line(change, line, words):
@@ -117,3 +118,13 @@ def test_a_value_may_be_the_duration_its_cue_leads_to_and_never_one_a_notice_fol
     clause = "It renews for successive periods of two (2) years, and a party may stop that on 60 days notice."
     assert [c.text for c in play.values["renewal"].candidates(clause, 0, len(clause))] == ["two (2) years"]
     assert [c.text for c in play.values["notice"].candidates(clause, 0, len(clause))] == ["60 days"]
+
+
+def test_a_category_may_be_found_by_phrases_as_words():
+    play = Playbook.parse(GOOD.replace("rules = [", 'found_by = ["renew  automatically", "evergreen"]\nrules = ['),
+                          "mine.toml").categories["Renewal Term"]
+    assert play.found_in("It shall RENEW\nautomatically each year.") and play.found_in("an evergreen term")
+    assert not play.found_in("It renews automatically.") and not play.found_in("evergreens")
+    bare = 'format = 1\n\n[categories."Renewal Term"]\nlevel = "low"\nreason = "Renews."\nfound_by = ["renews"]\n'
+    with pytest.raises(PlaybookError, match=r"line 6\).*found by phrases, which its questions must confirm"):
+        Playbook.parse(bare, "mine.toml")

@@ -415,3 +415,54 @@ def test_a_clause_that_never_mentions_termination_does_not_let_anyone_terminate(
     control = {cid: next(a for a in findings[cid].assessments if a.cuad == "Change Of Control") for cid in "12"}
     assert (control["2"].level, control["2"].reason) == ("high", "A change of control lets the other party terminate.")
     assert control["1"].level == "medium" and "lets the other party terminate" not in control["1"].reason
+
+
+CONVENIENCE = """SUPPLY AGREEMENT
+
+8. Warranties and Term. THE PRODUCTS ARE PROVIDED ON AN "AS IS" AND "AS AVAILABLE" BASIS, AND SUPPLIER DOES NOT
+MAKE ANY WARRANTIES, EXPRESS OR IMPLIED, WITH RESPECT TO THE PRODUCTS, MERCHANTABILITY AND FITNESS FOR A
+PARTICULAR PURPOSE. IN NO EVENT SHALL SUPPLIER BE LIABLE FOR ANY CONSEQUENTIAL, INDIRECT, SPECIAL, INCIDENTAL, OR
+PUNITIVE DAMAGES, OR ANY LOSS OF PROFITS, LOSS OF BUSINESS OR LOSS OF REVENUE. This Agreement shall have an initial
+term of three (3) years (the "Initial Term"). Following the Initial Term, either Party may terminate this Agreement
+without cause upon written notice to the other Party of at least 3 months.
+
+9. Invoices. Invoices may be sent at any time and are payable within thirty (30) days.
+
+10. Insurance. Supplier shall maintain commercial general liability insurance with limits of not less than one
+million dollars per occurrence and name Buyer as an additional insured. Buyer may also terminate this Agreement at
+any time for its convenience.
+
+11. Fees. The Fees are fixed for the Term in reliance on Customer's commitment and are payable monthly in advance by
+wire transfer. Customer may not terminate this Agreement at any time for its convenience.
+"""
+
+
+@pytest.mark.parametrize("yes", [True, False])
+def test_a_clause_the_head_passes_over_is_found_by_its_phrases_when_the_model_confirms(tiny_engine, tmp_path,
+                                                                                       monkeypatch, yes):
+    """CUAD's HealthcareIntegratedTechnologies agreement: "either Party may terminate this
+    Agreement without cause upon written notice ... of at least 3 months", inside a clause that
+    is mostly a warranty disclaimer and a limitation of liability, scores 0.09 for termination
+    for convenience with the lexical head (its threshold 0.17), so the review never asked about
+    it. A clause with the playbook's found_by phrases is asked too, and is a finding only when the
+    model says yes, quoting the sentence that holds the phrase; the question needs a word of
+    termination (clause 9 has "at any time" but terminates nothing), and a negation before it
+    denies the category (clause 11: SmolLM2 answered yes to the README contract's "Customer may
+    not terminate this Agreement ... for convenience")."""
+    path = tmp_path / "convenience.txt"
+    path.write_text(CONVENIENCE)
+    reviewer = Reviewer(tiny_engine, load(str(path)))
+    column = reviewer.head.categories.index("Termination For Convenience")
+    probabilities = reviewer.head.probabilities([c.text for c in reviewer.clauses])
+    assert not reviewer.head.present(probabilities)[:, column].any()  # the head alone finds none
+    monkeypatch.setattr(Reviewer, "_yes_odds", lambda self, contexts, questions: [
+        0.0 if ctx is self._null else (3.0 if yes else -3.0) for ctx in contexts])
+    findings = {f.clause_id: f for f in reviewer.findings()}
+    found = {cid: a for cid, f in findings.items() for a in f.assessments if a.cuad == "Termination For Convenience"}
+    if yes:
+        assert list(found) == ["8", "10"]
+        assert (found["8"].level, found["8"].reason) == ("medium", "A party may terminate without cause on 3 months notice.")
+        assert findings["10"].categories == ["termination for convenience", "insurance"]  # medium, then low
+        assert findings["10"].quote == "Buyer may also terminate this Agreement at\nany time for its convenience."
+    else:
+        assert found == {}

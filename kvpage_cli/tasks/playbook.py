@@ -29,7 +29,11 @@ duration or amount compared (`notice < 90 days`, `amount >= 1000000`); an amount
 duration (`amount < 12 months`) holds when the amount is fees over a period ("the fees paid in
 the three (3) months before the claim") and the period compares so. The first rule that applies
 gives the level and the reason, whose `{name}` places take the values found. A category with
-`finding = false` gives values (key terms) but no finding.
+`finding = false` gives values (key terms) but no finding. `found_by = ["without cause"]` puts
+to a category's questions the clauses the head passed over that have a sentence holding one of
+these phrases and the words the questions need; such a clause has the category only when the
+model answers every question yes, and its quote is that sentence (a clause that is mostly
+something else hides a sentence of the category from the head).
 
 The categories are CUAD's, which the trained head finds, and the few a review adds
 (taxonomy.EXTRA_CATEGORIES, e.g. "Payment Terms"), which no head scores: a clause is considered
@@ -103,11 +107,17 @@ class CategoryPlay:
     rules: tuple[Rule, ...] = ()
     finding: bool = True
     needs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # question -> words a yes needs in the clause
+    found_by: tuple[str, ...] = ()  # phrases that put a clause the head passed over to the questions
 
     def may_say_yes(self, question: str, clause: str) -> bool:
         """Whether `clause` holds one of the words a yes to `question` needs (any, if it needs none)."""
         words = self.needs.get(question, ())
         return not words or any(re.search(r"\b" + re.escape(w), clause, re.IGNORECASE) for w in words)
+
+    def found_in(self, clause: str) -> bool:
+        """Whether `clause` holds one of the `found_by` phrases (as words, case and spacing aside)."""
+        return any(re.search(r"\b" + r"\s+".join(map(re.escape, phrase.split())) + r"\b", clause, re.IGNORECASE)
+                   for phrase in self.found_by)
 
 
 @dataclass(frozen=True)
@@ -190,7 +200,7 @@ class _Parser:
                                 f"{', '.join(EXTRA_CATEGORIES)})")
         if not isinstance(entry, dict):
             raise self.fail(f"categories.{name!r} must be a table", name)
-        allowed = {"level", "reason", "questions", "values", "rules", "finding"}
+        allowed = {"level", "reason", "questions", "values", "rules", "finding", "found_by"}
         for key in entry:
             if key not in allowed:
                 raise self.fail(f"unknown key {key!r} in {name!r} (expected {', '.join(sorted(allowed))})", key, after=at)
@@ -248,7 +258,14 @@ class _Parser:
         finding = entry.get("finding", True)
         if not isinstance(finding, bool):
             raise self.fail(f"finding of {name!r} must be true or false", "finding", after=at)
-        return CategoryPlay(name, level, reason, questions, values, tuple(rules), finding, needs)
+        found_by = entry.get("found_by", [])
+        if not isinstance(found_by, list) or not all(isinstance(w, str) and w.strip() for w in found_by):
+            raise self.fail(f"found_by of {name!r} must be a list of phrases", "found_by", after=at)
+        if found_by and not questions:
+            raise self.fail(f"{name!r} is found by phrases, which its questions must confirm: give it one", "found_by",
+                            after=at)
+        return CategoryPlay(name, level, reason, questions, values, tuple(rules), finding, needs,
+                            tuple(w.strip() for w in found_by))
 
     def level(self, level, name: str, at: int) -> str:
         if level not in LEVELS:
