@@ -89,7 +89,7 @@ class ValueSpec:
     kind: str
     ask: str
     near: tuple[str, ...] = ()  # cue words: a candidate counts only with one of them close by
-    attached: str = ""  # "after", "before": where a cue word follows (comes before) a candidate as its own, only those count
+    attached: str = ""  # "after" ("before"): where a cue word follows (leads to) a candidate, only such ones count
     not_followed_by: tuple[str, ...] = ()  # a candidate one of these words follows as its own is not this value
 
     def candidates(self, text: str, start: int, end: int) -> list[Candidate]:

@@ -185,12 +185,12 @@ class Reviewer:
             if scored and not play.found_by:
                 continue
             for i, clause in enumerate(self.clauses):
-                if scored:  # a clause the head passed over, with a sentence of the category's phrases: its questions decide
+                if scored:  # passed over by the head: a sentence with the category's phrases puts it to the questions
                     at = None if any(it.play is play for it in chosen.get(i, [])) else self._found_at(play, clause)
                     if at is not None:
                         chosen.setdefault(i, []).append(_Item(i, play, None, found_at=at))
                 elif any(spec.candidates(self.doc.text, clause.start, clause.end) for spec in play.values.values()):
-                    chosen.setdefault(i, []).append(_Item(i, play, None))  # no head scores it: found by its values' words
+                    chosen.setdefault(i, []).append(_Item(i, play, None))  # no head scores it: found by its values
         asked = [i for i in sorted(chosen) if any(it.play.questions or it.play.values for it in chosen[i])]
         total = len(self.clauses)
         emit(self.on_event, ReviewProgress(0, total, ""))
@@ -408,8 +408,8 @@ class Reviewer:
             sentence = text[s:e]
             if not play.found_in(sentence) or not all(play.may_say_yes(q, sentence) for q in play.questions):
                 continue
-            first = min((m.start() for w in needed for m in [re.search(r"\b" + re.escape(w), sentence, re.IGNORECASE)] if m),
-                        default=len(sentence))
+            found = [re.search(r"\b" + re.escape(w), sentence, re.IGNORECASE) for w in needed]
+            first = min((m.start() for m in found if m), default=len(sentence))
             if not _NEGATION.search(sentence, 0, first):
                 return s, e
         return None

@@ -116,7 +116,7 @@ _LINK = r"(?:\s+(?:prior|advance|written|of|at|least|not|no|less|more|than|a|an|
 # of one (1) year", "two (2) renewal terms of five (5) years", "an additional period of three (3)
 # years". Over CUAD's 170 renewal clauses with an expert answer (bench/review_quality.py's
 # value_right), with notice periods left out (`not_followed_by`): the right term is a candidate
-# in 120 (121 before) and the only one in 119 (71 before).
+# in 119 (121 before) and the only one in 119 (71 before).
 _LEAD = r"(?:\s+(?:for|of|up|to|by|a|an|the|such|each|like|equal|consecutive|successive|subsequent|additional" \
         rf"|further|renewal|extension|automatic|automatically|thereafter|terms?|periods?|\(\d+\)|{_WORDS}))*"
 
