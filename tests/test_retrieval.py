@@ -10,7 +10,7 @@ from kvpage_cli.engine import BLOCK_TOKENS, Engine, EngineConfig
 from kvpage_cli.engine.library import Library
 from kvpage_cli.ingest import load
 from kvpage_cli.tasks import Asker
-from kvpage_cli.tasks.ask import read_again, reading_order
+from kvpage_cli.tasks.ask import READ_AGAIN_TOKENS, read_again, reading_order
 from kvpage_cli.tasks.retrieval import UNIT_BLOCKS, Selection, lexical_terms
 
 from .conftest import SAMPLES, random_prompt, tiny_model
@@ -291,8 +291,8 @@ def short_gemma(tiny_cli_model, tmp_path_factory, kv_home):
 
 def test_a_sliding_window_model_reads_its_best_passages_again_right_before_the_question(short_gemma, short_engine):
     """Sliding-window layers keep nothing in the index, so a Gemma question would see only itself
-    in 5 of every 6 layers: the passages that matched best (as many as the window holds) are
-    computed again right before the question, the best last, and not attended twice."""
+    in 5 of every 6 layers: the passages that matched best (1,024 tokens of them, of the selected
+    ones) are computed again right before the question, the best last, and not attended twice."""
     doc = load(str(SAMPLES / "contract.txt"))
     asker = Asker(short_gemma, doc, "Which State's laws govern the agreement?", max_new_tokens=4)
     assert asker.mode == "retrieval"
@@ -302,10 +302,12 @@ def test_a_sliding_window_model_reads_its_best_passages_again_right_before_the_q
     law = doc.text.index("laws of the State of Delaware")
     best = selection.best[0]
     assert retriever.char_spans[best[0]][0] <= law < retriever.char_spans[best[-1]][1]
-    first, second = selection.best[:2]  # 512 tokens: two passages, the best last unless they adjoin
-    again = sorted(first + second) if first[0] == second[-1] + 1 or second[0] == first[-1] + 1 else second + first
-    read_again = [t for b in again for t in library.tokens[library.blocks[b].first:library.blocks[b].first + BLOCK_TOKENS]]
-    assert request.token_ids == read_again + retriever.tail + asker.question_ids[0]
+    again = read_again(selection, READ_AGAIN_TOKENS)  # up to four passages, of the selected ones, the best last
+    chosen_best = [p for p in selection.best if set(p) <= set(selection.blocks)]
+    assert len(chosen_best) < len(selection.best)  # here the budget leaves one of the four out: it is not read
+    assert sorted(again) == sorted(b for p in chosen_best for b in p) and again[-len(best):] == list(best)
+    read_again_tokens = [t for b in again for t in library.tokens[library.blocks[b].first:library.blocks[b].first + BLOCK_TOKENS]]
+    assert request.token_ids == read_again_tokens + retriever.tail + asker.question_ids[0]
     assert len(request.ctx.tokens) == len(library.head.tokens) + BLOCK_TOKENS * (len(selection.blocks) - len(again))
     assert set(again) <= set(selection.blocks)  # still reported among the blocks the question read
     short_gemma.release(request.ctx)
@@ -337,3 +339,5 @@ def test_the_best_passage_is_read_last_with_the_passages_that_adjoin_it():
     assert read_again(adjoining, 512) == [8, 9, 10, 11, 12, 13, 14, 15]
     assert read_again(adjoining, 768) == [0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15]
     assert read_again(adjoining, 200) == []
+    unselected = Selection(selection.blocks, 40, best=(passages[2], (30, 31, 32, 33), passages[0]))
+    assert read_again(unselected, 768) == [0, 1, 2, 3, 12, 13, 14, 15]  # a passage left out by the budget is not read
