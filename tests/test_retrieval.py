@@ -306,7 +306,8 @@ def test_a_sliding_window_model_reads_its_best_passages_again_right_before_the_q
     chosen_best = [p for p in selection.best if set(p) <= set(selection.blocks)]
     assert len(chosen_best) < len(selection.best)  # here the budget leaves one of the four out: it is not read
     assert sorted(again) == sorted(b for p in chosen_best for b in p) and again[-len(best):] == list(best)
-    read_again_tokens = [t for b in again for t in library.tokens[library.blocks[b].first:library.blocks[b].first + BLOCK_TOKENS]]
+    read_again_tokens = [t for b in again
+                         for t in library.tokens[library.blocks[b].first:library.blocks[b].first + BLOCK_TOKENS]]
     assert request.token_ids == read_again_tokens + retriever.tail + asker.question_ids[0]
     assert len(request.ctx.tokens) == len(library.head.tokens) + BLOCK_TOKENS * (len(selection.blocks) - len(again))
     assert set(again) <= set(selection.blocks)  # still reported among the blocks the question read

@@ -177,7 +177,7 @@ class Asker:
         and not only the question. Gemma 3 270M found 0 of 3 pass keys in an 8K haystack without
         this, though its full-attention layers read the needle's block, and 3 of 3 with it
         (`bench/retrieval.py passkey --model gemma3-270m --systems retrieval --lengths 8192`).
-        READ_AGAIN_TOKENS, more than the 512 its sliding window holds: over bench/retrieval.py's
+        READ_AGAIN_TOKENS of them, more than Gemma 3's 512-token window holds: over bench/retrieval.py's
         46 questions of 8 sources (`questions --model gemma3-270m`), 10 right against 6 with 512
         tokens read again, as many as the BM25 text baseline, the first answer token 1.0 s after
         a question against 0.6 s. Passages that follow one another in the document are read in
