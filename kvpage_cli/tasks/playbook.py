@@ -53,7 +53,7 @@ from pathlib import Path
 
 from ..errors import KvpageError
 from .taxonomy import ALL_CATEGORIES, CATEGORIES, EXTRA_CATEGORIES
-from .values import Candidate, candidates
+from .values import Candidate, candidates, words_pattern
 
 LEVELS = ("high", "medium", "low", "none")
 VALUE_KINDS = ("duration", "money", "date", "place", "party")
@@ -112,12 +112,11 @@ class CategoryPlay:
     def may_say_yes(self, question: str, clause: str) -> bool:
         """Whether `clause` holds one of the words a yes to `question` needs (any, if it needs none)."""
         words = self.needs.get(question, ())
-        return not words or any(re.search(r"\b" + re.escape(w), clause, re.IGNORECASE) for w in words)
+        return not words or words_pattern(words).search(clause) is not None
 
     def found_in(self, clause: str) -> bool:
         """Whether `clause` holds one of the `found_by` phrases (as words, case and spacing aside)."""
-        return any(re.search(r"\b" + r"\s+".join(map(re.escape, phrase.split())) + r"\b", clause, re.IGNORECASE)
-                   for phrase in self.found_by)
+        return bool(self.found_by) and words_pattern(self.found_by, whole=True).search(clause) is not None
 
 
 @dataclass(frozen=True)

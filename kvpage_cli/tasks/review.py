@@ -45,7 +45,7 @@ from .prompts import render
 from .retrieval import Retriever, block_char_spans, default_window, question_budget
 from .schema import Assessment, Finding, Term, Value
 from .taxonomy import ALL_CATEGORIES
-from .values import ABBREVIATIONS, FEES_OVER_A_PERIOD, amount, in_unit
+from .values import ABBREVIATIONS, FEES_OVER_A_PERIOD, amount, in_unit, words_pattern
 from .zero_shot import shorten
 
 MAX_CLAUSE_CHARS = 2400  # a clause longer than this is shown to the model cut at a sentence end
@@ -403,14 +403,14 @@ class Reviewer:
         the words its questions need (`CategoryPlay.may_say_yes`), with no negation before those
         words ("Customer may not terminate this Agreement ... for convenience"), if any."""
         text = self.doc.text
-        needed = [w for q in play.questions for w in play.needs.get(q, ())]
+        words = tuple(w for q in play.questions for w in play.needs.get(q, ()))
+        needed = words_pattern(words) if words else None
         for s, e in _sentences(text, clause.start, clause.end):
             sentence = text[s:e]
             if not play.found_in(sentence) or not all(play.may_say_yes(q, sentence) for q in play.questions):
                 continue
-            found = [re.search(r"\b" + re.escape(w), sentence, re.IGNORECASE) for w in needed]
-            first = min((m.start() for m in found if m), default=len(sentence))
-            if not _NEGATION.search(sentence, 0, first):
+            need = needed.search(sentence) if needed else None
+            if not _NEGATION.search(sentence, 0, need.start() if need else len(sentence)):
                 return s, e
         return None
 
