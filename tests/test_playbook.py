@@ -109,6 +109,27 @@ def test_a_question_may_need_words_in_the_clause_before_a_yes_counts():
         Playbook.parse(text.replace('needs = ["renew", "extend"]', 'needs = "renew"'), "mine.toml")
 
 
+def test_a_question_is_barred_where_every_sentence_that_could_answer_it_holds_an_unless_word():
+    """The README contract's 5.1, Termination for Cause: the head filed it under termination for
+    convenience and SmolLM2 said yes to "Can a party end this agreement without cause?", so the
+    review read "A party may terminate without cause on only thirty (30) days notice". Over the
+    CUAD training split, no clause of the category loses its yes to the default `unless` words
+    (161 of 161 keep it) while 254 of the 2,790 other clauses that could say yes no longer can."""
+    play = Playbook.default().categories["Termination For Convenience"]
+    assert not play.may_say_yes("without_cause", "5.1 Termination for Cause. Either Party may terminate this Agreement "
+                                "by written notice if the other Party (a) materially breaches this Agreement; or (b) "
+                                "becomes the subject of a bankruptcy proceeding.")
+    assert play.may_say_yes("without_cause", "Provider may terminate this Agreement at any time, for any reason or "
+                            "no reason, on thirty (30) days' written notice to Customer.")
+    assert play.may_say_yes("without_cause", "Either party may terminate upon a material breach. Either party may "
+                            "also terminate this Agreement upon ninety (90) days written notice.")  # the second
+    assert play.may_say_yes("without_cause", "Either party may terminate for convenience or for cause.")  # a phrase
+    text = GOOD.replace('questions.automatic = "Does it renew automatically?"',
+                        'questions.automatic = { ask = "Does it renew automatically?", unless = "breach" }')
+    with pytest.raises(PlaybookError, match=r"\(line 9\).*question 'automatic'.*unless = \[words\]"):
+        Playbook.parse(text, "mine.toml")
+
+
 def test_a_value_may_be_the_duration_its_cue_leads_to_and_never_one_a_notice_follows():
     text = GOOD.replace('ask = "For how long does it renew?"', 'ask = "For how long?", near = ["renew"], '
                         'attached = "before", not_followed_by = ["notice"]')

@@ -12,7 +12,7 @@ from kvpage_cli.tasks import RISK_LEVELS, Asker, PromptError, Reviewer, render
 from kvpage_cli.tasks.schema import ReviewResult
 from kvpage_cli.tasks.taxonomy import BY_NAME
 from kvpage_cli.tasks.chat import PromptBuilder
-from kvpage_cli.tasks.review import _sentences
+from kvpage_cli.tasks.values import sentences as _sentences
 
 from .conftest import SAMPLES
 
@@ -416,6 +416,37 @@ def test_a_clause_that_never_mentions_termination_does_not_let_anyone_terminate(
     control = {cid: next(a for a in findings[cid].assessments if a.cuad == "Change Of Control") for cid in "12"}
     assert (control["2"].level, control["2"].reason) == ("high", "A change of control lets the other party terminate.")
     assert control["1"].level == "medium" and "lets the other party terminate" not in control["1"].reason
+
+
+FOR_CAUSE = """MASTER SERVICES AGREEMENT
+
+5.1 Termination for Cause. Either Party may terminate this Agreement by written notice if the other Party (a)
+materially breaches this Agreement and fails to cure the breach within thirty (30) days after written notice of it;
+or (b) becomes the subject of a bankruptcy or insolvency proceeding that is not dismissed within sixty (60) days.
+
+5.2 Termination for Convenience by Provider. Provider may terminate this Agreement or any Statement of Work at any
+time, for any reason or no reason, on thirty (30) days' written notice to Customer.
+"""
+
+
+def test_a_termination_clause_that_speaks_only_of_breach_is_no_termination_for_convenience(tiny_engine, tmp_path,
+                                                                                          monkeypatch):
+    """The README contract's 5.1: the head files it under termination for convenience, and
+    SmolLM2 said yes to "Can a party end this agreement without cause?". Every sentence of it
+    that terminates speaks of breach (the question's `unless` words), so it does not hold the
+    category whatever the model says; 5.2 does."""
+    path = tmp_path / "for_cause.txt"
+    path.write_text(FOR_CAUSE)
+    reviewer = Reviewer(tiny_engine, load(str(path)))
+    column = reviewer.head.categories.index("Termination For Convenience")
+    probabilities = reviewer.head.probabilities([c.text for c in reviewer.clauses])
+    assert reviewer.head.present(probabilities)[:, column].all()  # the head files both clauses under it
+    monkeypatch.setattr(Reviewer, "_yes_odds", lambda self, contexts, questions: [
+        0.0 if ctx is self._null else 3.0 for ctx in contexts])
+    findings = {f.clause_id: f for f in reviewer.findings()}
+    found = {cid: a for cid, f in findings.items() for a in f.assessments if a.cuad == "Termination For Convenience"}
+    assert list(found) == ["5.2"]
+    assert found["5.2"].reason == "A party may terminate without cause on only thirty (30) days notice."
 
 
 CONVENIENCE = """SUPPLY AGREEMENT

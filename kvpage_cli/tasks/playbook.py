@@ -17,7 +17,11 @@ A playbook is a TOML file (the default is prompts/playbook.toml; `--playbook FIL
 
 A question is answered yes or no by the model; `questions.name = { ask = "...", needs =
 ["terminat", "cancel"] }` takes a yes only from a clause that holds a word starting so (a clause
-that never mentions termination lets no one terminate, whatever the model says). A value is an
+that never mentions termination lets no one terminate, whatever the model says); with `unless =
+["breach", "for cause"]` too, only from a sentence that holds such a word and none of these,
+unless it holds one of the category's found_by phrases; a clause with no such sentence does not
+hold the category, whatever the head and the model say (a right to terminate on breach is no
+right to terminate without cause). A value is an
 exact span of the clause (kind: duration, money, date, place, party; `near` lists cue words, one
 of which must stand close to a candidate, e.g. near = ["notice"] for a notice period; with
 attached = "after", a candidate a cue word follows as its own, "thirty (30) days' prior written
@@ -53,7 +57,7 @@ from pathlib import Path
 
 from ..errors import KvpageError
 from .taxonomy import ALL_CATEGORIES, CATEGORIES, EXTRA_CATEGORIES
-from .values import Candidate, candidates, words_pattern
+from .values import Candidate, candidates, sentences, words_pattern
 
 LEVELS = ("high", "medium", "low", "none")
 VALUE_KINDS = ("duration", "money", "date", "place", "party")
@@ -108,11 +112,22 @@ class CategoryPlay:
     finding: bool = True
     needs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # question -> words a yes needs in the clause
     found_by: tuple[str, ...] = ()  # phrases that put a clause the head passed over to the questions
+    unless: dict[str, tuple[str, ...]] = field(default_factory=dict)  # question -> words that bar a sentence's yes
 
     def may_say_yes(self, question: str, clause: str) -> bool:
-        """Whether `clause` holds one of the words a yes to `question` needs (any, if it needs none)."""
-        words = self.needs.get(question, ())
-        return not words or words_pattern(words).search(clause) is not None
+        """Whether `clause` holds one of the words a yes to `question` needs (any, if it needs none);
+        for a question with `unless` words, in a sentence that holds none of them or one of the
+        category's found_by phrases."""
+        words, barred = self.needs.get(question, ()), self.unless.get(question, ())
+        needed = words_pattern(words) if words else None
+        if not barred:
+            return needed is None or needed.search(clause) is not None
+        bar = words_pattern(barred)
+        for s, e in sentences(clause, 0, len(clause)):
+            sentence = clause[s:e]
+            if (needed is None or needed.search(sentence)) and (not bar.search(sentence) or self.found_in(sentence)):
+                return True
+        return False
 
     def found_in(self, clause: str) -> bool:
         """Whether `clause` holds one of the `found_by` phrases (as words, case and spacing aside)."""
@@ -207,17 +222,23 @@ class _Parser:
         reason = entry.get("reason", "")
         if not isinstance(reason, str):
             raise self.fail(f"the reason of {name!r} must be a string", "reason", after=at)
-        questions, needs = {}, {}
+        questions, needs, unless = {}, {}, {}
         if not isinstance(entry.get("questions") or {}, dict):
             raise self.fail(f"the questions of {name!r} must be a table of name = \"question\"", "questions", after=at)
+
+        def words_of(q, key: str) -> list | None:
+            words = q.get(key, [])
+            return words if isinstance(words, list) and all(isinstance(w, str) and w.strip() for w in words) else None
+
         for q_name, q in (entry.get("questions") or {}).items():
-            words = q.get("needs", []) if isinstance(q, dict) else []
-            if isinstance(q, dict) and set(q) <= {"ask", "needs"} and isinstance(q.get("ask"), str) \
-                    and isinstance(words, list) and all(isinstance(w, str) and w.strip() for w in words):
-                q, needs[q_name] = q["ask"], tuple(w.strip() for w in words)
+            if isinstance(q, dict) and set(q) <= {"ask", "needs", "unless"} and isinstance(q.get("ask"), str) \
+                    and words_of(q, "needs") is not None and words_of(q, "unless") is not None:
+                needs[q_name] = tuple(w.strip() for w in words_of(q, "needs"))
+                unless[q_name] = tuple(w.strip() for w in words_of(q, "unless"))
+                q = q["ask"]
             if not isinstance(q, str) or not q.strip():
                 raise self.fail(f"question {q_name!r} of {name!r} must be name = \"question\" or "
-                                "name = { ask = \"question\", needs = [words] }", q_name, after=at)
+                                "name = { ask = \"question\", needs = [words], unless = [words] }", q_name, after=at)
             questions[q_name] = q
         values = {}
         for value_name, spec in (entry.get("values") or {}).items():
@@ -264,7 +285,7 @@ class _Parser:
             raise self.fail(f"{name!r} is found by phrases, which its questions must confirm: give it one", "found_by",
                             after=at)
         return CategoryPlay(name, level, reason, questions, values, tuple(rules), finding, needs,
-                            tuple(w.strip() for w in found_by))
+                            tuple(w.strip() for w in found_by), {q: w for q, w in unless.items() if w})
 
     def level(self, level, name: str, at: int) -> str:
         if level not in LEVELS:

@@ -45,7 +45,7 @@ from .prompts import render
 from .retrieval import Retriever, block_char_spans, default_window, question_budget
 from .schema import Assessment, Finding, Term, Value
 from .taxonomy import ALL_CATEGORIES
-from .values import ABBREVIATIONS, FEES_OVER_A_PERIOD, amount, in_unit, words_pattern
+from .values import FEES_OVER_A_PERIOD, amount, in_unit, sentences, words_pattern
 from .zero_shot import shorten
 
 MAX_CLAUSE_CHARS = 2400  # a clause longer than this is shown to the model cut at a sentence end
@@ -68,11 +68,16 @@ class _Item:
     answer_scores: dict[str, float] = field(default_factory=dict)
     values: dict[str, list[Value]] = field(default_factory=dict)
     found_at: tuple[int, int] | None = None  # the sentence whose found_by phrase put the clause to the questions
+    barred: bool = False  # a question with `unless` words that the clause cannot answer yes
 
     @property
     def holds(self) -> bool:
-        """A category the head found holds; one found by its values' words, or by its `found_by`
-        phrases, holds when the model answered each of its questions yes."""
+        """A category the head found holds, unless a question with `unless` words is barred from a
+        yes in the clause (a termination clause that speaks only of breach is no termination for
+        convenience); one found by its values' words, or by its `found_by` phrases, holds when the
+        model answered each of its questions yes."""
+        if self.barred:
+            return False
         return self.probability is not None or all(self.answers.get(q, False) for q in self.play.questions)
 
     @property
@@ -243,9 +248,10 @@ class Reviewer:
         self._null_odds.update(zip(new, self._yes_odds([self._null_context()] * len(new), new)))
         odds = self._yes_odds([clause_ctx[it.clause] for it, _, _ in questions], [t for _, _, t in questions])
         for (it, name, text), score in zip(questions, odds):
+            may = it.play.may_say_yes(name, self.clauses[it.clause].text)
             it.answer_scores[name] = round(score - self._null_odds[text], 4)
-            it.answers[name] = score - self._null_odds[text] > 0 \
-                and it.play.may_say_yes(name, self.clauses[it.clause].text)
+            it.answers[name] = score - self._null_odds[text] > 0 and may
+            it.barred = it.barred or (not may and name in it.play.unless)
         # values: each candidate span scored as the answer, after the clause and after "N/A"
         self._values(items, clause_ctx, self._null_context())
         for ctx in base:
@@ -405,7 +411,7 @@ class Reviewer:
         text = self.doc.text
         words = tuple(w for q in play.questions for w in play.needs.get(q, ()))
         needed = words_pattern(words) if words else None
-        for s, e in _sentences(text, clause.start, clause.end):
+        for s, e in sentences(text, clause.start, clause.end):
             sentence = text[s:e]
             if not play.found_in(sentence) or not all(play.may_say_yes(q, sentence) for q in play.questions):
                 continue
@@ -528,21 +534,21 @@ class Reviewer:
         heading_at = text.find(clause.heading, clause.start, near_start) if clause.heading else -1
         if heading_at >= 0:
             start = heading_at + len(clause.heading)
-        sentences = [(s, e) for s, e in _sentences(text, start, clause.end) if len(text[s:e].split()) >= 5]
-        if not sentences:
-            sentences = [(s, e) for s, e in _sentences(text, clause.start, clause.end) if len(text[s:e].split()) >= 5]
-        if not sentences:
-            sentences = [(clause.start, clause.end)]
-        best = sentences[0]
-        holding = [(s, e) for s, e in sentences if any(s <= v.start and v.end <= e for v in values)]
+        spans = [(s, e) for s, e in sentences(text, start, clause.end) if len(text[s:e].split()) >= 5]
+        if not spans:
+            spans = [(s, e) for s, e in sentences(text, clause.start, clause.end) if len(text[s:e].split()) >= 5]
+        if not spans:
+            spans = [(clause.start, clause.end)]
+        best = spans[0]
+        holding = [(s, e) for s, e in spans if any(s <= v.start and v.end <= e for v in values)]
         if holding:
             best = holding[0]
         elif found_at is not None:
             best = found_at
-        elif cuad is not None and len(sentences) > 1:
+        elif cuad is not None and len(spans) > 1:
             j = self.head.categories.index(cuad)
-            scores = self.head.probabilities([text[s:e] for s, e in sentences])[:, j]
-            best = sentences[int(scores.argmax())]
+            scores = self.head.probabilities([text[s:e] for s, e in spans])[:, j]
+            best = spans[int(scores.argmax())]
         start, end = best
         if end - start > QUOTE_CHARS:  # cut at a word boundary: still an exact substring
             keep = next((v for v in values if start <= v.start and v.end <= end), None)
@@ -609,42 +615,8 @@ def _passes(text: str, clause: str, finding: Finding) -> bool:
     return any(w[:5] in stems for w in own)
 
 
-# A sentence ends at . ; or : after a letter or closing mark (not after a digit, so "10.2" and
-# "1." numbering do not end one), followed by white space or the end.
-_SENTENCE_END = re.compile(r"(?<=[A-Za-z)\]\"”'%])[.;:](?=\s|$)")
-
-
-def _word_before(text: str, index: int) -> str:
-    """The word that ends at `index` (letters and inner dots)."""
-    start = index
-    while start > 0 and (text[start - 1].isalpha() or text[start - 1] == "."):
-        start -= 1
-    return text[start:index]
-
-
 # A sentence of a found_by phrase that says this before the words its questions need denies the
 # category: of the 444 training contracts' sentences that hold a termination for convenience
 # phrase of the default playbook and a word of termination, 2 of the 41 with it lie in the
 # experts' spans of the category, 103 of the 293 without it.
 _NEGATION = re.compile(r"(?i)\b(?:not|no|never|cannot|neither|nor)\b")
-
-
-def _sentences(text: str, start: int, end: int) -> list[tuple[int, int]]:
-    """(start, end) offsets of the sentences of text[start:end], white space trimmed."""
-    spans, first = [], start
-    for match in _SENTENCE_END.finditer(text, start, end):
-        if match.group() == "." and _word_before(text, match.start()).lower() in ABBREVIATIONS:
-            continue  # "No. 1", "Inc.", "e.g." end no sentence
-        spans.append((first, match.end()))
-        first = match.end()
-    spans.append((first, end))
-    out = []
-    for s, e in spans:
-        while s < e and text[s].isspace():
-            s += 1
-        while e > s and text[e - 1].isspace():
-            e -= 1
-        if e > s:
-            out.append((s, e))
-    return out
-

@@ -252,3 +252,36 @@ def _number(m: re.Match) -> float | None:
         else:
             current += n
     return float(total + current) or None
+
+
+# A sentence ends at . ; or : after a letter or closing mark (not after a digit, so "10.2" and
+# "1." numbering do not end one), followed by white space or the end.
+_SENTENCE_END = re.compile(r"(?<=[A-Za-z)\]\"”'%])[.;:](?=\s|$)")
+
+
+def _word_before(text: str, index: int) -> str:
+    """The word that ends at `index` (letters and inner dots)."""
+    start = index
+    while start > 0 and (text[start - 1].isalpha() or text[start - 1] == "."):
+        start -= 1
+    return text[start:index]
+
+
+def sentences(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """(start, end) offsets of the sentences of text[start:end], white space trimmed."""
+    spans, first = [], start
+    for match in _SENTENCE_END.finditer(text, start, end):
+        if match.group() == "." and _word_before(text, match.start()).lower() in ABBREVIATIONS:
+            continue  # "No. 1", "Inc.", "e.g." end no sentence
+        spans.append((first, match.end()))
+        first = match.end()
+    spans.append((first, end))
+    out = []
+    for s, e in spans:
+        while s < e and text[s].isspace():
+            s += 1
+        while e > s and text[e - 1].isspace():
+            e -= 1
+        if e > s:
+            out.append((s, e))
+    return out
