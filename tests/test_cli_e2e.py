@@ -54,6 +54,7 @@ def test_review_of_the_sample_contract_with_the_default_model(kv_home):
     assert "termination for convenience" in by_id["5.2"]["categories"]  # Provider's, on thirty days' notice
     assert "termination for convenience" not in by_id.get("5.1", {}).get("categories", [])  # for cause: breach
     assert by_id["11.4"]["rationale"] == "A claim must be brought within one (1) year."  # a time limit for claims
+    assert by_id["4.1"]["categories"] == ["term and expiration"]  # the initial term, no renewal
     terms = {t["label"]: [v["text"] for v in t["values"]] for t in data["terms"]}
     assert terms["Governing law"] == ["Delaware"]
     assert terms["Payment terms"] == ["thirty (30) days"]  # "payable ... within thirty (30) days after its date"

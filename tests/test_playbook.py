@@ -141,6 +141,18 @@ def test_a_value_may_be_the_duration_its_cue_leads_to_and_never_one_a_notice_fol
     assert [c.text for c in play.values["notice"].candidates(clause, 0, len(clause))] == ["60 days"]
 
 
+def test_a_category_may_require_words_of_its_clauses():
+    renewal = Playbook.default().categories["Renewal Term"]
+    assert not renewal.admits("This Agreement begins on the Effective Date and continues for an initial term of three "
+                              "(3) years, unless terminated earlier under Section 5.")
+    assert renewal.admits("This Agreement shall automatically RENEW for a successive period of three (3) years.")
+    assert renewal.admits("either party may give notice of termination no later than ninety (90) days prior to the "
+                          "expiration of the Term")
+    assert Playbook.default().categories["Governing Law"].admits("Anything at all.")  # requires nothing
+    with pytest.raises(PlaybookError, match=r"requires of 'Renewal Term' must be a list of words"):
+        Playbook.parse(GOOD.replace("rules = [", 'requires = "renew"\nrules = ['), "mine.toml")
+
+
 def test_a_time_limit_for_claims_is_a_cap_on_liability_with_its_period():
     """CUAD's cap on liability includes a time limit to bring claims (21 of the 576 training
     spans); the README contract's 11.4 was "Liability is capped: check the amount". Its period is
@@ -148,7 +160,7 @@ def test_a_time_limit_for_claims_is_a_cap_on_liability_with_its_period():
     (over the training spans: a candidate in 16 of those 21, in 8 of the 555 others, most of
     them time limits too)."""
     play = Playbook.default().categories["Cap On Liability"]
-    limit = "Customer may not bring any claim against Provider more than one (1) year after the cause of action accrues."
+    limit = "Customer may not bring any claim against Provider more than one (1) year after the cause of action accrues"
     assert [c.text for c in play.values["claim_period"].candidates(limit, 0, len(limit))] == ["one (1) year"]
     cap = ("PROVIDER'S TOTAL LIABILITY SHALL NOT EXCEED THE FEES PAID BY CUSTOMER DURING THE TWELVE (12) MONTHS BEFORE "
            "THE EVENT GIVING RISE TO THE CLAIM.")

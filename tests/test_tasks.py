@@ -449,6 +449,40 @@ def test_a_termination_clause_that_speaks_only_of_breach_is_no_termination_for_c
     assert found["5.2"].reason == "A party may terminate without cause on only thirty (30) days notice."
 
 
+TERM_AND_RENEWAL = """MASTER SERVICES AGREEMENT
+
+4. TERM AND RENEWAL
+
+4.1 Initial Term. This Agreement begins on the Effective Date and continues for an initial term of three (3) years
+(the "Initial Term"), unless terminated earlier under Section 5.
+
+4.2 Automatic Renewal. At the end of the Initial Term and of each Renewal Term, this Agreement shall automatically renew
+for a successive period of three (3) years, unless either Party gives written notice of non-renewal at least one
+hundred eighty (180) days before the end of the then-current term.
+"""
+
+
+def test_a_clause_that_only_sets_the_term_is_no_renewal_clause(tiny_engine, tmp_path, monkeypatch):
+    """The README contract's 4.1: the head files it under renewal term and the notice to stop a
+    renewal (its text starts with the article's heading, "4. TERM AND RENEWAL"), and SmolLM2 said
+    yes to "Does this agreement renew automatically", so the review read "The contract can be
+    renewed or extended; check how.". The categories require a word of renewal in the clause's
+    own text; 4.1 is its initial term, 4.2 the renewal."""
+    path = tmp_path / "term.txt"
+    path.write_text(TERM_AND_RENEWAL)
+    reviewer = Reviewer(tiny_engine, load(str(path)))
+    column = reviewer.head.categories.index("Renewal Term")
+    probabilities = reviewer.head.probabilities([c.text for c in reviewer.clauses])
+    ids = [c.id for c in reviewer.clauses]
+    assert reviewer.head.present(probabilities)[ids.index("4.1"), column]  # the head files 4.1 under it
+    monkeypatch.setattr(Reviewer, "_yes_odds", lambda self, contexts, questions: [
+        0.0 if ctx is self._null else 3.0 for ctx in contexts])
+    findings = {f.clause_id: f for f in reviewer.findings()}
+    assert findings["4.1"].categories == ["term and expiration"]
+    assert findings["4.1"].rationale == "The initial term is three (3) years."
+    assert "renewal term" in findings["4.2"].categories and findings["4.2"].risk == "high"
+
+
 CONVENIENCE = """SUPPLY AGREEMENT
 
 8. Warranties and Term. THE PRODUCTS ARE PROVIDED ON AN "AS IS" AND "AS AVAILABLE" BASIS, AND SUPPLIER DOES NOT

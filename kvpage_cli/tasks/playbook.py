@@ -37,7 +37,9 @@ gives the level and the reason, whose `{name}` places take the values found. A c
 to a category's questions the clauses the head passed over that have a sentence holding one of
 these phrases and the words the questions need; such a clause has the category only when the
 model answers every question yes, and its quote is that sentence (a clause that is mostly
-something else hides a sentence of the category from the head).
+something else hides a sentence of the category from the head). `requires = ["renew", "extend"]`
+keeps the category from a clause that holds none of these words, whatever the head and the model
+say (a clause that only sets the initial term is no renewal term).
 
 The categories are CUAD's, which the trained head finds, and the few a review adds
 (taxonomy.EXTRA_CATEGORIES, e.g. "Payment Terms"), which no head scores: a clause is considered
@@ -113,6 +115,11 @@ class CategoryPlay:
     needs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # question -> words a yes needs in the clause
     found_by: tuple[str, ...] = ()  # phrases that put a clause the head passed over to the questions
     unless: dict[str, tuple[str, ...]] = field(default_factory=dict)  # question -> words that bar a sentence's yes
+    requires: tuple[str, ...] = ()  # words one of which a clause of the category holds
+
+    def admits(self, clause: str) -> bool:
+        """Whether `clause` holds one of the words the category `requires` (any, if none)."""
+        return not self.requires or words_pattern(self.requires).search(clause) is not None
 
     def may_say_yes(self, question: str, clause: str) -> bool:
         """Whether `clause` holds one of the words a yes to `question` needs (any, if it needs none);
@@ -214,7 +221,7 @@ class _Parser:
                                 f"{', '.join(EXTRA_CATEGORIES)})")
         if not isinstance(entry, dict):
             raise self.fail(f"categories.{name!r} must be a table", name)
-        allowed = {"level", "reason", "questions", "values", "rules", "finding", "found_by"}
+        allowed = {"level", "reason", "questions", "values", "rules", "finding", "found_by", "requires"}
         for key in entry:
             if key not in allowed:
                 raise self.fail(f"unknown key {key!r} in {name!r} (expected {', '.join(sorted(allowed))})", key, after=at)
@@ -284,8 +291,12 @@ class _Parser:
         if found_by and not questions:
             raise self.fail(f"{name!r} is found by phrases, which its questions must confirm: give it one", "found_by",
                             after=at)
+        requires = entry.get("requires", [])
+        if not isinstance(requires, list) or not all(isinstance(w, str) and w.strip() for w in requires):
+            raise self.fail(f"requires of {name!r} must be a list of words", "requires", after=at)
         return CategoryPlay(name, level, reason, questions, values, tuple(rules), finding, needs,
-                            tuple(w.strip() for w in found_by), {q: w for q, w in unless.items() if w})
+                            tuple(w.strip() for w in found_by), {q: w for q, w in unless.items() if w},
+                            tuple(w.strip() for w in requires))
 
     def level(self, level, name: str, at: int) -> str:
         if level not in LEVELS:

@@ -183,13 +183,15 @@ class Reviewer:
         for i in range(len(self.clauses)):
             for j in sorted(present[i].nonzero()[0].tolist(), key=lambda j: -probabilities[i, j]):
                 play = self.playbook.categories.get(self.head.categories[j])
-                if play is not None:
+                if play is not None and self._admits(play, self.clauses[i]):
                     chosen.setdefault(i, []).append(_Item(i, play, float(probabilities[i, j])))
         for play in self.playbook.categories.values():
             scored = play.category in self.head.categories
             if scored and not play.found_by:
                 continue
             for i, clause in enumerate(self.clauses):
+                if not self._admits(play, clause):
+                    continue
                 if scored:  # passed over by the head: a sentence with the category's phrases puts it to the questions
                     at = None if any(it.play is play for it in chosen.get(i, [])) else self._found_at(play, clause)
                     if at is not None:
@@ -404,6 +406,17 @@ class Reviewer:
             self.retriever.tail = library.rest + self.prefix_ids[last:]
         return self.retriever
 
+    def _body_start(self, clause: Clause) -> int:
+        """Where the clause's text starts after its own heading (and the headings above it that
+        the clause's text holds, "4. TERM AND RENEWAL 4.1 Initial Term."), if it has one."""
+        near_start = min(clause.end, clause.start + len(clause.heading) + HEADING_REACH)
+        heading_at = self.doc.text.find(clause.heading, clause.start, near_start) if clause.heading else -1
+        return heading_at + len(clause.heading) if heading_at >= 0 else clause.start
+
+    def _admits(self, play: CategoryPlay, clause: Clause) -> bool:
+        """Whether the clause's text, its headings aside, holds a word the category requires."""
+        return play.admits(self.doc.text[self._body_start(clause):clause.end])
+
     def _found_at(self, play: CategoryPlay, clause: Clause) -> tuple[int, int] | None:
         """The first sentence of the clause that holds one of the category's found_by phrases and
         the words its questions need (`CategoryPlay.may_say_yes`), with no negation before those
@@ -529,16 +542,11 @@ class Reviewer:
         value, else the one that holds its found_by phrase (`found_at`), else the one the head
         scores highest for the category."""
         text = self.doc.text
-        start = clause.start
-        near_start = min(clause.end, clause.start + len(clause.heading) + HEADING_REACH)
-        heading_at = text.find(clause.heading, clause.start, near_start) if clause.heading else -1
-        if heading_at >= 0:
-            start = heading_at + len(clause.heading)
-        spans = [(s, e) for s, e in sentences(text, start, clause.end) if len(text[s:e].split()) >= 5]
-        if not spans:
-            spans = [(s, e) for s, e in sentences(text, clause.start, clause.end) if len(text[s:e].split()) >= 5]
-        if not spans:
-            spans = [(clause.start, clause.end)]
+
+        def long_sentences(start: int) -> list[tuple[int, int]]:
+            return [(s, e) for s, e in sentences(text, start, clause.end) if len(text[s:e].split()) >= 5]
+
+        spans = long_sentences(self._body_start(clause)) or long_sentences(clause.start) or [(clause.start, clause.end)]
         best = spans[0]
         holding = [(s, e) for s, e in spans if any(s <= v.start and v.end <= e for v in values)]
         if holding:
