@@ -9,7 +9,9 @@ per-category and micro precision, recall and F1, for every method compared:
   features bench/clause_features.py wrote for a model (--features MODEL=PATH), the head fitted
   here on that file's training contracts with thresholds from their out-of-fold scores;
 - review: the findings of full `Reviewer` runs with each model (--reviews N contracts), which
-  also give the share of true positives whose quote overlaps an expert span, and the accuracy
+  also give the share of true positives whose quote overlaps an expert span, clause-level
+  figures (of the clauses flagged with a category, those overlapping an expert span of it; of
+  the experts' spans, those a clause flagged with their category overlaps), and the accuracy
   of the key terms against CUAD's normalised answers: Governing Law (case-insensitive
   containment either way), Renewal Term and Notice Period To Terminate Renewal (the same
   number and unit as a duration in the answer, or containment).
@@ -194,12 +196,21 @@ def review(engine, contract, batch: int | None):
     for f in findings:
         for a in f.assessments:
             for g in groups_of([a.cuad]):
-                flagged.setdefault(g, []).append(f)
+                if f not in flagged.setdefault(g, []):  # a finding counts once per category group
+                    flagged[g].append(f)
     pred = set(flagged)
     overlap = {}
     for g in pred & truth:
         ranges = [r for name in RISK[g] for r in spans.get(name, [])]
         overlap[g] = any(min(f.end, e) > max(f.start, s) for f in flagged[g] for s, e in ranges)
+    # clause level: each (finding's clause, category) flagged, whether the clause overlaps an expert span of
+    # the category; each expert span, whether a clause flagged with its category overlaps it
+    ranges_of = {g: [r for name in RISK[g] for r in spans.get(name, [])] for g in GROUPS}
+    clause_of = {id(f): next((c for c in clauses if c.start <= f.start < c.end), None) for f in findings}
+    right = [any(min(c.end, e) > max(c.start, s) for s, e in ranges_of[g])
+             for g, fs in flagged.items() for f in fs if (c := clause_of[id(f)]) is not None]
+    covered = [any(min(c.end, e) > max(c.start, s) for f in flagged.get(g, []) if (c := clause_of[id(f)]) is not None)
+               for g in GROUPS for s, e in ranges_of[g]]
     terms = {t.label: " and ".join(v.text for v in t.values) for t in reviewer.terms}
     values = {}
     for category, label in VALUE_TERMS.items():
@@ -208,7 +219,9 @@ def review(engine, contract, batch: int | None):
             values[category] = {"answer": answer, "ours": terms.get(label), "right": value_right(category, terms.get(label), answer)}
     return {"contract": contract.name, "mode": reviewer.mode, "clauses": len(clauses), "findings": len(findings),
             "seconds": round(seconds, 1), "pred": sorted(pred), "truth": sorted(truth),
-            "quote_overlap": overlap, "values": values}
+            "quote_overlap": overlap, "values": values,
+            "clauses_flagged": {"flagged": len(right), "in_spans": sum(right)},
+            "spans_found": {"spans": len(covered), "found": sum(covered)}}
 
 
 def _logged(path: str | None, model: str) -> dict[str, dict]:
@@ -293,6 +306,10 @@ def main() -> None:
             judged = [d["values"][category]["right"] for d in done if category in d["values"]]
             result["values"][category] = {"right": sum(judged), "contracts": len(judged)}
         result["seconds"] = [d["seconds"] for d in done]
+        if all("clauses_flagged" in d for d in done):  # reviews logged before this was measured lack it
+            flagged_n, in_spans = (sum(d["clauses_flagged"][k] for d in done) for k in ("flagged", "in_spans"))
+            spans_n, found = (sum(d["spans_found"][k] for d in done) for k in ("spans", "found"))
+            result["clauses"] = {"flagged": flagged_n, "in_spans": in_spans, "spans": spans_n, "found": found}
         report["methods"][f"review {model}"] = result
         row = {"method": f"review ({model})", "contracts": len(done), **_fmt(result["micro"]),
                "quotes": f"{sum(tps)}/{len(tps)}"}
@@ -301,11 +318,15 @@ def main() -> None:
             v = result["values"][category]
             row[short] = f"{v['right']}/{v['contracts']}"
         row["s_per_contract"] = round(sum(result["seconds"]) / max(1, len(done)), 1)
+        if "clauses" in result:
+            row["clause_p"] = f'{result["clauses"]["in_spans"]}/{result["clauses"]["flagged"]}'
+            row["span_r"] = f'{result["clauses"]["found"]}/{result["clauses"]["spans"]}'
         rows.append(row)
     report["reviews"] = reviews
     print(table(rows, [("method", "method"), ("contracts", "contracts"), ("precision", "micro P"), ("recall", "micro R"),
                        ("f1", "micro F1"), ("quotes", "quote overlaps"), ("law", "governing law"),
-                       ("renewal", "renewal term"), ("notice", "renewal notice"), ("s_per_contract", "s / contract")]))
+                       ("renewal", "renewal term"), ("notice", "renewal notice"), ("clause_p", "clauses in spans"),
+                       ("span_r", "spans found"), ("s_per_contract", "s / contract")]))
     per = [{"category": g, **{f"{m} F1": f'{report["methods"][m]["per_category"][g]["f1"]:.2f}' for m in report["methods"]}}
            for g in GROUPS]
     print(table(per, [("category", "category")] + [(f"{m} F1", f"{m} F1") for m in report["methods"]]))
