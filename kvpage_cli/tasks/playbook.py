@@ -20,7 +20,7 @@ A question is answered yes or no by the model; `questions.name = { ask = "...", 
 that never mentions termination lets no one terminate, whatever the model says); with `unless =
 ["breach", "for cause"]` too, only from a sentence that holds such a word and none of these,
 unless it holds one of the category's found_by phrases; a clause with no such sentence does not
-hold the category, whatever the head and the model say (a right to terminate on breach is no
+hold the category, whatever the head says, and is not asked (a right to terminate on breach is no
 right to terminate without cause). A value is an
 exact span of the clause (kind: duration, money, date, place, party; `near` lists cue words, one
 of which must stand close to a candidate, e.g. near = ["notice"] for a notice period; with
@@ -233,16 +233,16 @@ class _Parser:
         if not isinstance(entry.get("questions") or {}, dict):
             raise self.fail(f"the questions of {name!r} must be a table of name = \"question\"", "questions", after=at)
 
-        def words_of(q, key: str) -> list | None:
+        def words_of(q, key: str) -> tuple[str, ...] | None:
             words = q.get(key, [])
-            return words if isinstance(words, list) and all(isinstance(w, str) and w.strip() for w in words) else None
+            ok = isinstance(words, list) and all(isinstance(w, str) and w.strip() for w in words)
+            return tuple(w.strip() for w in words) if ok else None
 
         for q_name, q in (entry.get("questions") or {}).items():
-            if isinstance(q, dict) and set(q) <= {"ask", "needs", "unless"} and isinstance(q.get("ask"), str) \
-                    and words_of(q, "needs") is not None and words_of(q, "unless") is not None:
-                needs[q_name] = tuple(w.strip() for w in words_of(q, "needs"))
-                unless[q_name] = tuple(w.strip() for w in words_of(q, "unless"))
-                q = q["ask"]
+            if isinstance(q, dict) and set(q) <= {"ask", "needs", "unless"} and isinstance(q.get("ask"), str):
+                words, barred = words_of(q, "needs"), words_of(q, "unless")
+                if words is not None and barred is not None:
+                    q, needs[q_name], unless[q_name] = q["ask"], words, barred
             if not isinstance(q, str) or not q.strip():
                 raise self.fail(f"question {q_name!r} of {name!r} must be name = \"question\" or "
                                 "name = { ask = \"question\", needs = [words], unless = [words] }", q_name, after=at)

@@ -68,16 +68,11 @@ class _Item:
     answer_scores: dict[str, float] = field(default_factory=dict)
     values: dict[str, list[Value]] = field(default_factory=dict)
     found_at: tuple[int, int] | None = None  # the sentence whose found_by phrase put the clause to the questions
-    barred: bool = False  # a question with `unless` words that the clause cannot answer yes
 
     @property
     def holds(self) -> bool:
-        """A category the head found holds, unless a question with `unless` words is barred from a
-        yes in the clause (a termination clause that speaks only of breach is no termination for
-        convenience); one found by its values' words, or by its `found_by` phrases, holds when the
-        model answered each of its questions yes."""
-        if self.barred:
-            return False
+        """A category the head found holds; one found by its values' words, or by its `found_by`
+        phrases, holds when the model answered each of its questions yes."""
         return self.probability is not None or all(self.answers.get(q, False) for q in self.play.questions)
 
     @property
@@ -250,10 +245,9 @@ class Reviewer:
         self._null_odds.update(zip(new, self._yes_odds([self._null_context()] * len(new), new)))
         odds = self._yes_odds([clause_ctx[it.clause] for it, _, _ in questions], [t for _, _, t in questions])
         for (it, name, text), score in zip(questions, odds):
-            may = it.play.may_say_yes(name, self.clauses[it.clause].text)
             it.answer_scores[name] = round(score - self._null_odds[text], 4)
-            it.answers[name] = score - self._null_odds[text] > 0 and may
-            it.barred = it.barred or (not may and name in it.play.unless)
+            it.answers[name] = score - self._null_odds[text] > 0 \
+                and it.play.may_say_yes(name, self.clauses[it.clause].text)
         # values: each candidate span scored as the answer, after the clause and after "N/A"
         self._values(items, clause_ctx, self._null_context())
         for ctx in base:
@@ -414,8 +408,12 @@ class Reviewer:
         return heading_at + len(clause.heading) if heading_at >= 0 else clause.start
 
     def _admits(self, play: CategoryPlay, clause: Clause) -> bool:
-        """Whether the clause's text, its headings aside, holds a word the category requires."""
-        return play.admits(self.doc.text[self._body_start(clause):clause.end])
+        """Whether the clause may hold the category, whatever the head and the model say: its text,
+        its headings aside, holds a word the category requires, and each question with `unless`
+        words may still be answered yes (a termination clause that speaks only of breach is no
+        termination for convenience), so that a clause that cannot is never put to the model."""
+        return play.admits(self.doc.text[self._body_start(clause):clause.end]) \
+            and all(play.may_say_yes(q, clause.text) for q in play.unless)
 
     def _found_at(self, play: CategoryPlay, clause: Clause) -> tuple[int, int] | None:
         """The first sentence of the clause that holds one of the category's found_by phrases and
