@@ -207,8 +207,8 @@ def review(engine, contract, batch: int | None):
     # the category; each expert span, whether a clause flagged with its category overlaps it
     ranges_of = {g: [r for name in RISK[g] for r in spans.get(name, [])] for g in GROUPS}
     clause_of = {id(f): next((c for c in clauses if c.start <= f.start < c.end), None) for f in findings}
-    right = [any(min(c.end, e) > max(c.start, s) for s, e in ranges_of[g])
-             for g, fs in flagged.items() for f in fs if (c := clause_of[id(f)]) is not None]
+    pairs = [(g, c) for g, fs in flagged.items() for f in fs if (c := clause_of[id(f)]) is not None]
+    right = [any(min(c.end, e) > max(c.start, s) for s, e in ranges_of[g]) for g, c in pairs]
     covered = [any(min(c.end, e) > max(c.start, s) for f in flagged.get(g, []) if (c := clause_of[id(f)]) is not None)
                for g in GROUPS for s, e in ranges_of[g]]
     terms = {t.label: " and ".join(v.text for v in t.values) for t in reviewer.terms}
@@ -220,7 +220,9 @@ def review(engine, contract, batch: int | None):
     return {"contract": contract.name, "mode": reviewer.mode, "clauses": len(clauses), "findings": len(findings),
             "seconds": round(seconds, 1), "pred": sorted(pred), "truth": sorted(truth),
             "quote_overlap": overlap, "values": values,
-            "clauses_flagged": {"flagged": len(right), "in_spans": sum(right)},
+            "clauses_flagged": {"flagged": len(right), "in_spans": sum(right),
+                                "outside": [[g, " ".join(doc.text[c.start:c.end].split())[:160]]
+                                            for (g, c), ok in zip(pairs, right) if not ok]},
             "spans_found": {"spans": len(covered), "found": sum(covered)}}
 
 

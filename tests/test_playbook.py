@@ -148,9 +148,33 @@ def test_a_category_may_require_words_of_its_clauses():
     assert renewal.admits("This Agreement shall automatically RENEW for a successive period of three (3) years.")
     assert renewal.admits("either party may give notice of termination no later than ninety (90) days prior to the "
                           "expiration of the Term")
-    assert Playbook.default().categories["Governing Law"].admits("Anything at all.")  # requires nothing
+    assert Playbook.default().categories["Audit Rights"].admits("Anything at all.")  # requires nothing
     with pytest.raises(PlaybookError, match=r"requires of 'Renewal Term' must be a list of words"):
         Playbook.parse(GOOD.replace("rules = [", 'requires = "renew"\nrules = ['), "mine.toml")
+
+
+def test_a_required_word_right_after_non_does_not_count():
+    """A non-exclusive licence is no exclusivity (the head filed three such clauses of the first 50
+    development contracts there); "non-renewal" counts for renewal because the playbook lists it."""
+    categories = Playbook.default().categories
+    exclusivity = categories["Exclusivity"]
+    for text in ("OntoChem hereby grants to Anixa a non-exclusive, fully paid-up, royalty-free licence.",
+                 "Licensor grants to Licensee a non- exclusive, worldwide licence.",
+                 "a limited, revocable, non exclusive licence"):
+        assert not exclusivity.admits(text), text
+    assert exclusivity.admits("Distributor shall be the exclusive distributor of the Products in the Territory.")
+    assert exclusivity.admits("Company appoints Distributor as its exclusive distributor, and grants it a "
+                              "non-exclusive licence to the Marks.")
+    assert exclusivity.admits("The Distributor shall purchase Products only from the Company.")
+    assert categories["Renewal Term"].admits("Either party may give notice of non-renewal sixty (60) days before.")
+    law = categories["Governing Law"]
+    assert not law.admits("Company represents and warrants that it is a corporation organized and in good standing "
+                          "under the laws of the State of Florida.")
+    assert not law.admits("The Parties irrevocably consent to the exclusive jurisdiction of the courts of Harris County.")
+    assert law.admits("This Agreement shall be governed by the laws of the State of Delaware.")
+    uncapped = categories["Uncapped Liability"]
+    assert not uncapped.admits("NEITHER PARTY SHALL BE LIABLE FOR ANY SPECIAL, INCIDENTAL OR CONSEQUENTIAL DAMAGES.")
+    assert uncapped.admits("EXCEPT FOR BREACH OF SECTION 9, NEITHER PARTY SHALL BE LIABLE FOR CONSEQUENTIAL DAMAGES.")
 
 
 def test_a_time_limit_for_claims_is_a_cap_on_liability_with_its_period():

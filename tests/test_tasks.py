@@ -533,3 +533,38 @@ def test_a_clause_the_head_passes_over_is_found_by_its_phrases_when_the_model_co
         assert findings["10"].quote == "Buyer may also terminate this Agreement at\nany time for its convenience."
     else:
         assert found == {}
+
+
+NOT_WHAT_THE_HEAD_SAYS = """DISTRIBUTOR AGREEMENT
+
+1. License. For the term of this Agreement, Company grants Distributor a limited, revocable, non-transferable,
+non-exclusive license to use the Company Marks solely to market the Products in the Territory.
+
+2. Company Representations. Company represents and warrants that it is a corporation organized and in good standing
+under the laws of the State of Florida.
+
+3. Governing Law. This Agreement shall be governed by and construed in accordance with the laws of the State of Texas.
+
+4. Limitation of Liability. Neither party shall be liable to the other for lost profits or indirect, special,
+consequential or punitive damages of any kind arising out of this Agreement.
+"""
+
+
+def test_the_words_a_category_requires_keep_it_from_clauses_the_head_misfiles(tiny_engine, tmp_path, monkeypatch):
+    """Clauses of the first 50 development contracts that the head filed wrongly (outside the
+    experts' spans): a non-exclusive licence as exclusivity, a party's state of incorporation as
+    governing law, an exclusion of consequential damages with no carve-out as uncapped liability.
+    The governing law of this contract is Texas, from 3 only."""
+    path = tmp_path / "distributor.txt"
+    path.write_text(NOT_WHAT_THE_HEAD_SAYS)
+    reviewer = Reviewer(tiny_engine, load(str(path)))
+    ids = [c.id for c in reviewer.clauses]
+    present = reviewer.head.present(reviewer.head.probabilities([c.text for c in reviewer.clauses]))
+    for clause_id, category in (("1", "Exclusivity"), ("2", "Governing Law"), ("4", "Uncapped Liability")):
+        assert present[ids.index(clause_id), reviewer.head.categories.index(category)]  # the head files it there
+    monkeypatch.setattr(Reviewer, "_yes_odds", lambda self, contexts, questions: [
+        0.0 if ctx is self._null else 3.0 for ctx in contexts])
+    flagged = {(f.clause_id, a.cuad) for f in reviewer.findings() for a in f.assessments}
+    assert ("3", "Governing Law") in flagged
+    assert not flagged & {("1", "Exclusivity"), ("2", "Governing Law"), ("4", "Uncapped Liability")}
+    assert {t.label: " and ".join(v.text for v in t.values) for t in reviewer.terms}["Governing law"] == "Texas"

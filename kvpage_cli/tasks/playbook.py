@@ -38,8 +38,9 @@ to a category's questions the clauses the head passed over that have a sentence 
 these phrases and the words the questions need; such a clause has the category only when the
 model answers every question yes, and its quote is that sentence (a clause that is mostly
 something else hides a sentence of the category from the head). `requires = ["renew", "extend"]`
-keeps the category from a clause that holds none of these words, whatever the head and the model
-say (a clause that only sets the initial term is no renewal term).
+keeps the category from a clause that holds none of these words (in its own heading or its text;
+a word right after "non-" does not count), whatever the head and the model say (a clause that only
+sets the initial term is no renewal term, a non-exclusive licence no exclusivity).
 
 The categories are CUAD's, which the trained head finds, and the few a review adds
 (taxonomy.EXTRA_CATEGORIES, e.g. "Payment Terms"), which no head scores: a clause is considered
@@ -118,8 +119,9 @@ class CategoryPlay:
     requires: tuple[str, ...] = ()  # words one of which a clause of the category holds
 
     def admits(self, clause: str) -> bool:
-        """Whether `clause` holds one of the words the category `requires` (any, if none)."""
-        return not self.requires or words_pattern(self.requires).search(clause) is not None
+        """Whether `clause` holds one of the words the category `requires` (any, if none), not
+        negated by "non-" ("non-exclusive" is no "exclusive"; list "non-renew" where it counts)."""
+        return not self.requires or words_pattern(self.requires, after_non=False).search(clause) is not None
 
     def may_say_yes(self, question: str, clause: str) -> bool:
         """Whether `clause` holds one of the words a yes to `question` needs (any, if it needs none);

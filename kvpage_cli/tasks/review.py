@@ -400,19 +400,25 @@ class Reviewer:
             self.retriever.tail = library.rest + self.prefix_ids[last:]
         return self.retriever
 
-    def _body_start(self, clause: Clause) -> int:
-        """Where the clause's text starts after its own heading (and the headings above it that
-        the clause's text holds, "4. TERM AND RENEWAL 4.1 Initial Term."), if it has one."""
+    def _heading_at(self, clause: Clause) -> int:
+        """Where the clause's own heading starts in its text, after the headings above it that the
+        clause's text holds ("4. TERM AND RENEWAL 4.1 Initial Term."); -1 if it has none."""
         near_start = min(clause.end, clause.start + len(clause.heading) + HEADING_REACH)
-        heading_at = self.doc.text.find(clause.heading, clause.start, near_start) if clause.heading else -1
+        return self.doc.text.find(clause.heading, clause.start, near_start) if clause.heading else -1
+
+    def _body_start(self, clause: Clause) -> int:
+        """Where the clause's text starts after its own heading (and the headings above it)."""
+        heading_at = self._heading_at(clause)
         return heading_at + len(clause.heading) if heading_at >= 0 else clause.start
 
     def _admits(self, play: CategoryPlay, clause: Clause) -> bool:
-        """Whether the clause may hold the category, whatever the head and the model say: its text,
-        its headings aside, holds a word the category requires, and each question with `unless`
-        words may still be answered yes (a termination clause that speaks only of breach is no
+        """Whether the clause may hold the category, whatever the head and the model say: its own
+        heading or its text (not the article headings above it: "4. TERM AND RENEWAL" over "4.1
+        Initial Term") holds a word the category requires, and each question with `unless` words
+        may still be answered yes (a termination clause that speaks only of breach is no
         termination for convenience), so that a clause that cannot is never put to the model."""
-        return play.admits(self.doc.text[self._body_start(clause):clause.end]) \
+        heading_at = self._heading_at(clause)
+        return play.admits(self.doc.text[heading_at if heading_at >= 0 else clause.start:clause.end]) \
             and all(play.may_say_yes(q, clause.text) for q in play.unless)
 
     def _found_at(self, play: CategoryPlay, clause: Clause) -> tuple[int, int] | None:

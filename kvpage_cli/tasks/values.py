@@ -101,11 +101,14 @@ def candidates(text: str, start: int, end: int, kind: str, near: tuple[str, ...]
 
 
 @lru_cache(maxsize=256)
-def words_pattern(words: tuple[str, ...], whole: bool = False) -> re.Pattern:
+def words_pattern(words: tuple[str, ...], whole: bool = False, after_non: bool = True) -> re.Pattern:
     """Any of `words` (each a word or phrase) starting a word, case and the spacing between a
-    phrase's words aside; `whole`: ending one too. The playbook's cue words, needs and phrases."""
+    phrase's words aside; `whole`: ending one too. The playbook's cue words, needs and phrases.
+    `after_non` False: not right after "non" and a hyphen or a space ("non-exclusive", "non- exclusive"
+    and "non exclusive" hold no "exclusive"; "nonexclusive" never did, being one word)."""
     alternatives = "|".join(r"\s+".join(map(re.escape, w.split())) for w in words)
-    return re.compile(r"\b(?:" + alternatives + ")" + (r"\b" if whole else ""), re.IGNORECASE)
+    guard = "" if after_non else r"(?<!non-)(?<!non\s)(?<!non-\s)"
+    return re.compile(r"\b" + guard + "(?:" + alternatives + ")" + (r"\b" if whole else ""), re.IGNORECASE)
 
 
 # The words that may stand between a candidate and the cue after it when the candidate is the
