@@ -113,8 +113,10 @@ def test_a_question_is_barred_where_every_sentence_that_could_answer_it_holds_an
     """The README contract's 5.1, Termination for Cause: the head filed it under termination for
     convenience and SmolLM2 said yes to "Can a party end this agreement without cause?", so the
     review read "A party may terminate without cause on only thirty (30) days notice". Over the
-    CUAD training split, no clause of the category loses its yes to the default `unless` words
-    (161 of 161 keep it) while 254 of the 2,790 other clauses that could say yes no longer can."""
+    CUAD training split, the words of breach and cause took no clause of the category its yes
+    (161 of 161 kept it) while 254 of the 2,790 other clauses that could say yes no longer could;
+    with a stated event too, read in a clause's text without its heading (Reviewer._admits), 158
+    of 161 and 478 of 2,790."""
     play = Playbook.default().categories["Termination For Convenience"]
     assert not play.may_say_yes("without_cause", "5.1 Termination for Cause. Either Party may terminate this Agreement "
                                 "by written notice if the other Party (a) materially breaches this Agreement; or (b) "
@@ -124,6 +126,8 @@ def test_a_question_is_barred_where_every_sentence_that_could_answer_it_holds_an
     assert play.may_say_yes("without_cause", "Either party may terminate upon a material breach. Either party may "
                             "also terminate this Agreement upon ninety (90) days written notice.")  # the second
     assert play.may_say_yes("without_cause", "Either party may terminate for convenience or for cause.")  # a phrase
+    assert not play.may_say_yes("without_cause", "NCM may terminate this Agreement upon thirty (30) days written notice "
+                                "to Network Affiliate in the event that distribution of the Service is prohibited.")
     text = GOOD.replace('questions.automatic = "Does it renew automatically?"',
                         'questions.automatic = { ask = "Does it renew automatically?", unless = "breach" }')
     with pytest.raises(PlaybookError, match=r"\(line 9\).*question 'automatic'.*unless = \[words\]"):

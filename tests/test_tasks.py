@@ -568,3 +568,34 @@ def test_the_words_a_category_requires_keep_it_from_clauses_the_head_misfiles(ti
     assert ("3", "Governing Law") in flagged
     assert not flagged & {("1", "Exclusivity"), ("2", "Governing Law"), ("4", "Uncapped Liability")}
     assert {t.label: " and ".join(v.text for v in t.values) for t in reviewer.terms}["Governing law"] == "Texas"
+
+
+ON_AN_EVENT = """SERVICES AGREEMENT
+
+8. Termination
+
+8.1 Termination by Supplier. Supplier may terminate this Agreement upon thirty (30) days written notice to Buyer in
+the event that Buyer fails to pay any invoice when due.
+
+8.2 Termination by Buyer. Buyer may terminate this Agreement upon thirty (30) days written notice to Supplier.
+"""
+
+
+def test_a_right_to_terminate_on_an_event_is_no_termination_for_convenience(tiny_engine, tmp_path, monkeypatch):
+    """A development contract's "Termination by NCM. NCM may terminate this Agreement upon thirty
+    (30) days written notice ... in the event that distribution of the Service ... is permanently
+    discontinued" was flagged as termination for convenience: the head files it there (0.64) and
+    its heading, a sentence with "terminat" and no word that bars a yes, let the clause through.
+    The `unless` words now include a stated event, and they are read in the clause's text, its
+    heading aside. 8.2, with no condition, keeps the category."""
+    path = tmp_path / "services.txt"
+    path.write_text(ON_AN_EVENT)
+    reviewer = Reviewer(tiny_engine, load(str(path)))
+    ids = [c.id for c in reviewer.clauses]
+    present = reviewer.head.present(reviewer.head.probabilities([c.text for c in reviewer.clauses]))
+    column = reviewer.head.categories.index("Termination For Convenience")
+    assert present[ids.index("8.1"), column] and present[ids.index("8.2"), column]  # the head files both there
+    monkeypatch.setattr(Reviewer, "_yes_odds", lambda self, contexts, questions: [
+        0.0 if ctx is self._null else 3.0 for ctx in contexts])
+    flagged = {f.clause_id for f in reviewer.findings() for a in f.assessments if a.cuad == "Termination For Convenience"}
+    assert flagged == {"8.2"}

@@ -415,11 +415,14 @@ class Reviewer:
         """Whether the clause may hold the category, whatever the head and the model say: its own
         heading or its text (not the article headings above it: "4. TERM AND RENEWAL" over "4.1
         Initial Term") holds a word the category requires, and each question with `unless` words
-        may still be answered yes (a termination clause that speaks only of breach is no
-        termination for convenience), so that a clause that cannot is never put to the model."""
+        may still be answered yes in a sentence of the clause's text, its headings aside (a
+        termination clause that speaks only of breach or of an event is no termination for
+        convenience; its heading, "Termination by NCM.", is no sentence that grants a right), so
+        that a clause that cannot is never put to the model."""
         heading_at = self._heading_at(clause)
+        body = self.doc.text[self._body_start(clause):clause.end]
         return play.admits(self.doc.text[heading_at if heading_at >= 0 else clause.start:clause.end]) \
-            and all(play.may_say_yes(q, clause.text) for q in play.unless)
+            and all(play.may_say_yes(q, body) for q in play.unless)
 
     def _found_at(self, play: CategoryPlay, clause: Clause) -> tuple[int, int] | None:
         """The first sentence of the clause that holds one of the category's found_by phrases and
