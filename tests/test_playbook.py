@@ -158,7 +158,7 @@ def test_a_category_may_require_words_of_its_clauses():
 
 
 def test_a_required_word_right_after_non_does_not_count():
-    """A non-exclusive licence is no exclusivity (the head filed three such clauses of the first 50
+    """A non-exclusive licence is no exclusivity (the head filed four such clauses of the first 34
     development contracts there); "non-renewal" counts for renewal because the playbook lists it."""
     categories = Playbook.default().categories
     exclusivity = categories["Exclusivity"]
