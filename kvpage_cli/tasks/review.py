@@ -400,16 +400,13 @@ class Reviewer:
             self.retriever.tail = library.rest + self.prefix_ids[last:]
         return self.retriever
 
-    def _heading_at(self, clause: Clause) -> int:
-        """Where the clause's own heading starts in its text, after the headings above it that the
-        clause's text holds ("4. TERM AND RENEWAL 4.1 Initial Term."); -1 if it has none."""
+    def _heading_span(self, clause: Clause) -> tuple[int, int]:
+        """Where the clause's own heading starts and ends in its text, after the headings above it
+        that the clause's text holds ("4. TERM AND RENEWAL 4.1 Initial Term."); (start, start) if
+        it has none."""
         near_start = min(clause.end, clause.start + len(clause.heading) + HEADING_REACH)
-        return self.doc.text.find(clause.heading, clause.start, near_start) if clause.heading else -1
-
-    def _body_start(self, clause: Clause) -> int:
-        """Where the clause's text starts after its own heading (and the headings above it)."""
-        heading_at = self._heading_at(clause)
-        return heading_at + len(clause.heading) if heading_at >= 0 else clause.start
+        at = self.doc.text.find(clause.heading, clause.start, near_start) if clause.heading else -1
+        return (at, at + len(clause.heading)) if at >= 0 else (clause.start, clause.start)
 
     def _admits(self, play: CategoryPlay, clause: Clause) -> bool:
         """Whether the clause may hold the category, whatever the head and the model say: its own
@@ -419,10 +416,9 @@ class Reviewer:
         termination clause that speaks only of breach or of an event is no termination for
         convenience; its heading, "Termination by NCM.", is no sentence that grants a right), so
         that a clause that cannot is never put to the model."""
-        heading_at = self._heading_at(clause)
-        body = self.doc.text[self._body_start(clause):clause.end]
-        return play.admits(self.doc.text[heading_at if heading_at >= 0 else clause.start:clause.end]) \
-            and all(play.may_say_yes(q, body) for q in play.unless)
+        heading, body = self._heading_span(clause)
+        return play.admits(self.doc.text[heading:clause.end]) \
+            and all(play.may_say_yes(q, self.doc.text[body:clause.end]) for q in play.unless)
 
     def _found_at(self, play: CategoryPlay, clause: Clause) -> tuple[int, int] | None:
         """The first sentence of the clause that holds one of the category's found_by phrases and
@@ -553,7 +549,8 @@ class Reviewer:
         def long_sentences(start: int) -> list[tuple[int, int]]:
             return [(s, e) for s, e in sentences(text, start, clause.end) if len(text[s:e].split()) >= 5]
 
-        spans = long_sentences(self._body_start(clause)) or long_sentences(clause.start) or [(clause.start, clause.end)]
+        spans = long_sentences(self._heading_span(clause)[1]) or long_sentences(clause.start) \
+            or [(clause.start, clause.end)]
         best = spans[0]
         holding = [(s, e) for s, e in spans if any(s <= v.start and v.end <= e for v in values)]
         if holding:
