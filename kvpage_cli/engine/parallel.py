@@ -17,6 +17,9 @@ single process does not use: logits agree with one process's to rounding, not bi
 
 from __future__ import annotations
 
+import faulthandler
+import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -204,18 +207,30 @@ def _cols(tensor, start: int, stop: int):
 def _rank_main(rank: int, fn: Callable, world: int, store: str, backend: str, args: tuple) -> None:
     import torch.distributed as dist
 
+    faulthandler.enable()  # a rank that crashes prints where each of its threads was
     dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         fn(rank, *args)
         dist.barrier()  # no rank tears its connections down while another still uses them
     finally:
         dist.destroy_process_group()
+    # fn has returned (what it writes is written; the engine's prefill waits for its saved-KV
+    # writes) and the group is gone: the rank ends here, without the interpreter's teardown. A
+    # rank of tests/test_tp.py once aborted in CI (SIGABRT, "terminate called without an active
+    # exception", once in some 25 runs of the full suite; its cause not found, nor reproduced here),
+    # a message C++ prints for a thread ended inside C++ code, as Python ends a thread that takes
+    # the GIL while the interpreter finalizes; faulthandler above says where, should a rank abort.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn(fn: Callable, world: int, args: tuple = (), backend: str = "gloo") -> None:
     """Runs fn(rank, *args) in `world` new processes joined in one process group (gloo on CPU,
     nccl on GPUs). Returns when every rank has returned; when one fails, the others are ended
-    and the failure is raised here (torch.multiprocessing's ProcessRaisedException)."""
+    and the failure is raised here (torch.multiprocessing's ProcessRaisedException). A rank whose
+    fn returned exits at once (os._exit, after the group's teardown): fn must have finished its
+    work, with no thread of its own still writing."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="kvpage-tp-") as folder:
