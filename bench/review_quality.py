@@ -41,23 +41,9 @@ from kvpage_cli.tasks.taxonomy import CATEGORIES  # noqa: E402
 from kvpage_cli.tasks.values import duration_parts, in_unit  # noqa: E402
 from kvpage_cli.tasks.zero_shot import TO_CUAD as ZERO_SHOT_TO_CUAD  # noqa: E402
 
-# the 14 risk categories compared -> the CUAD categories that count as the same thing
-RISK: dict[str, tuple[str, ...]] = {
-    "governing law": ("Governing Law",),
-    "liability cap": ("Cap On Liability",),
-    "uncapped liability": ("Uncapped Liability",),
-    "termination for convenience": ("Termination For Convenience",),
-    "auto-renewal and renewal notice": ("Renewal Term", "Notice Period To Terminate Renewal"),
-    "non-compete": ("Non-Compete", "No-Solicit Of Customers", "No-Solicit Of Employees"),
-    "exclusivity": ("Exclusivity",),
-    "change of control": ("Change Of Control",),
-    "anti-assignment": ("Anti-Assignment",),
-    "liquidated damages": ("Liquidated Damages",),
-    "audit rights": ("Audit Rights",),
-    "ip assignment": ("Ip Ownership Assignment",),
-    "warranty": ("Warranty Duration",),
-    "insurance": ("Insurance",),
-}
+# the 14 risk categories compared -> the CUAD categories that count as the same thing (the zero-shot
+# classifier's own table: its categories bear these names)
+RISK: dict[str, tuple[str, ...]] = ZERO_SHOT_TO_CUAD
 GROUPS = list(RISK)
 VALUE_TERMS = {"Governing Law": "Governing law", "Renewal Term": "Renewal term",
                "Notice Period To Terminate Renewal": "Notice to stop renewal"}
