@@ -181,6 +181,24 @@ def test_a_required_word_right_after_non_does_not_count():
     assert uncapped.admits("EXCEPT FOR BREACH OF SECTION 9, NEITHER PARTY SHALL BE LIABLE FOR CONSEQUENTIAL DAMAGES.")
 
 
+def test_a_promise_not_to_solicit_is_no_non_compete_unless_it_speaks_of_competing():
+    """The head files non-solicitation clauses under non-compete too (the README's contract: 13.1 read
+    "A party may not compete, for two (2) years"); such a clause needs a word of competing."""
+    noncompete = Playbook.default().categories["Non-Compete"]
+    assert not noncompete.admits("SOLICITATION. MKOS agrees that for a twenty four months (24) following the execution "
+                                 "of this Agreement, MKOS shall not, without UTEK's prior written consent, directly or "
+                                 "indirectly solicit for employment any present employee of UTEK.")
+    assert noncompete.admits("Non-Competition. During the Term, Customer shall not engage in any business that "
+                             "competes with Provider, nor solicit Provider's customers.")
+    assert noncompete.admits("Non-Competition 20.1 The Contractor and the Customer will not be allowed to employ "
+                             "employees of the other party.")  # no solicitation: the head's word stands
+    assert noncompete.admits("Customer shall not develop any software that performs functions similar to the Platform.")
+    assert Playbook.default().categories["Exclusivity"].requires_with == {}
+    for bad in ('requires_with = ["solicit"]', 'requires_with = { solicit = [] }', 'requires_with = { solicit = "x" }'):
+        with pytest.raises(PlaybookError, match=r"requires_with of 'Renewal Term' must be a table of word = \[words\]"):
+            Playbook.parse(GOOD.replace("rules = [", bad + "\nrules = ["), "mine.toml")
+
+
 def test_a_time_limit_for_claims_is_a_cap_on_liability_with_its_period():
     """CUAD's cap on liability includes a time limit to bring claims (21 of the 576 training
     spans); the README contract's 11.4 was "Liability is capped: check the amount". Its period is

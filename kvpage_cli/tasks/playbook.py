@@ -40,7 +40,9 @@ model answers every question yes, and its quote is that sentence (a clause that 
 something else hides a sentence of the category from the head). `requires = ["renew", "extend"]`
 keeps the category from a clause that holds none of these words (in its own heading or its text;
 a word right after "non-" does not count), whatever the head and the model say (a clause that only
-sets the initial term is no renewal term, a non-exclusive licence no exclusivity).
+sets the initial term is no renewal term, a non-exclusive licence no exclusivity);
+`requires_with = { solicit = ["compet"] }` keeps it from a clause that holds a word starting with
+"solicit" and none of "compet" (a promise not to solicit employees is no promise not to compete).
 
 The categories are CUAD's, which the trained head finds, and the few a review adds
 (taxonomy.EXTRA_CATEGORIES, e.g. "Payment Terms"), which no head scores: a clause is considered
@@ -117,11 +119,17 @@ class CategoryPlay:
     found_by: tuple[str, ...] = ()  # phrases that put a clause the head passed over to the questions
     unless: dict[str, tuple[str, ...]] = field(default_factory=dict)  # question -> words that bar a sentence's yes
     requires: tuple[str, ...] = ()  # words one of which a clause of the category holds
+    requires_with: dict[str, tuple[str, ...]] = field(default_factory=dict)  # word -> words one of which go with it
 
     def admits(self, clause: str) -> bool:
-        """Whether `clause` holds one of the words the category `requires` (any, if none), not
-        negated by "non-" ("non-exclusive" is no "exclusive"; list "non-renew" where it counts)."""
-        return not self.requires or words_pattern(self.requires, after_non=False).search(clause) is not None
+        """Whether `clause` holds one of the words the category `requires` (any, if none), and, if
+        it holds a word of `requires_with`, one of the words listed for it (a promise not to
+        solicit is a non-compete only where it speaks of competing); a required word right after
+        "non-" does not count ("non-exclusive" is no "exclusive"; list "non-renew" where it counts)."""
+        if self.requires and words_pattern(self.requires, after_non=False).search(clause) is None:
+            return False
+        return all(words_pattern(also, after_non=False).search(clause) is not None
+                   for word, also in self.requires_with.items() if words_pattern((word,)).search(clause))
 
     def may_say_yes(self, question: str, clause: str) -> bool:
         """Whether `clause` holds one of the words a yes to `question` needs (any, if it needs none);
@@ -223,7 +231,8 @@ class _Parser:
                                 f"{', '.join(EXTRA_CATEGORIES)})")
         if not isinstance(entry, dict):
             raise self.fail(f"categories.{name!r} must be a table", name)
-        allowed = {"level", "reason", "questions", "values", "rules", "finding", "found_by", "requires"}
+        allowed = {"level", "reason", "questions", "values", "rules", "finding", "found_by", "requires",
+                   "requires_with"}
         for key in entry:
             if key not in allowed:
                 raise self.fail(f"unknown key {key!r} in {name!r} (expected {', '.join(sorted(allowed))})", key, after=at)
@@ -296,9 +305,15 @@ class _Parser:
         requires = entry.get("requires", [])
         if not isinstance(requires, list) or not all(isinstance(w, str) and w.strip() for w in requires):
             raise self.fail(f"requires of {name!r} must be a list of words", "requires", after=at)
+        requires_with = entry.get("requires_with", {})
+        if not isinstance(requires_with, dict) or not all(
+                isinstance(w, str) and w.strip() and isinstance(also, list) and also
+                and all(isinstance(a, str) and a.strip() for a in also) for w, also in requires_with.items()):
+            raise self.fail(f"requires_with of {name!r} must be a table of word = [words]", "requires_with", after=at)
         return CategoryPlay(name, level, reason, questions, values, tuple(rules), finding, needs,
                             tuple(w.strip() for w in found_by), {q: w for q, w in unless.items() if w},
-                            tuple(w.strip() for w in requires))
+                            tuple(w.strip() for w in requires),
+                            {w.strip(): tuple(a.strip() for a in also) for w, also in requires_with.items()})
 
     def level(self, level, name: str, at: int) -> str:
         if level not in LEVELS:
