@@ -14,13 +14,12 @@ from ..engine import Engine
 from ..engine.config import BLOCK_TOKENS
 from ..engine.engine import Request
 from ..engine.events import EventCallback
-from ..engine.library import Library
 from ..errors import ContextTooLongError
 from ..ingest import Document
 from .chat import PromptBuilder
 from .length import refuse_if_too_long
 from .prompts import render
-from .retrieval import Retriever, Selection, block_char_spans, default_window, question_budget
+from .retrieval import Retriever, Selection, question_budget
 
 _KINDS = {"pdf": "a PDF document", "docx": "a Word document", "text": "a text file", "repo": "a code repository"}
 
@@ -135,17 +134,9 @@ class Asker:
     def index(self) -> Retriever:
         """Indexes the document (once): its head prefilled, the rest window by window."""
         if self.retriever is None:
-            engine = self.engine
-            first = next(i for i, c in enumerate(self._chars) if c is not None)
-            last = max(i for i, c in enumerate(self._chars) if c is not None) + 1
-            window, overlap = default_window(engine.max_context)
-            library = Library.build(engine, self.prefix_ids[:first], self.prefix_ids[first:last], window, overlap,
-                                    self.on_event, self.label)
-            self.cached_tokens = library.head.cached_prefix
-            head = len(library.head.tokens)
-            self.retriever = Retriever(engine, library, self.doc, block_char_spans(library, self._chars, head))
-            # the document's last tokens (less than a block) and the template's end ("</document>")
-            self.retriever.tail = library.rest + self.prefix_ids[last:]
+            self.retriever = Retriever.build(self.engine, self.doc, self.prefix_ids, self._chars, self.on_event,
+                                             self.label)
+            self.cached_tokens = self.retriever.library.head.cached_prefix
         return self.retriever
 
     def budget(self) -> int:

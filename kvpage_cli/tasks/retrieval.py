@@ -97,6 +97,21 @@ class Retriever:
         texts = [lexical_terms(doc.text[char_spans[u[0]][0]:char_spans[u[-1]][1]], self.stopwords) for u in self.units]
         self.bm25.index([t or ["\u0000"] for t in texts], show_progress=False)
 
+    @classmethod
+    def build(cls, engine: Engine, doc: Document, prefix_ids: list[int], chars: list[tuple[int, int] | None],
+              on_event=None, label: str | None = None) -> "Retriever":
+        """Indexes a prompt's document once: the prompt's tokens before the document (its head)
+        prefilled, the document's window by window. chars: per prompt token, the characters of
+        doc.text it holds (None for the template's own words). `tail` is what every question reads
+        before it: the document's last tokens (less than a block) and the template's end."""
+        first = next(i for i, c in enumerate(chars) if c is not None)
+        last = max(i for i, c in enumerate(chars) if c is not None) + 1
+        window, overlap = default_window(engine.max_context)
+        library = Library.build(engine, prefix_ids[:first], prefix_ids[first:last], window, overlap, on_event, label)
+        retriever = cls(engine, library, doc, block_char_spans(library, chars, len(library.head.tokens)))
+        retriever.tail = library.rest + prefix_ids[last:]
+        return retriever
+
     def select(self, question: str, question_ids: list[int], budget: int, signals: tuple[str, ...] = DEFAULT_SIGNALS,
                candidates: int | None = None) -> Selection:
         """About `budget` blocks that matter most to the question (whole passages), in document order.

@@ -42,7 +42,7 @@ from .events import ReviewProgress
 from .length import refuse_if_too_long
 from .playbook import LEVELS, CategoryPlay, Condition, Playbook, fill
 from .prompts import render
-from .retrieval import Retriever, block_char_spans, default_window, question_budget
+from .retrieval import Retriever, question_budget
 from .schema import Assessment, Finding, Term, Value
 from .taxonomy import ALL_CATEGORIES
 from .values import FEES_OVER_A_PERIOD, amount, in_unit, sentences, words_pattern
@@ -387,17 +387,8 @@ class Reviewer:
 
     def _index(self) -> Retriever:
         if self.retriever is None:
-            engine = self.engine
-            first = next(i for i, c in enumerate(self._chars) if c is not None)
-            last = max(i for i, c in enumerate(self._chars) if c is not None) + 1
-            window, overlap = default_window(engine.max_context)
-            from ..engine.library import Library
-
-            library = Library.build(engine, self.prefix_ids[:first], self.prefix_ids[first:last], window, overlap,
-                                    self.on_event, self.label)
-            head = len(library.head.tokens)
-            self.retriever = Retriever(engine, library, self.doc, block_char_spans(library, self._chars, head))
-            self.retriever.tail = library.rest + self.prefix_ids[last:]
+            self.retriever = Retriever.build(self.engine, self.doc, self.prefix_ids, self._chars, self.on_event,
+                                             self.label)
         return self.retriever
 
     def _heading_span(self, clause: Clause) -> tuple[int, int]:
