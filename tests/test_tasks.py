@@ -328,6 +328,23 @@ def test_a_base_models_answer_ends_where_it_writes_the_next_question():
     assert ended and text == "2.2.1"
 
 
+def test_a_chat_models_question_starts_on_its_own_line_after_the_document(tiny_engine):
+    """The document's end, a blank line, then the question (they ran together as "</document>Question:
+    ..." before); a base model's prompt keeps them together, as measured (Asker.__init__)."""
+    tokenizer = tiny_engine.tokenizer
+    doc = load(str(SAMPLES / "contract.txt"))
+    asker = Asker(tiny_engine, doc, "Who pays?", max_new_tokens=4)
+    assert asker.prompts.chat
+    assert "</document>\n\nQuestion: Who pays?" in tokenizer.decode(asker.prefix_ids + asker.question_ids[0])
+    saved = tokenizer.chat_template
+    tokenizer.chat_template = None  # the same tokenizer, as a base model has it
+    try:
+        base = Asker(tiny_engine, doc, "Who pays?", max_new_tokens=4)
+        assert "</document>Question: Who pays?" in tokenizer.decode(base.prefix_ids + base.question_ids[0])
+    finally:
+        tokenizer.chat_template = saved
+
+
 def test_a_base_model_gets_a_question_to_continue_not_an_instruction(tiny_engine):
     tokenizer = tiny_engine.tokenizer
     saved = tokenizer.chat_template
