@@ -216,10 +216,10 @@ def _rank_main(rank: int, fn: Callable, world: int, store: str, backend: str, ar
         dist.destroy_process_group()
     # fn has returned (what it writes is written; the engine's prefill waits for its saved-KV
     # writes) and the group is gone: the rank ends here, without the interpreter's teardown. A
-    # rank of tests/test_tp.py once aborted in CI (SIGABRT, "terminate called without an active
-    # exception", once in some 25 runs of the full suite; its cause not found, nor reproduced here),
-    # a message C++ prints for a thread ended inside C++ code, as Python ends a thread that takes
-    # the GIL while the interpreter finalizes; faulthandler above says where, should a rank abort.
+    # rank of tests/test_tp.py aborted in CI once (SIGABRT, "terminate called without an active
+    # exception"; when and why not found, nor reproduced here in 30 runs of the test), a message
+    # C++ prints for a thread ended inside C++ code, as Python ends a thread that takes the GIL
+    # while the interpreter finalizes; faulthandler above says where, should a rank abort again.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
