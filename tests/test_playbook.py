@@ -199,6 +199,20 @@ def test_a_promise_not_to_solicit_is_no_non_compete_unless_it_speaks_of_competin
             Playbook.parse(GOOD.replace("rules = [", bad + "\nrules = ["), "mine.toml")
 
 
+def test_an_exclusive_supply_clause_is_no_exception_to_a_restriction_unless_it_allows_something():
+    """The head files the README contract's 14.1 Exclusive Provider (the restriction) as a
+    competitive restriction exception too; an exception says what a party may still do."""
+    exception = Playbook.default().categories["Competitive Restriction Exception"]
+    assert not exception.admits(
+        "14.1 Exclusive Provider. During the Term, Customer shall obtain, and shall cause each of its Affiliates to "
+        "obtain, all data analytics services exclusively from Provider, and shall not purchase, trial or use any such "
+        "services from any other person.")
+    assert exception.admits("14.3 Nothing in this Agreement restricts Provider from providing services to any "
+                            "competitor of Customer.")
+    assert exception.admits("Exclusivity. Licensor shall not grant any third party a license in the Territory, except "
+                            "for its existing distributors listed in Exhibit B.")
+
+
 def test_a_time_limit_for_claims_is_a_cap_on_liability_with_its_period():
     """CUAD's cap on liability includes a time limit to bring claims (21 of the 576 training
     spans); the README contract's 11.4 was "Liability is capped: check the amount". Its period is
