@@ -55,6 +55,10 @@ def test_review_of_the_sample_contract_with_the_default_model(kv_home):
     assert "termination for convenience" not in by_id.get("5.1", {}).get("categories", [])  # for cause: breach
     assert by_id["11.4"]["rationale"] == "A claim must be brought within one (1) year."  # a time limit for claims
     assert by_id["4.1"]["categories"] == ["term and expiration"]  # the initial term, no renewal
+    assert by_id["14.1"]["categories"] == ["exclusivity"]  # the restriction, no exception to it
+    # the planted unilateral fee increase: "Provider may increase any of the Fees ... by any amount"
+    assert "price increases" in by_id["3.3"]["categories"] and by_id["3.3"]["risk"] in ("high", "medium")
+    assert "prices or fees on thirty (30) days notice" in by_id["3.3"]["rationale"]
     terms = {t["label"]: [v["text"] for v in t["values"]] for t in data["terms"]}
     assert terms["Governing law"] == ["Delaware"]
     assert terms["Payment terms"] == ["thirty (30) days"]  # "payable ... within thirty (30) days after its date"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvpage_cli.tasks.playbook import Playbook, PlaybookError, fill
-from kvpage_cli.tasks.taxonomy import ALL_CATEGORIES
+from kvpage_cli.tasks.taxonomy import ALL_CATEGORIES, EXTRA_CATEGORIES
 
 GOOD = '''format = 1
 
@@ -211,6 +211,30 @@ def test_an_exclusive_supply_clause_is_no_exception_to_a_restriction_unless_it_a
                             "competitor of Customer.")
     assert exception.admits("Exclusivity. Licensor shall not grant any third party a license in the Territory, except "
                             "for its existing distributors listed in Exhibit B.")
+
+
+def test_a_right_to_raise_prices_is_asked_only_of_a_sentence_that_speaks_of_raising_prices():
+    """The README contract's planted 3.3 ("Provider may increase any of the Fees ... at any time and
+    by any amount") had no category: CUAD's price restrictions are limits on changing prices. The
+    review's own category takes a yes only from a sentence with a word of increase, a word of price
+    or fee, and no limit or agreement on it (a franchise's "We may periodically increase the amounts
+    of coverage required" in a clause that speaks of fees elsewhere was answered yes without
+    `needs_with`)."""
+    play = Playbook.default().categories["Price Increases"]
+    assert "Price Increases" in EXTRA_CATEGORIES and play.by_sentence == ("may_raise",)
+    fees = ("3.3 Fee Adjustments. Provider may increase any of the Fees, including subscription Fees and the hourly "
+            "rates in Exhibit A, at any time and by any amount on at least thirty (30) days' notice.")
+    assert play.may_say_yes("may_raise", fees)
+    assert [c.text for c in play.values["notice"].candidates(fees, 0, len(fees))] == ["thirty (30) days"]
+    insurance = ("Franchisee shall pay all premiums and fees of its insurers. We may periodically increase the amounts "
+                 "of coverage required under such insurance policies on thirty (30) days' notice.")
+    assert not play.may_say_yes("may_raise", insurance)
+    capped = "Supplier may increase its prices once a year by no more than the change in the Consumer Price Index."
+    assert not play.may_say_yes("may_raise", capped)
+    text = GOOD.replace('questions.automatic = "Does it renew automatically?"',
+                        'questions.automatic = { ask = "Does it renew automatically?", needs_with = "renew" }')
+    with pytest.raises(PlaybookError, match=r"\(line 9\).*question 'automatic'.*needs_with = \[words\]"):
+        Playbook.parse(text, "mine.toml")
 
 
 def test_a_time_limit_for_claims_is_a_cap_on_liability_with_its_period():

@@ -19,7 +19,9 @@ A question is answered yes or no by the model; `questions.name = { ask = "...", 
 ["terminat", "cancel"] }` takes a yes only from a clause that holds a word starting so (a clause
 that never mentions termination lets no one terminate, whatever the model says); with `unless =
 ["breach", "for cause"]` too, only from a sentence that holds such a word and none of these,
-unless it holds one of the category's found_by phrases; a clause with no such sentence does not
+unless it holds one of the category's found_by phrases (with `needs_with = ["price", "fee"]`, from
+a sentence that holds one of those too: a right to increase the insurance coverage is no right to
+increase prices); a clause with no such sentence does not
 hold the category, whatever the head says, and is not asked (a right to terminate on breach is no
 right to terminate without cause). A value is an
 exact span of the clause (kind: duration, money, date, place, party; `near` lists cue words, one
@@ -120,6 +122,7 @@ class CategoryPlay:
     unless: dict[str, tuple[str, ...]] = field(default_factory=dict)  # question -> words that bar a sentence's yes
     requires: tuple[str, ...] = ()  # words one of which a clause of the category holds
     requires_with: dict[str, tuple[str, ...]] = field(default_factory=dict)  # word -> words one of which go with it
+    needs_with: dict[str, tuple[str, ...]] = field(default_factory=dict)  # question -> words a yes's sentence holds too
 
     def admits(self, clause: str) -> bool:
         """Whether `clause` holds one of the words the category `requires` (any, if none), and, if
@@ -133,18 +136,27 @@ class CategoryPlay:
 
     def may_say_yes(self, question: str, clause: str) -> bool:
         """Whether `clause` holds one of the words a yes to `question` needs (any, if it needs none);
-        for a question with `unless` words, in a sentence that holds none of them or one of the
-        category's found_by phrases."""
+        for a question with `needs_with` words, in a sentence that holds one of those too; with
+        `unless` words, in a sentence that holds none of them or one of the category's found_by
+        phrases."""
         words, barred = self.needs.get(question, ()), self.unless.get(question, ())
+        along = self.needs_with.get(question, ())
         needed = words_pattern(words) if words else None
-        if not barred:
+        if not barred and not along:
             return needed is None or needed.search(clause) is not None
-        bar = words_pattern(barred)
+        bar = words_pattern(barred) if barred else None
+        also = words_pattern(along) if along else None
         for s, e in sentences(clause, 0, len(clause)):
             sentence = clause[s:e]
-            if (needed is None or needed.search(sentence)) and (not bar.search(sentence) or self.found_in(sentence)):
+            if (needed is None or needed.search(sentence)) and (also is None or also.search(sentence)) \
+                    and (bar is None or not bar.search(sentence) or self.found_in(sentence)):
                 return True
         return False
+
+    @property
+    def by_sentence(self) -> tuple[str, ...]:
+        """The questions whose yes a sentence of the clause must allow (`unless` or `needs_with` words)."""
+        return tuple(q for q in self.questions if q in self.unless or q in self.needs_with)
 
     def found_in(self, clause: str) -> bool:
         """Whether `clause` holds one of the `found_by` phrases (as words, case and spacing aside)."""
@@ -240,7 +252,7 @@ class _Parser:
         reason = entry.get("reason", "")
         if not isinstance(reason, str):
             raise self.fail(f"the reason of {name!r} must be a string", "reason", after=at)
-        questions, needs, unless = {}, {}, {}
+        questions, needs, unless, along = {}, {}, {}, {}
         if not isinstance(entry.get("questions") or {}, dict):
             raise self.fail(f"the questions of {name!r} must be a table of name = \"question\"", "questions", after=at)
 
@@ -250,13 +262,15 @@ class _Parser:
             return tuple(w.strip() for w in words) if ok else None
 
         for q_name, q in (entry.get("questions") or {}).items():
-            if isinstance(q, dict) and set(q) <= {"ask", "needs", "unless"} and isinstance(q.get("ask"), str):
-                words, barred = words_of(q, "needs"), words_of(q, "unless")
-                if words is not None and barred is not None:
-                    q, needs[q_name], unless[q_name] = q["ask"], words, barred
+            if isinstance(q, dict) and set(q) <= {"ask", "needs", "needs_with", "unless"} \
+                    and isinstance(q.get("ask"), str):
+                words, barred, with_ = words_of(q, "needs"), words_of(q, "unless"), words_of(q, "needs_with")
+                if words is not None and barred is not None and with_ is not None:
+                    q, needs[q_name], unless[q_name], along[q_name] = q["ask"], words, barred, with_
             if not isinstance(q, str) or not q.strip():
-                raise self.fail(f"question {q_name!r} of {name!r} must be name = \"question\" or "
-                                "name = { ask = \"question\", needs = [words], unless = [words] }", q_name, after=at)
+                raise self.fail(f"question {q_name!r} of {name!r} must be name = \"question\" or name = {{ ask = "
+                                "\"question\", needs = [words], needs_with = [words], unless = [words] }", q_name,
+                                after=at)
             questions[q_name] = q
         values = {}
         for value_name, spec in (entry.get("values") or {}).items():
@@ -313,7 +327,8 @@ class _Parser:
         return CategoryPlay(name, level, reason, questions, values, tuple(rules), finding, needs,
                             tuple(w.strip() for w in found_by), {q: w for q, w in unless.items() if w},
                             tuple(w.strip() for w in requires),
-                            {w.strip(): tuple(a.strip() for a in also) for w, also in requires_with.items()})
+                            {w.strip(): tuple(a.strip() for a in also) for w, also in requires_with.items()},
+                            {q: w for q, w in along.items() if w})
 
     def level(self, level, name: str, at: int) -> str:
         if level not in LEVELS:
