@@ -213,6 +213,18 @@ def test_an_exclusive_supply_clause_is_no_exception_to_a_restriction_unless_it_a
                             "for its existing distributors listed in Exhibit B.")
 
 
+def test_a_fee_schedule_shares_no_revenue_unless_it_says_what_is_shared():
+    """The head filed the README contract's statement of work (fees, service credits of a percentage
+    of them, a minimum commitment) as revenue or profit sharing too."""
+    sharing = Playbook.default().categories["Revenue/Profit Sharing"]
+    assert not sharing.admits(
+        "A.3 Service Credits. If Platform availability in a calendar month is below the target, Customer will receive "
+        "a credit of five percent (5%) of that month's subscription Fees for each full one percent (1%) below the "
+        "target. A.4 Minimum Annual Commitment. Customer commits to pay Fees of at least $250,000 in each contract year.")
+    assert sharing.admits("Distributor shall pay Company a royalty of eight percent (8%) of Net Sales of the Products.")
+    assert sharing.admits("The parties shall share equally in the profits of the joint venture.")
+
+
 def test_a_right_to_raise_prices_is_asked_only_of_a_sentence_that_speaks_of_raising_prices():
     """The README contract's planted 3.3 ("Provider may increase any of the Fees ... at any time and
     by any amount") had no category: CUAD's price restrictions are limits on changing prices. The
