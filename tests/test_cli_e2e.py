@@ -59,6 +59,11 @@ def test_review_of_the_sample_contract_with_the_default_model(kv_home):
     # the planted unilateral fee increase: "Provider may increase any of the Fees ... by any amount"
     assert "price increases" in by_id["3.3"]["categories"] and by_id["3.3"]["risk"] in ("high", "medium")
     assert "prices or fees on thirty (30) days notice" in by_id["3.3"]["rationale"]
+    # the planted indemnity, by its promise; the procedure clause after it is none
+    assert "indemnification" in by_id["10.2"]["categories"]
+    promise = " ".join(by_id["10.2"]["quote"].split())
+    assert promise.startswith("Customer shall defend, indemnify and hold harmless Provider")
+    assert "indemnification" not in by_id.get("10.3", {}).get("categories", [])
     terms = {t["label"]: [v["text"] for v in t["values"]] for t in data["terms"]}
     assert terms["Governing law"] == ["Delaware"]
     assert terms["Payment terms"] == ["thirty (30) days"]  # "payable ... within thirty (30) days after its date"

@@ -220,7 +220,7 @@ def test_a_fee_schedule_shares_no_revenue_unless_it_says_what_is_shared():
     assert not sharing.admits(
         "A.3 Service Credits. If Platform availability in a calendar month is below the target, Customer will receive "
         "a credit of five percent (5%) of that month's subscription Fees for each full one percent (1%) below the "
-        "target. A.4 Minimum Annual Commitment. Customer commits to pay Fees of at least $250,000 in each contract year.")
+        "target. A.4 Minimum Annual Commitment. Customer commits to pay Fees of at least $250,000 each contract year.")
     assert sharing.admits("Distributor shall pay Company a royalty of eight percent (8%) of Net Sales of the Products.")
     assert sharing.admits("The parties shall share equally in the profits of the joint venture.")
 
@@ -247,6 +247,25 @@ def test_a_right_to_raise_prices_is_asked_only_of_a_sentence_that_speaks_of_rais
                         'questions.automatic = { ask = "Does it renew automatically?", needs_with = "renew" }')
     with pytest.raises(PlaybookError, match=r"\(line 9\).*question 'automatic'.*needs_with = \[words\]"):
         Playbook.parse(text, "mine.toml")
+
+
+def test_an_indemnity_is_found_by_the_promise_to_defend_or_indemnify():
+    """CUAD has no category for indemnities; the README contract's planted "Customer shall defend,
+    indemnify and hold harmless Provider ... from and against any and all claims" (10.2) was a
+    finding only through the carve-out from the cap that names it (11.1). The review's own
+    category is found by the promise itself, not by a clause that only speaks of indemnities."""
+    play = Playbook.default().categories["Indemnification"]
+    assert "Indemnification" in EXTRA_CATEGORIES and not play.values
+    promise = ("Customer shall defend, indemnify and hold harmless Provider, its Affiliates, and their officers "
+               "from and against any and all claims, losses and damages.")
+    assert play.found_in(promise) and play.may_say_yes("indemnifies", promise)
+    assert play.found_in("Both parties agree to indemnify each other in respect of any unauthorised disclosure.")
+    procedure = ("10.3 Indemnification Procedure. The indemnified Party shall give prompt written notice of a "
+                 "claim, and the indemnifying Party controls the defense.")
+    assert not play.found_in(procedure)
+    found = GOOD + ('\n[categories."Indemnification"]\nlevel = "medium"\nfound_by = ["shall indemnify"]\n'
+                    'questions.indemnifies = "Must a party indemnify the other?"\n')
+    assert Playbook.parse(found, "mine.toml").categories["Indemnification"].found_by == ("shall indemnify",)
 
 
 def test_a_time_limit_for_claims_is_a_cap_on_liability_with_its_period():

@@ -48,8 +48,9 @@ sets the initial term is no renewal term, a non-exclusive licence no exclusivity
 
 The categories are CUAD's, which the trained head finds, and the few a review adds
 (taxonomy.EXTRA_CATEGORIES, e.g. "Payment Terms"), which no head scores: a clause is considered
-for one of those when one of its values has a candidate in the clause, and kept when the model
-answers every question of the category yes; such a category needs a value.
+for one of those when a sentence of it holds one of the category's found_by phrases (as above),
+else when one of its values has a candidate in the clause, and kept when the model answers every
+question of the category yes; such a category needs a value or found_by phrases.
 
 A malformed playbook is a PlaybookError naming the file and the line.
 """
@@ -293,8 +294,6 @@ class _Parser:
                 raise self.fail(f"{value_name!r} is both a question and a value of {name!r}", value_name, after=at)
             values[value_name] = ValueSpec(value_name, spec["kind"], spec["ask"], tuple(near), attached,
                                            tuple(spec.get("not_followed_by", [])))
-        if name in EXTRA_CATEGORIES and not values:
-            raise self.fail(f"{name!r} is found by its values (no trained head scores it): give it one", name)
         self.places(reason, values, (), name, at)
         rules = []
         for rule in entry.get("rules", []):
@@ -316,6 +315,9 @@ class _Parser:
         if found_by and not questions:
             raise self.fail(f"{name!r} is found by phrases, which its questions must confirm: give it one", "found_by",
                             after=at)
+        if name in EXTRA_CATEGORIES and not values and not found_by:
+            raise self.fail(f"{name!r} is found by its values or its found_by phrases (no trained head scores it): "
+                            "give it one", name)
         requires = entry.get("requires", [])
         if not isinstance(requires, list) or not all(isinstance(w, str) and w.strip() for w in requires):
             raise self.fail(f"requires of {name!r} must be a list of words", "requires", after=at)

@@ -81,6 +81,7 @@ CATEGORIES: dict[str, Category] = {c.cuad: c for c in _CATEGORIES}
 EXTRA_CATEGORIES: dict[str, Category] = {c.cuad: c for c in (
     Category("Payment Terms", "payment terms", "how soon an invoice must be paid"),
     Category("Price Increases", "price increases", "a party may raise its prices or fees on its own"),
+    Category("Indemnification", "indemnification", "a party must defend or indemnify the other against claims"),
 )}
 """Categories a review adds to CUAD's (the key is not a CUAD name): CUAD has no labels for them,
 so no trained head scores them; the review considers a clause for one when one of the category's
