@@ -64,6 +64,12 @@ def test_review_of_the_sample_contract_with_the_default_model(kv_home):
     promise = " ".join(by_id["10.2"]["quote"].split())
     assert promise.startswith("Customer shall defend, indemnify and hold harmless Provider")
     assert "indemnification" not in by_id.get("10.3", {}).get("categories", [])
+    # samples/README.md: a review flags each planted risk high or medium, and no benign section so
+    expected = json.loads((SAMPLES / "expected.json").read_text(encoding="utf-8"))["contract"]
+    for risk in expected["planted_risks"]:
+        assert any(by_id.get(s, {}).get("risk") in ("high", "medium") for s in risk["sections"]), risk["id"]
+    for section in expected["benign_sections"]:
+        assert by_id.get(section, {}).get("risk") in (None, "low"), section
     terms = {t["label"]: [v["text"] for v in t["values"]] for t in data["terms"]}
     assert terms["Governing law"] == ["Delaware"]
     assert terms["Payment terms"] == ["thirty (30) days"]  # "payable ... within thirty (30) days after its date"
