@@ -405,10 +405,10 @@ class Reviewer:
         """Whether the clause may hold the category, whatever the head and the model say: its own
         heading or its text (not the article headings above it: "4. TERM AND RENEWAL" over "4.1
         Initial Term") holds a word the category requires, and each question with `unless` or
-        `needs_with` words may still be answered yes in a sentence of the clause's text, its headings aside (a
-        termination clause that speaks only of breach or of an event is no termination for
-        convenience; its heading, "Termination by NCM.", is no sentence that grants a right), so
-        that a clause that cannot is never put to the model."""
+        `needs_with` words may still be answered yes in a sentence of the clause's text, its
+        headings aside (a termination clause that speaks only of breach or of an event is no
+        termination for convenience; its heading, "Termination by NCM.", is no sentence that grants
+        a right), so that a clause that cannot is never put to the model."""
         heading, body = self._heading_span(clause)
         return play.admits(self.doc.text[heading:clause.end]) \
             and all(play.may_say_yes(q, self.doc.text[body:clause.end]) for q in play.by_sentence)
