@@ -1,0 +1,95 @@
+"""A decode step's weight products at 1, 4, 16 and 64 rows (one row per sequence of a batch):
+kvpage's native few-row kernel on the model's own weights (SmolLM2: the GGUF file's Q4_1 and Q8_0
+blocks, `QuantMatrix.matmul`), beside torch's products of the same matrices dequantized, in
+float32 (what transformers runs) and in bfloat16 (oneDNN; AMX where the CPU has it), in one run.
+
+Per row count: the median time of one step's products (every layer's Q/K/V, O, gate/up and down,
+then the LM head), its GFLOP/s, and its throughput against the same system at one row ("x 1 row":
+rows x t(1 row) / t(rows)). Batched decoding can gain over one sequence at most what its products
+gain here, since they are most of a step; where the 1-row figure is already a large share of what
+the arithmetic can reach, a batch gains little.
+
+    python bench/decode_gemm.py
+    python bench/decode_gemm.py --rows 1,16 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import median_seconds, table  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--rows", default="1,4,16,64", help="rows of each product (sequences in a batch)")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--json", dest="json_path", default=None)
+    args = parser.parse_args()
+
+    import torch
+
+    from kvpage_cli.engine import Engine, EngineConfig
+    from kvpage_cli.engine.quant import QuantLinear
+
+    engine = Engine.load(args.model, EngineConfig(device="cpu"))
+    runner = engine.runner
+    lib = runner.native
+    linears = [lin for layer in runner.layers for lin in (layer.qkv_t, layer.o_t, layer.gate_up_t, layer.down_t)]
+    head = runner.lm_head_t
+    if lib is None or not all(isinstance(lin, QuantLinear) for lin in linears + [head]):
+        raise SystemExit(f"{args.model} is not held in a block format here "
+                         "(its products are not kvpage's few-row kernel)")
+    matrices = [part for lin in linears for part in lin.parts]
+    floats = [m.dequantize(lib) for m in matrices]
+    head_float = [p.dequantize(lib) for p in head.parts]
+    bf16 = [w.bfloat16() for w in floats]
+    head_bf16 = [w.bfloat16() for w in head_float]
+    macs = sum(m.rows * m.cols for m in matrices) + sum(p.rows * p.cols for p in head.parts)
+    formats = sorted({m.format for m in matrices + head.parts})
+
+    def native(xs):
+        for m in matrices + head.parts:
+            m.matmul(lib, xs[m.cols], True)
+
+    def torch_products(weights, head_weights, dtype):
+        def run(xs):
+            xs = {cols: x.to(dtype) for cols, x in xs.items()}
+            for w in weights + head_weights:
+                torch.nn.functional.linear(xs[w.shape[1]], w)
+        return run
+
+    systems = [("kvpage native (" + "/".join(formats) + ")", native),
+               ("torch float32", torch_products(floats, head_float, torch.float32)),
+               ("torch bfloat16", torch_products(bf16, head_bf16, torch.bfloat16))]
+    rows_list = [int(r) for r in args.rows.split(",")]
+    results = []
+    for name, call in systems:
+        one = None
+        for rows in rows_list:
+            xs = {cols: torch.randn(rows, cols) for cols in {m.cols for m in matrices + head.parts}}
+            seconds = median_seconds(lambda call=call, xs=xs: call(xs), args.repeats)
+            one = seconds if rows == 1 else one
+            results.append({"system": name, "rows": rows, "step_ms": seconds * 1e3,
+                            "gflop_s": 2 * macs * rows / seconds / 1e9,
+                            "x_1_row_x": rows * one / seconds if one else None})
+            print(f"{name}: {rows} rows {seconds * 1e3:.2f} ms", file=sys.stderr, flush=True)
+
+    print(f"{args.model}: one decode step's weight products ({len(runner.layers)} layers and the LM head, "
+          f"{macs / 1e6:.0f}M "
+          f"multiply-adds per row), {torch.get_num_threads()} threads, median of {args.repeats} (measured)")
+    print(table(results, [("system", "system"), ("rows", "rows"), ("step_ms", "ms per step"),
+                          ("gflop_s", "GFLOP/s"), ("x_1_row_x", "x 1 row")]))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"model": args.model, "threads": torch.get_num_threads(),
+                                                    "rows": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
