@@ -5,9 +5,9 @@ float32 (what transformers runs) and in bfloat16 (oneDNN; AMX where the CPU has 
 
 Per row count: the median time of one step's products (every layer's Q/K/V, O, gate/up and down,
 then the LM head), its GFLOP/s, and its throughput against the same system at one row ("x 1 row":
-rows x t(1 row) / t(rows)). Batched decoding can gain over one sequence at most what its products
-gain here, since they are most of a step; where the 1-row figure is already a large share of what
-the arithmetic can reach, a batch gains little.
+rows x t(1 row) / t(rows)). The products are most of a decode step: what they gain here with more
+rows is what a batch can gain from reading each weight once for many sequences (the README's batch
+section sets it beside `bench/batch.py`'s steps).
 
     python bench/decode_gemm.py
     python bench/decode_gemm.py --rows 1,16 --json out.json
