@@ -63,6 +63,9 @@ def test_review_of_the_sample_contract_with_the_default_model(kv_home):
     assert "indemnification" in by_id["10.2"]["categories"]
     promise = " ".join(by_id["10.2"]["quote"].split())
     assert promise.startswith("Customer shall defend, indemnify and hold harmless Provider")
+    # who promises to whom, read from the promise itself
+    assert by_id["10.1"]["rationale"].startswith("Provider must defend or indemnify Customer against claims")
+    assert by_id["10.2"]["rationale"].startswith("Customer must defend or indemnify Provider against claims")
     assert "indemnification" not in by_id.get("10.3", {}).get("categories", [])
     # samples/README.md: a review flags each planted risk high or medium, and no benign section so
     expected = json.loads((SAMPLES / "expected.json").read_text(encoding="utf-8"))["contract"]

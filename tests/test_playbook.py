@@ -255,7 +255,9 @@ def test_an_indemnity_is_found_by_the_promise_to_defend_or_indemnify():
     finding only through the carve-out from the cap that names it (11.1). The review's own
     category is found by the promise itself, not by a clause that only speaks of indemnities."""
     play = Playbook.default().categories["Indemnification"]
-    assert "Indemnification" in EXTRA_CATEGORIES and not play.values
+    assert "Indemnification" in EXTRA_CATEGORIES and play.found_by
+    # who promises to whom is read from the clauses the phrases find (no clause is found by them)
+    assert set(play.values) == {"indemnitor", "indemnitee"} and all(v.kind == "party term" for v in play.values.values())
     promise = ("Customer shall defend, indemnify and hold harmless Provider, its Affiliates, and their officers "
                "from and against any and all claims, losses and damages.")
     assert play.found_in(promise) and play.may_say_yes("indemnifies", promise)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpage_cli.tasks.values import amount, candidates, days, duration_parts, in_unit
+from kvpage_cli.tasks.values import amount, candidates, days, duration_parts, in_unit, party_terms
 
 from .conftest import SAMPLES
 
@@ -115,3 +115,39 @@ def test_the_months_a_cap_counts_fees_over_are_no_duration_of_the_contract():
             "thirty (30) days.")
     assert spans(text, "duration") == ["thirty (30) days"]
     assert spans(text, "money") == ["the fees paid or payable to Contractor in the twelve (12) month"]  # the cap's own
+
+
+PREAMBLE = ('This Agreement is made by and between Quillfeather Analytics, Inc., a Delaware corporation with its '
+            'principal place of business in Wilmington ("Provider"), and Ostrander Cold Chain Logistics LLC '
+            '(hereinafter "Customer"). Provider and Customer are each a "Party" and together the "Parties". '
+            'Section 4 (the "Services Warranty") applies.\n\n')
+WHO = ("shall defend", "shall indemnify", "agrees to defend", "agrees to indemnify")
+WHOM = ("defend", "indemnify", "hold harmless", "hold")
+
+
+def roles(clause: str) -> tuple[list[str], list[str]]:
+    text = PREAMBLE + clause
+    start = len(PREAMBLE)
+    return ([c.text for c in candidates(text, start, len(text), "party term", WHO, "after")],
+            [c.text for c in candidates(text, start, len(text), "party term", WHOM, "before")])
+
+
+def test_the_terms_a_contract_names_its_parties_by():
+    assert party_terms(PREAMBLE) == ("Provider", "Customer")  # not "Party", nor a section's name
+    assert party_terms((SAMPLES / "contract.txt").read_text()) == ("Provider", "Customer")
+
+
+def test_who_indemnifies_whom_is_the_promise_s_own_subject_and_object():
+    assert roles("10.1 Indemnification by Provider. Provider shall defend Customer against any claim, and pay "
+                 "any damages agreed by Provider in settlement.") == (["Provider"], ["Customer"])
+    assert roles("Customer agrees to defend, indemnify and hold harmless Provider and its Affiliates.") == (
+        ["Customer"], ["Provider"])
+    assert roles("Customer shall indemnify and hold Provider harmless from all losses.") == (["Customer"], ["Provider"])
+    # a mutual promise names neither, whatever a later sentence says
+    assert roles("Each party shall indemnify and hold harmless the other party. Provider shall defend Customer "
+                 "against claims of infringement.") == ([], [])
+    # a sentence that promises both ways: its first promise
+    assert roles("Provider agrees to indemnify Customer for its acts and Customer agrees to indemnify Provider "
+                 "for its own.") == (["Provider"], ["Customer"])
+    # near a cue is not enough: the term must be the cue's subject or object
+    assert roles("Losses of Provider's Affiliates shall indemnify no one.") == ([], [])

@@ -24,7 +24,8 @@ a sentence that holds one of those too: a right to increase the insurance covera
 increase prices); a clause with no such sentence does not
 hold the category, whatever the head says, and is not asked (a right to terminate on breach is no
 right to terminate without cause). A value is an
-exact span of the clause (kind: duration, money, date, place, party; `near` lists cue words, one
+exact span of the clause (kind: duration, money, date, place, party, or party term: the word
+the document names a party by, "Provider", only where a cue word is its own; `near` lists cue words, one
 of which must stand close to a candidate, e.g. near = ["notice"] for a notice period; with
 attached = "after", a candidate a cue word follows as its own, "thirty (30) days' prior written
 notice", is preferred to a cure period beside it, "within 15 days after receiving notice"; with
@@ -68,7 +69,7 @@ from .taxonomy import ALL_CATEGORIES, CATEGORIES, EXTRA_CATEGORIES
 from .values import Candidate, candidates, sentences, words_pattern
 
 LEVELS = ("high", "medium", "low", "none")
-VALUE_KINDS = ("duration", "money", "date", "place", "party")
+VALUE_KINDS = ("duration", "money", "date", "place", "party", "party term")
 _CONDITION = re.compile(r"^(?P<not>!)?\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
                         r"(?:\s*(?P<op><=|>=|<|>|==)\s*(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>days?|weeks?|months?|years?)?)?$")
 _PLACE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")

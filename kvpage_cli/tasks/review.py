@@ -193,7 +193,8 @@ class Reviewer:
                         chosen.setdefault(i, []).append(_Item(i, play, None, found_at=at))
                 elif (at := self._found_at(play, clause) if play.found_by else None) is not None:
                     chosen.setdefault(i, []).append(_Item(i, play, None, found_at=at))  # no head: by its phrases
-                elif any(spec.candidates(self.doc.text, clause.start, clause.end) for spec in play.values.values()):
+                elif not play.found_by and any(spec.candidates(self.doc.text, clause.start, clause.end)
+                                               for spec in play.values.values()):
                     chosen.setdefault(i, []).append(_Item(i, play, None))  # no head scores it: found by its values
         asked = [i for i in sorted(chosen) if any(it.play.questions or it.play.values for it in chosen[i])]
         total = len(self.clauses)

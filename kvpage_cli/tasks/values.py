@@ -2,7 +2,8 @@
 
 Each kind has patterns for the ways contracts write it (durations "one hundred eighty (180)
 days", amounts "$1,000,000", dates "April 1, 2025", places "the laws of the State of Delaware",
-parties "Quillfeather Analytics, Inc."). The candidates are offsets into the document's text,
+parties "Quillfeather Analytics, Inc.", and the terms the document names its parties by, "Provider").
+The candidates are offsets into the document's text,
 never rewritten; the model chooses among them (review.py). Durations and amounts are also read
 as numbers, for a playbook's comparisons ("notice < 90 days").
 """
@@ -81,6 +82,8 @@ def candidates(text: str, start: int, end: int, kind: str, near: tuple[str, ...]
     same sentence; with `attached` ("after" or "before") too, only those that a cue word follows,
     or comes before, as their own (`_attached`), where there are such."""
     found = _candidates(text, start, end, kind)
+    if kind == "party term":
+        return _party_term_uses(found, text, start, end, near, attached)
     if not_followed_by:
         apart = words_pattern(not_followed_by)
         found = [c for c in found if not _attached(text, c, apart, "after")]
@@ -98,6 +101,54 @@ def candidates(text: str, start: int, end: int, kind: str, near: tuple[str, ...]
     if attached:  # a candidate that is its cue's own ("thirty (30) days' prior written notice") is the one
         return [c for c in kept if _attached(text, c, cue, attached)] or kept
     return kept
+
+
+def _party_term_uses(found: list[Candidate], text: str, start: int, end: int, near: tuple[str, ...],
+                     attached: str) -> list[Candidate]:
+    """The first use of a party's term, in the first sentence of the clause that holds a cue word,
+    that a cue word follows (attached "after": "Customer shall indemnify") or leads to ("before":
+    "defend, indemnify and hold harmless Provider") as its own; none where no use is (a term is
+    the value only as the cue's subject or object, never by standing near it: "Provider shall
+    defend Customer" names one of each; in "Each party shall indemnify the other party" neither is
+    named, whatever the clause's later sentences say; of a sentence that promises both ways, the
+    first promise)."""
+    if not near or not attached:
+        return found
+    cue = words_pattern(near)
+    first = next(((s, e) for s, e in sentences(text, start, end) if cue.search(text, s, e)), None)
+    if first is None:
+        return []
+    return [c for c in found if first[0] <= c.start and c.end <= first[1] and _attached(text, c, cue, attached)][:1]
+
+
+# A term in quotes that opens a parenthesis, as contracts name their parties: ("Provider"), (the
+# "Company"), (hereinafter referred to as "Licensee"), (each a "Party"); words before the quote
+# are those such a parenthesis uses.
+_TERM_DEFINED = re.compile(
+    r"\(\s*(?:(?:each|together|collectively|individually|jointly|hereinafter|herein|after|referred|to|as|the|and"
+    r"|or|a|an|its|his|her|their|successors|permitted|assigns|called|known)[\s,]+)*[\"“]"
+    r"(?P<term>[A-Z][\w&\-]*(?:[ \t]+[A-Z][\w&\-]*){0,3})[\"”]")
+_NOT_A_PARTY = {"party", "parties", "agreement", "effective date"}
+PARTY_TERM_REACH = 300  # characters from a party's name to the parenthesis that names its term
+_BETWEEN_SENTENCES = re.compile(r"[.;]\s+[A-Z]|\n\s*\n")
+
+
+@lru_cache(maxsize=4)
+def party_terms(text: str) -> tuple[str, ...]:
+    """The terms the document names its parties by: a term in quotes opening a parenthesis within
+    PARTY_TERM_REACH characters after an entity's name, in the same sentence ("Quillfeather
+    Analytics, Inc., a Delaware corporation ... ("Provider")"); not "Party" or "Parties", which name
+    either."""
+    ends = [m.end() for m in _ENTITY.finditer(text)]
+    terms = []
+    for m in _TERM_DEFINED.finditer(text):
+        term = " ".join(m.group("term").split())
+        if term.lower() in _NOT_A_PARTY or term in terms:
+            continue
+        if any(0 <= m.start() - e <= PARTY_TERM_REACH and not _BETWEEN_SENTENCES.search(text, e, m.start())
+               for e in ends):
+            terms.append(term)
+    return tuple(terms)
 
 
 @lru_cache(maxsize=256)
@@ -156,6 +207,12 @@ def _candidates(text: str, start: int, end: int, kind: str) -> list[Candidate]:
         spans += [(m.start("place"), m.end("place") - (m.group("place")[-1] == ".")) for m in _LAWS_OF.finditer(text, start, end)]
     elif kind == "party":
         spans = [_trim_entity(text, *m.span()) for m in _ENTITY.finditer(text, start, end)]
+    elif kind == "party term":  # every use, in order (candidates() keeps the one that counts)
+        terms = party_terms(text)
+        if not terms:
+            return []
+        term = re.compile(r"\b(?:" + "|".join(map(re.escape, sorted(terms, key=len, reverse=True))) + r")\b")
+        return [Candidate(m.start(), m.end(), m.group()) for m in term.finditer(text, start, end)]
     else:
         raise ValueError(f"unknown value kind {kind!r}")
     spans = sorted({(s, e) for s, e in spans if e > s}, key=lambda se: (se[0], -se[1]))
