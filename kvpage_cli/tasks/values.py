@@ -128,7 +128,8 @@ _TERM_DEFINED = re.compile(
     r"\(\s*(?:(?:each|together|collectively|individually|jointly|hereinafter|herein|after|referred|to|as|the|and"
     r"|or|a|an|its|his|her|their|successors|permitted|assigns|called|known)[\s,]+)*[\"“]"
     r"(?P<term>[A-Z][\w&\-]*(?:[ \t]+[A-Z][\w&\-]*){0,3})[\"”]")
-_NOT_A_PARTY = {"party", "parties", "agreement", "effective date"}
+_NOT_A_PARTY = {"party", "parties"}  # either party; nor a term whose last word is one of these:
+_NOT_A_PARTY_LAST = {"agreement", "date", "term", "period", "services", "products", "product", "territory"}
 PARTY_TERM_REACH = 300  # characters from a party's name to the parenthesis that names its term
 _BETWEEN_SENTENCES = re.compile(r"[.;]\s+[A-Z]|\n\s*\n")
 
@@ -138,12 +139,13 @@ def party_terms(text: str) -> tuple[str, ...]:
     """The terms the document names its parties by: a term in quotes opening a parenthesis within
     PARTY_TERM_REACH characters after an entity's name, in the same sentence ("Quillfeather
     Analytics, Inc., a Delaware corporation ... ("Provider")"); not "Party" or "Parties", which name
-    either."""
+    either, nor a name for an agreement, a date, a term, services or products ("the Split Dollar
+    Agreement", "the Effective Date")."""
     ends = [m.end() for m in _ENTITY.finditer(text)]
     terms = []
     for m in _TERM_DEFINED.finditer(text):
         term = " ".join(m.group("term").split())
-        if term.lower() in _NOT_A_PARTY or term in terms:
+        if term.lower() in _NOT_A_PARTY or term.split()[-1].lower() in _NOT_A_PARTY_LAST or term in terms:
             continue
         if any(0 <= m.start() - e <= PARTY_TERM_REACH and not _BETWEEN_SENTENCES.search(text, e, m.start())
                for e in ends):
