@@ -4,7 +4,8 @@ R query rows per KV head (a prefill chunk's tokens times the query heads a KV he
 keys, every key visible, SmolLM2's heads by default (3 KV heads of 64); K and V are bfloat16, as
 the store keeps them beside quantized weights. The peer is what the native backend ran before:
 torch's CPU flash attention in float32 over the same values (K and V converted, as it was
-called). Reported per shape: the median time of a call, the work it did as fp32-equivalent
+called). Where the CPU has AMX, the native kernel runs both ways, on AMX tiles ("native") and with
+the AVX512-BF16 dot products ("dot products"). Reported per shape: the median time of a call, the work it did as fp32-equivalent
 GFLOP/s (4 R S D per KV head, computed), the time against torch's, and how far each result is
 from float64 attention, as a share of the largest output.
 
@@ -41,6 +42,7 @@ def main() -> None:
     lib = native.load(default_home())
     if not native.has_bf16_prefill(lib):
         sys.exit("this CPU has no AVX512-BF16: prefill.c does not run here")
+    amx = native.prefill_amx(lib, True)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     num_kv_heads, head_dim = map(int, args.heads.split(","))
     scale = head_dim ** -0.5
@@ -58,23 +60,36 @@ def main() -> None:
                 return flash(qh.unsqueeze(0), k.float().unsqueeze(0), v.float().unsqueeze(0), scale=scale)[0][0]
 
             def ours():
+                native.prefill_amx(lib, True)
+                return native.attend_all_bf16(lib, qh, [(k, v)], scale)[0]
+
+            def dot_products():
+                native.prefill_amx(lib, False)
                 return native.attend_all_bf16(lib, qh, [(k, v)], scale)[0]
 
             work = 4 * num_kv_heads * rows * keys * head_dim
             row = {"keys": keys, "rows": rows}
-            for name, call in (("torch", peer), ("native", ours)):
+            for name, call in (("torch", peer), ("native", ours), ("dot", dot_products))[:3 if amx else 2]:
                 seconds = median_seconds(call, args.repeats)
                 row[f"{name}_ms"] = 1e3 * seconds
                 row[f"{name}_gflops"] = work / seconds / 1e9
                 row[f"{name}_error"] = float((call().double() - truth).abs().max() / truth.abs().max())
+            native.prefill_amx(lib, True)
             row["torch_ratio"] = row["torch_ms"] / row["native_ms"]
+            if amx:
+                row["dot_ratio"] = row["dot_ms"] / row["native_ms"]
             rows_out.append(row)
             print(json.dumps(row), flush=True)
-    shown = [{**r, **{f"{key}_shown": f"{r[key]:.2e}" for key in ("torch_error", "native_error")},
-              **{f"{key}_shown": f"{r[key]:.3f}" for key in ("torch_ms", "native_ms")}} for r in rows_out]
-    print(table(shown, [("keys", "keys"), ("rows", "rows"), ("torch_ms_shown", "torch ms"), ("native_ms_shown", "native ms"),
-                        ("torch_ratio", "x torch"), ("torch_gflops", "torch GFLOP/s"), ("native_gflops", "native GFLOP/s"),
-                        ("torch_error_shown", "torch error"), ("native_error_shown", "native error")]))
+    systems = ("torch", "native", "dot") if amx else ("torch", "native")
+    shown = [{**r, **{f"{key}_error_shown": f"{r[key + '_error']:.2e}" for key in systems},
+              **{f"{key}_ms_shown": f"{r[key + '_ms']:.3f}" for key in systems}} for r in rows_out]
+    columns = [("keys", "keys"), ("rows", "rows"), ("torch_ms_shown", "torch ms"), ("native_ms_shown", "native ms")]
+    columns += [("dot_ms_shown", "dot products ms"), ("dot_ratio", "x dot products")] if amx else []
+    columns += [("torch_ratio", "x torch"), ("torch_gflops", "torch GFLOP/s"), ("native_gflops", "native GFLOP/s"),
+                ("torch_error_shown", "torch error"), ("native_error_shown", "native error")]
+    columns += [("dot_error_shown", "dot products error")] if amx else []
+    print(("native: AMX tiles; dot products: the same kernel with AVX512-BF16 dot products\n" if amx else "")
+          + table(shown, columns))
     print("GFLOP/s: 4 R S D per KV head over the median time (computed). error: the largest difference from float64 "
           "attention over the largest output.")
     if args.json_path:

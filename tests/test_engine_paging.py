@@ -466,14 +466,29 @@ def _bf16_prefill_or_skip(lib):
     return native.attend_all_bf16
 
 
+@pytest.fixture(params=["amx", "dot products"])
+def prefill_products(request, kv_home):
+    """prefill.c's two ways to multiply: AMX tiles (where the CPU has them; the default there) and
+    the AVX512-BF16 dot products."""
+    from kvpage_cli.engine import native
+
+    lib = _native_lib(kv_home)
+    _bf16_prefill_or_skip(lib)
+    if native.prefill_amx(lib, request.param == "amx") != (request.param == "amx"):
+        native.prefill_amx(lib, True)
+        pytest.skip("this CPU has no AMX, or Linux did not grant its state")
+    yield request.param
+    native.prefill_amx(lib, True)
+
+
 @pytest.mark.parametrize("head_dim,group,keys,tokens", [(64, 3, 1000, 7), (64, 3, 64, 13), (64, 1, 1, 1),
-                                                         (128, 2, 130, 6), (256, 4, 200, 5)])
+                                                         (128, 2, 130, 6), (256, 4, 200, 5), (64, 3, 300, 40)])
 def test_native_bf16_prefill_agrees_with_fp32_attention_and_gives_each_row_its_own_bits(head_dim, group, keys, tokens,
-                                                                                         kv_home):
+                                                                                         kv_home, prefill_products):
     """prefill.c's attention of query rows over bfloat16 keys and values (Q written as three
-    bfloat16 terms, the probabilities as two) is fp32 attention to 1e-5 of the outputs' scale: every
-    key visible, causal (the last `tokens` keys are the rows' own tokens), and causal within a
-    window; on keys that are not a
+    bfloat16 terms, the probabilities as two), on AMX tiles of 16 rows and with dot products of 6,
+    is fp32 attention to 1e-5 of the outputs' scale: every key visible, causal (the last `tokens`
+    keys are the rows' own tokens), and causal within a window; on keys that are not a
     whole number of 64-key chunks, read in place from a wider buffer (the store's layout). Each
     row's output is the one it gets alone, and keys split into several runs give the same bits."""
     lib = _native_lib(kv_home)

@@ -119,6 +119,8 @@ def _prefill_attention(engine: Engine) -> str | None:
         return f"torch's float32 flash attention (head dim {head_dim}; prefill.c takes multiples of 64)"
     if not native.has_bf16_prefill(backend.lib):
         return "torch's float32 flash attention (this CPU has no AVX512-BF16 for prefill.c)"
+    if native.prefill_amx(backend.lib):
+        return "bfloat16 tile products (prefill.c, AMX)"
     return "bfloat16 dot products (prefill.c, AVX512-BF16)"
 
 

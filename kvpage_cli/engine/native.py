@@ -82,6 +82,8 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_layer_post.restype = i32
     lib.kvp_prefill_bf16.argtypes = [ptr, i64, i64, i32, i32, i32, i32, i32, ptr, i32, i32, f32, ptr, ptr]
     lib.kvp_prefill_bf16.restype = i32
+    lib.kvp_prefill_set_amx.argtypes = [i32]
+    lib.kvp_prefill_set_amx.restype = i32
     _LIB = lib
     return lib
 
@@ -250,7 +252,8 @@ def attend_all_bf16(lib: ctypes.CDLL, qh: torch.Tensor, runs: list[tuple[torch.T
     order. Every row sees every key, or with `causal` = c, row r (token r // group) sees keys
     0 .. c + r // group (with `window` > 0, the last `window` of them). Returns out [Hkv, R, D] and
     lse [Hkv, R] fp32, fp32 attention to about 1e-5 of the outputs' scale (Q written as three
-    bfloat16 terms, the probabilities as two); None where prefill.c does not apply: keys not
+    bfloat16 terms, the probabilities as two; multiplied on AMX tiles where `prefill_amx`); None
+    where prefill.c does not apply: keys not
     bfloat16, D not a multiple of 64, or a CPU without AVX512-BF16."""
     if not runs or any(k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16 or k.stride(2) != 1 or v.stride(2) != 1
                        for k, v in runs):
@@ -276,6 +279,13 @@ def has_bf16_prefill(lib: ctypes.CDLL) -> bool:
     one row and one key."""
     probe = torch.zeros(1, 1, 64)
     return attend_all_bf16(lib, probe, [(probe.bfloat16(), probe.bfloat16())], 1.0) is not None
+
+
+def prefill_amx(lib: ctypes.CDLL, on: bool | None = None) -> bool:
+    """Whether prefill.c's kernel multiplies on AMX tiles (where the CPU has them and Linux grants
+    their state; the default) rather than with the AVX512-BF16 dot products; `on` sets which it
+    uses from now on (where it can)."""
+    return bool(lib.kvp_prefill_set_amx(-1 if on is None else int(on)))
 
 
 def gemm_rows(lib: ctypes.CDLL, x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:

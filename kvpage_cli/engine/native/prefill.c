@@ -18,7 +18,16 @@
  * the call's first key, always a block's first; the same pairs of head dimensions per product), so
  * the bits a row gets do not depend on the rows beside it, their count, the thread computing it,
  * or where the prompt was cut into chunks: a batch gives each sequence the bits it gets alone.
+ *
+ * Where the CPU has AMX (its bfloat16 tile products) and Linux grants the tile state, the same
+ * products run on tiles of 16 query rows (amx_rows): the same terms of Q and of the probabilities,
+ * every product exact, sums in fp32 in another order than the dot products', so other bits than
+ * the AVX512-BF16 path's, and again each row's own, whatever the rows beside it.
+ * kvp_prefill_set_amx(0) takes the AVX512-BF16 path (tests hold both to the same tolerance).
  */
+#if !defined(_GNU_SOURCE)
+#define _GNU_SOURCE /* syscall(): the tile state is granted per process */
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -214,6 +223,171 @@ static inline __attribute__((always_inline)) void tile_rows(const int T, const u
     }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define KVP_AMX 1
+#define AMX_ROWS 16
+
+static int amx_granted = -1; /* -1: not asked yet */
+static int amx_wanted = 1;
+
+/* Linux hands the tile state to a process that asks (ARCH_REQ_XCOMP_PERM for XTILEDATA). */
+static int amx_ready(void) {
+    if (amx_granted < 0) amx_granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return amx_wanted && amx_granted;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Every tile 16 rows of 64 bytes: 16 x 16 fp32, or 16 x 32 bf16 (A), or 16 pairs x 16 bf16 pairs (B). */
+static void amx_configure(void) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.colsb[t] = 64;
+        c.rows[t] = 16;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* tile_rows for up to 16 rows on AMX tiles. qp: the rows' Q terms as tile_rows's qb, 16 rows
+ * (rows past T zeros); buffers: per thread. Scores: tiles 0-3 (the chunk's four 16-key tiles) += Q
+ * term tile (4) x K tile (5), terms in order, 32 head dimensions at a time; outputs: tiles 0-3 (64
+ * head dimensions) += P tile (4) x V tile (5), P's high terms then low, 32 keys at a time. */
+static void amx_rows(const int T, const uint32_t *qp, int D, const uint32_t *kt, const uint32_t *vp, const int *from,
+                     const int *lim, float scale, float *o, float *lse, float *sb, uint32_t *pb, uint32_t *pl, float *ob) {
+    int most = 0, least = from[0];
+    for (int r = 0; r < T; r++) {
+        most = lim[r] > most ? lim[r] : most;
+        least = from[r] < least ? from[r] : least;
+    }
+    const int pairs = D / 2, first = least / CHUNK, chunks = (most + CHUNK - 1) / CHUNK, qstride = Q_TERMS * pairs * 4;
+    float m[AMX_ROWS], l[AMX_ROWS], alpha[AMX_ROWS];
+    for (int r = 0; r < T; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        memset(o + (int64_t)r * D, 0, sizeof(float) * D);
+    }
+    memset(pb, 0, sizeof(uint32_t) * AMX_ROWS * (CHUNK / 2)); /* rows past T keep zeros */
+    memset(pl, 0, sizeof(uint32_t) * AMX_ROWS * (CHUNK / 2));
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int c = first; c < chunks; c++) {
+        const uint32_t *kc = kt + (int64_t)c * CHUNK * pairs;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int part = 0; part < Q_TERMS; part++)
+            for (int p0 = 0; p0 < pairs; p0 += 16) {
+                _tile_loadd(4, qp + part * pairs + p0, qstride);
+                _tile_loadd(5, kc + ((int64_t)0 * pairs + p0) * 16, 64);
+                _tile_dpbf16ps(0, 4, 5);
+                _tile_loadd(5, kc + ((int64_t)1 * pairs + p0) * 16, 64);
+                _tile_dpbf16ps(1, 4, 5);
+                _tile_loadd(5, kc + ((int64_t)2 * pairs + p0) * 16, 64);
+                _tile_dpbf16ps(2, 4, 5);
+                _tile_loadd(5, kc + ((int64_t)3 * pairs + p0) * 16, 64);
+                _tile_dpbf16ps(3, 4, 5);
+            }
+        _tile_stored(0, sb, CHUNK * 4);
+        _tile_stored(1, sb + 16, CHUNK * 4);
+        _tile_stored(2, sb + 32, CHUNK * 4);
+        _tile_stored(3, sb + 48, CHUNK * 4);
+        for (int r = 0; r < T; r++) { /* tile_rows's online softmax, row by row */
+            const int valid = lim[r] - c * CHUNK, skip = from[r] - c * CHUNK;
+            __m512 sv[4], mx = _mm512_set1_ps(-INFINITY);
+            for (int t = 0; t < 4; t++) {
+                sv[t] = _mm512_mul_ps(_mm512_load_ps(sb + r * CHUNK + 16 * t), vscale);
+                if (valid < CHUNK || skip > 0) {
+                    const int n = valid - 16 * t, z = skip - 16 * t;
+                    const __mmask16 below = n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+                    const __mmask16 above = z <= 0 ? 0xFFFF : z >= 16 ? 0 : (__mmask16)~((1u << z) - 1);
+                    sv[t] = _mm512_mask_blend_ps(below & above, _mm512_set1_ps(-INFINITY), sv[t]);
+                }
+                mx = _mm512_max_ps(mx, sv[t]);
+            }
+            uint32_t *ph = pb + r * (CHUNK / 2), *plo = pl + r * (CHUNK / 2);
+            const float m_new = fmaxf(m[r], _mm512_reduce_max_ps(mx));
+            if (m_new == -INFINITY) {
+                alpha[r] = 1.0f;
+                memset(ph, 0, sizeof(uint32_t) * (CHUNK / 2));
+                memset(plo, 0, sizeof(uint32_t) * (CHUNK / 2));
+                continue;
+            }
+            alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - m_new);
+            m[r] = m_new;
+            const __m512 mv = _mm512_set1_ps(m_new);
+            __m512 sum = _mm512_setzero_ps(), pr[4];
+            for (int t = 0; t < 4; t++) {
+                pr[t] = exp512(_mm512_sub_ps(sv[t], mv));
+                sum = _mm512_add_ps(sum, pr[t]);
+            }
+            l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(sum);
+            const __m512bh b0 = _mm512_cvtne2ps_pbh(pr[1], pr[0]), b1 = _mm512_cvtne2ps_pbh(pr[3], pr[2]);
+            _mm512_store_si512((void *)ph, (__m512i)b0);
+            _mm512_store_si512((void *)(ph + 16), (__m512i)b1);
+            _mm512_store_si512((void *)plo, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(pr[1], hi_part(b0, 1)),
+                                                                         _mm512_sub_ps(pr[0], hi_part(b0, 0))));
+            _mm512_store_si512((void *)(plo + 16), (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(pr[3], hi_part(b1, 1)),
+                                                                                _mm512_sub_ps(pr[2], hi_part(b1, 0))));
+        }
+        const uint32_t *vc = vp + (int64_t)c * (CHUNK / 2) * D;
+        for (int d0 = 0; d0 < D; d0 += 64) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int term = 0; term < 2; term++)
+                for (int k0 = 0; k0 < CHUNK / 2; k0 += 16) { /* 32 keys: 16 key pairs */
+                    _tile_loadd(4, (term ? pl : pb) + k0, CHUNK / 2 * 4);
+                    _tile_loadd(5, vc + (int64_t)k0 * D + d0, D * 4);
+                    _tile_dpbf16ps(0, 4, 5);
+                    _tile_loadd(5, vc + (int64_t)k0 * D + d0 + 16, D * 4);
+                    _tile_dpbf16ps(1, 4, 5);
+                    _tile_loadd(5, vc + (int64_t)k0 * D + d0 + 32, D * 4);
+                    _tile_dpbf16ps(2, 4, 5);
+                    _tile_loadd(5, vc + (int64_t)k0 * D + d0 + 48, D * 4);
+                    _tile_dpbf16ps(3, 4, 5);
+                }
+            _tile_stored(0, ob, 64 * 4);
+            _tile_stored(1, ob + 16, 64 * 4);
+            _tile_stored(2, ob + 32, 64 * 4);
+            _tile_stored(3, ob + 48, 64 * 4);
+            for (int r = 0; r < T; r++) {
+                const __m512 a = _mm512_set1_ps(alpha[r]);
+                float *orow = o + (int64_t)r * D + d0;
+                for (int j = 0; j < 4; j++)
+                    _mm512_storeu_ps(orow + 16 * j, _mm512_fmadd_ps(_mm512_loadu_ps(orow + 16 * j), a,
+                                                                      _mm512_load_ps(ob + r * 64 + 16 * j)));
+            }
+        }
+    }
+    for (int r = 0; r < T; r++) {
+        const float inv = 1.0f / l[r];
+        for (int d = 0; d < D; d++) o[(int64_t)r * D + d] *= inv;
+        lse[r] = m[r] + logf(l[r]);
+    }
+}
+#endif
+
+/* Whether prefill takes AMX tiles where it can (1, the default) or the AVX512-BF16 dot products
+ * (0); -1 changes nothing. Returns 1 if AMX runs from now on. */
+int kvp_prefill_set_amx(int on) {
+#if defined(KVP_AMX)
+    if (on >= 0) amx_wanted = on != 0;
+    return amx_ready();
+#else
+    (void)on;
+    return 0;
+#endif
+}
+
 /* out[h, r] = softmax(scale * q[h, r] . k[h, keys]) v[h, keys] for H heads of R fp32 query rows
  * (row r of head h at q + h*ldqh + r*ldq) over S bf16 keys and values in n_runs runs (see cursor):
  * with causal < 0 every key is visible to every row; with causal >= 0 row r sees keys
@@ -236,6 +410,10 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
         return -2;
     }
     uint32_t *vp = kt + per_head * (size_t)H;
+    int failed = 0;
+#if defined(KVP_AMX)
+    const int amx = amx_ready(), tiles16 = (R + AMX_ROWS - 1) / AMX_ROWS;
+#endif
 #pragma omp parallel
     {
 #pragma omp for schedule(static) collapse(2) nowait
@@ -256,6 +434,40 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
                     }
                 }
             }
+#if defined(KVP_AMX)
+        if (amx) {
+            amx_configure();
+            uint32_t *qp = aligned_alloc(64, sizeof(uint32_t) * AMX_ROWS * Q_TERMS * (size_t)pairs);
+            float *sb = aligned_alloc(64, sizeof(float) * AMX_ROWS * (CHUNK + 64));
+            uint32_t *pb = aligned_alloc(64, sizeof(uint32_t) * AMX_ROWS * CHUNK);
+            if (qp == NULL || sb == NULL || pb == NULL) {
+#pragma omp atomic write
+                failed = 1;
+            }
+#pragma omp for schedule(dynamic, 1) collapse(2)
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < tiles16; t++) {
+                    if (failed) continue;
+                    const int r0 = t * AMX_ROWS, n = R - r0 < AMX_ROWS ? R - r0 : AMX_ROWS;
+                    int from[AMX_ROWS], lim[AMX_ROWS];
+                    for (int r = 0; r < n; r++) {
+                        const int last = causal + (r0 + r) / group;
+                        lim[r] = causal < 0 ? S : last + 1;
+                        from[r] = causal < 0 || window <= 0 || last - window + 1 < 0 ? 0 : last - window + 1;
+                    }
+                    const size_t row_lanes = (size_t)Q_TERMS * pairs;
+                    memcpy(qp, qb + ((int64_t)h * R + r0) * row_lanes, sizeof(uint32_t) * row_lanes * n);
+                    memset(qp + row_lanes * n, 0, sizeof(uint32_t) * row_lanes * (AMX_ROWS - n));
+                    amx_rows(n, qp, D, kt + per_head * h, vp + per_head * h, from, lim, scale,
+                             out + ((int64_t)h * R + r0) * D, lse + (int64_t)h * R + r0, sb, pb, pb + AMX_ROWS * CHUNK / 2,
+                             sb + AMX_ROWS * CHUNK);
+                }
+            free(qp);
+            free(sb);
+            free(pb);
+            _tile_release();
+        } else
+#endif
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int h = 0; h < H; h++)
             for (int t = 0; t < tiles; t++) {
@@ -281,10 +493,15 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
     }
     free(kt);
     free(qb);
-    return 0;
+    return failed ? -2 : 0;
 }
 
 #else
+int kvp_prefill_set_amx(int on) {
+    (void)on;
+    return 0;
+}
+
 int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, int group, int causal, int window,
                      const int64_t *runs, int n_runs, int D, float scale, float *out, float *lse) {
     (void)q, (void)ldqh, (void)ldq, (void)H, (void)R, (void)group, (void)causal, (void)window, (void)runs, (void)n_runs, (void)D,
