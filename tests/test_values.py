@@ -149,5 +149,7 @@ def test_who_indemnifies_whom_is_the_promise_s_own_subject_and_object():
     # a sentence that promises both ways: its first promise
     assert roles("Provider agrees to indemnify Customer for its acts and Customer agrees to indemnify Provider "
                  "for its own.") == (["Provider"], ["Customer"])
+    # a passive promise names no one it is made to: "defended by Provider" is Provider defending
+    assert roles("Customer shall be defended by Provider against all claims.") == ([], [])
     # near a cue is not enough: the term must be the cue's subject or object
     assert roles("Losses of Provider's Affiliates shall indemnify no one.") == ([], [])

@@ -118,7 +118,11 @@ def _party_term_uses(found: list[Candidate], text: str, start: int, end: int, ne
     first = next(((s, e) for s, e in sentences(text, start, end) if cue.search(text, s, e)), None)
     if first is None:
         return []
-    return [c for c in found if first[0] <= c.start and c.end <= first[1] and _attached(text, c, cue, attached)][:1]
+    return [c for c in found if first[0] <= c.start and c.end <= first[1] and _attached(text, c, cue, attached)
+            and not (attached == "before" and _BY.search(text, first[0], c.start))][:1]
+
+
+_BY = re.compile(r"\bby(?:\s+the)?\s+$", re.IGNORECASE)  # "defended by Provider": the one who defends, not whom
 
 
 # A term in quotes that opens a parenthesis, as contracts name their parties: ("Provider"), (the
