@@ -67,6 +67,9 @@ def test_review_of_the_sample_contract_with_the_default_model(kv_home):
     assert by_id["10.1"]["rationale"].startswith("Provider must defend or indemnify Customer against claims")
     assert by_id["10.2"]["rationale"].startswith("Customer must defend or indemnify Provider against claims")
     assert "indemnification" not in by_id.get("10.3", {}).get("categories", [])
+    # Provider may assign to anyone, a competitor included, without Customer's consent
+    assert by_id["16.2"]["risk"] == "medium"
+    assert by_id["16.2"]["rationale"].startswith("A party may assign the contract without the other's consent")
     # samples/README.md: a review flags each planted risk high or medium, and no benign section so
     expected = json.loads((SAMPLES / "expected.json").read_text(encoding="utf-8"))["contract"]
     for risk in expected["planted_risks"]:

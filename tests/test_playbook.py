@@ -293,3 +293,27 @@ def test_a_category_may_be_found_by_phrases_as_words():
     bare = 'format = 1\n\n[categories."Renewal Term"]\nlevel = "low"\nreason = "Renews."\nfound_by = ["renews"]\n'
     with pytest.raises(PlaybookError, match=r"line 6\).*found by phrases, which its questions must confirm"):
         Playbook.parse(bare, "mine.toml")
+
+
+def test_a_party_free_to_assign_without_consent_is_an_optional_question_of_anti_assignment():
+    """The README contract's 16.2 ("Provider may assign this Agreement ... to any Affiliate or third
+    party, including a competitor of Customer ... without Customer's consent") was low with the
+    generic reason. A yes counts only from a sentence in which a party may assign and "without",
+    and no prohibition; the question is optional: a clause with no such sentence is still an
+    anti-assignment clause (the category's own questions with sentence words decide that)."""
+    play = Playbook.default().categories["Anti-Assignment"]
+    assert play.optional == ("assigns_freely",) and "assigns_freely" not in play.by_sentence
+    free = ("Provider may assign this Agreement, in whole or in part, to any Affiliate or third party, without "
+            "Customer's consent, and shall notify Customer within thirty (30) days after the assignment.")
+    assert play.may_say_yes("assigns_freely", free)  # "shall notify" is no "shall not"
+    for barred in ("Customer may not assign this Agreement without Provider's prior written consent.",
+                   "Neither party may assign this Agreement without the consent of the other party.",
+                   "A Party may assign its rights to a Subsidiary only if the other Party agrees, without delay."):
+        assert not play.may_say_yes("assigns_freely", barred), barred
+    mine = GOOD + ('\n[categories."Anti-Assignment"]\nlevel = "low"\nreason = "Assignment."\n'
+                   'questions.free = { ask = "May a party assign freely?", needs = ["may assign"], '
+                   'needs_with = ["without"], optional = true }\n')
+    parsed = Playbook.parse(mine, "mine.toml").categories["Anti-Assignment"]
+    assert parsed.optional == ("free",) and parsed.by_sentence == ()
+    with pytest.raises(PlaybookError, match="optional = true"):
+        Playbook.parse(mine.replace("optional = true", 'optional = "yes"'), "mine.toml")

@@ -125,6 +125,7 @@ class CategoryPlay:
     requires: tuple[str, ...] = ()  # words one of which a clause of the category holds
     requires_with: dict[str, tuple[str, ...]] = field(default_factory=dict)  # word -> words one of which go with it
     needs_with: dict[str, tuple[str, ...]] = field(default_factory=dict)  # question -> words a yes's sentence holds too
+    optional: tuple[str, ...] = ()  # questions whose sentence words do not decide whether a clause holds the category
 
     def admits(self, clause: str) -> bool:
         """Whether `clause` holds one of the words the category `requires` (any, if none), and, if
@@ -157,8 +158,9 @@ class CategoryPlay:
 
     @property
     def by_sentence(self) -> tuple[str, ...]:
-        """The questions whose yes a sentence of the clause must allow (`unless` or `needs_with` words)."""
-        return tuple(q for q in self.questions if q in self.unless or q in self.needs_with)
+        """The questions whose yes a sentence of the clause must allow (`unless` or `needs_with` words)
+        for the clause to hold the category (all but the `optional` ones)."""
+        return tuple(q for q in self.questions if (q in self.unless or q in self.needs_with) and q not in self.optional)
 
     def found_in(self, clause: str) -> bool:
         """Whether `clause` holds one of the `found_by` phrases (as words, case and spacing aside)."""
@@ -254,7 +256,7 @@ class _Parser:
         reason = entry.get("reason", "")
         if not isinstance(reason, str):
             raise self.fail(f"the reason of {name!r} must be a string", "reason", after=at)
-        questions, needs, unless, along = {}, {}, {}, {}
+        questions, needs, unless, along, optional = {}, {}, {}, {}, []
         if not isinstance(entry.get("questions") or {}, dict):
             raise self.fail(f"the questions of {name!r} must be a table of name = \"question\"", "questions", after=at)
 
@@ -264,14 +266,17 @@ class _Parser:
             return tuple(w.strip() for w in words) if ok else None
 
         for q_name, q in (entry.get("questions") or {}).items():
-            if isinstance(q, dict) and set(q) <= {"ask", "needs", "needs_with", "unless"} \
-                    and isinstance(q.get("ask"), str):
+            if isinstance(q, dict) and set(q) <= {"ask", "needs", "needs_with", "unless", "optional"} \
+                    and isinstance(q.get("ask"), str) and isinstance(q.get("optional", False), bool):
                 words, barred, with_ = words_of(q, "needs"), words_of(q, "unless"), words_of(q, "needs_with")
                 if words is not None and barred is not None and with_ is not None:
+                    if q.get("optional", False):
+                        optional.append(q_name)
                     q, needs[q_name], unless[q_name], along[q_name] = q["ask"], words, barred, with_
             if not isinstance(q, str) or not q.strip():
                 raise self.fail(f"question {q_name!r} of {name!r} must be name = \"question\" or name = {{ ask = "
-                                "\"question\", needs = [words], needs_with = [words], unless = [words] }", q_name,
+                                "\"question\", needs = [words], needs_with = [words], unless = [words], optional = "
+                                "true|false }", q_name,
                                 after=at)
             questions[q_name] = q
         values = {}
@@ -331,7 +336,7 @@ class _Parser:
                             tuple(w.strip() for w in found_by), {q: w for q, w in unless.items() if w},
                             tuple(w.strip() for w in requires),
                             {w.strip(): tuple(a.strip() for a in also) for w, also in requires_with.items()},
-                            {q: w for q, w in along.items() if w})
+                            {q: w for q, w in along.items() if w}, tuple(optional))
 
     def level(self, level, name: str, at: int) -> str:
         if level not in LEVELS:

@@ -414,6 +414,18 @@ class Reviewer:
         return play.admits(self.doc.text[heading:clause.end]) \
             and all(play.may_say_yes(q, self.doc.text[body:clause.end]) for q in play.by_sentence)
 
+    def _allowed_at(self, item: _Item, clause: Clause) -> tuple[int, int] | None:
+        """For a clause whose `optional` question was answered yes, the first sentence of its text
+        (headings aside) that allows that yes ("Provider may assign this Agreement ... without
+        Customer's consent"), not a restriction beside it; None otherwise."""
+        play = item.play
+        asked = [q for q in play.optional if item.answers.get(q)]
+        if not asked:
+            return None
+        body = self._heading_span(clause)[1]
+        return next(((s, e) for s, e in sentences(self.doc.text, body, clause.end)
+                     if all(play.may_say_yes(q, self.doc.text[s:e]) for q in asked)), None)
+
     def _found_at(self, play: CategoryPlay, clause: Clause) -> tuple[int, int] | None:
         """The first sentence of the clause that holds one of the category's found_by phrases and
         the words its questions need (`CategoryPlay.may_say_yes`), with no negation before those
@@ -510,7 +522,10 @@ class Reviewer:
                            self.doc.where(start, end), start, end, document=self.doc.source)
         assessments = sorted((self._assess(it) for it in items), key=lambda a: LEVELS.index(a.level))
         top = assessments[0]
-        found_at = next((it.found_at for it in items if it.play.category == top.cuad), None)
+        top_item = next((it for it in items if it.play.category == top.cuad), None)
+        found_at = top_item.found_at if top_item is not None else None
+        if found_at is None and top_item is not None:  # an optional question's yes: the sentence that allowed it
+            found_at = self._allowed_at(top_item, clause)
         start, end = self._quote(clause, top.cuad, [v for vs in top.values.values() for v in vs], found_at)
         return Finding(clause.id, clause.heading, top.category, top.level, top.reason, self.doc.text[start:end],
                        self.doc.where(start, end), start, end, categories=[a.category for a in assessments],
