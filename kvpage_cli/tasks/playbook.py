@@ -23,7 +23,9 @@ unless it holds one of the category's found_by phrases (with `needs_with = ["pri
 a sentence that holds one of those too: a right to increase the insurance coverage is no right to
 increase prices); a clause with no such sentence does not
 hold the category, whatever the head says, and is not asked (a right to terminate on breach is no
-right to terminate without cause). A value is an
+right to terminate without cause), unless the question is `optional = true`: then such a sentence
+only allows its yes, and the clause holds the category as the head says (an assignment clause may
+or may not let a party assign without consent). A value is an
 exact span of the clause (kind: duration, money, date, place, party, or party term: the word
 the document names a party by, "Provider", only where a cue word is its own; `near` lists cue words, one
 of which must stand close to a candidate, e.g. near = ["notice"] for a notice period; with

@@ -261,7 +261,8 @@ static void amx_configure(void) {
  * term tile (4) x K tile (5), terms in order, 32 head dimensions at a time; outputs: tiles 0-3 (64
  * head dimensions) += P tile (4) x V tile (5), P's high terms then low, 32 keys at a time. */
 static void amx_rows(const int T, const uint32_t *qp, int D, const uint32_t *kt, const uint32_t *vp, const int *from,
-                     const int *lim, float scale, float *o, float *lse, float *sb, uint32_t *pb, uint32_t *pl, float *ob) {
+                     const int *lim, float scale, float *o, float *lse, float *sb, uint32_t *pb, uint32_t *pl,
+                     float *ob) {
     int most = 0, least = from[0];
     for (int r = 0; r < T; r++) {
         most = lim[r] > most ? lim[r] : most;
@@ -459,8 +460,8 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
                     memcpy(qp, qb + ((int64_t)h * R + r0) * row_lanes, sizeof(uint32_t) * row_lanes * n);
                     memset(qp + row_lanes * n, 0, sizeof(uint32_t) * row_lanes * (AMX_ROWS - n));
                     amx_rows(n, qp, D, kt + per_head * h, vp + per_head * h, from, lim, scale,
-                             out + ((int64_t)h * R + r0) * D, lse + (int64_t)h * R + r0, sb, pb, pb + AMX_ROWS * CHUNK / 2,
-                             sb + AMX_ROWS * CHUNK);
+                             out + ((int64_t)h * R + r0) * D, lse + (int64_t)h * R + r0, sb, pb,
+                             pb + AMX_ROWS * CHUNK / 2, sb + AMX_ROWS * CHUNK);
                 }
             free(qp);
             free(sb);
