@@ -117,6 +117,58 @@ static void layout_chunk(const int64_t *runs, int n_runs, int h, int S, int D, i
     }
 }
 
+/* One row's online-softmax step over a 64-key chunk: its raw scores sv (4 vectors of 16 keys),
+ * scaled, with the keys outside [skip, valid) masked; its running max *m and sum *l updated;
+ * *alpha, the factor its output so far is rescaled by; and the chunk's probabilities as two terms
+ * of bf16 pairs (ph: the bf16 of each, plo: the bf16 of what that leaves), zeros where the row
+ * has no key yet. */
+static inline __attribute__((always_inline)) void softmax_chunk(__m512 *sv, int valid, int skip, __m512 vscale, float *m,
+                                                                float *l, float *alpha, uint32_t *ph, uint32_t *plo) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int t = 0; t < 4; t++) {
+        sv[t] = _mm512_mul_ps(sv[t], vscale);
+        if (valid < CHUNK || skip > 0) {
+            const int n = valid - 16 * t, z = skip - 16 * t;
+            const __mmask16 below = n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+            const __mmask16 above = z <= 0 ? 0xFFFF : z >= 16 ? 0 : (__mmask16)~((1u << z) - 1);
+            sv[t] = _mm512_mask_blend_ps(below & above, _mm512_set1_ps(-INFINITY), sv[t]);
+        }
+        mx = _mm512_max_ps(mx, sv[t]);
+    }
+    const float m_new = fmaxf(*m, _mm512_reduce_max_ps(mx));
+    if (m_new == -INFINITY) { /* none of its keys yet (a window's row, in a chunk before them): nothing to add */
+        *alpha = 1.0f;
+        memset(ph, 0, sizeof(uint32_t) * (CHUNK / 2));
+        memset(plo, 0, sizeof(uint32_t) * (CHUNK / 2));
+        return;
+    }
+    *alpha = *m == -INFINITY ? 0.0f : expf(*m - m_new);
+    *m = m_new;
+    const __m512 mv = _mm512_set1_ps(m_new);
+    __m512 sum = _mm512_setzero_ps(), pr[4];
+    for (int t = 0; t < 4; t++) {
+        pr[t] = exp512(_mm512_sub_ps(sv[t], mv));
+        sum = _mm512_add_ps(sum, pr[t]);
+    }
+    *l = *l * *alpha + _mm512_reduce_add_ps(sum);
+    const __m512bh b0 = _mm512_cvtne2ps_pbh(pr[1], pr[0]), b1 = _mm512_cvtne2ps_pbh(pr[3], pr[2]);
+    _mm512_store_si512((void *)ph, (__m512i)b0);
+    _mm512_store_si512((void *)(ph + 16), (__m512i)b1);
+    _mm512_store_si512((void *)plo, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(pr[1], hi_part(b0, 1)),
+                                                                 _mm512_sub_ps(pr[0], hi_part(b0, 0))));
+    _mm512_store_si512((void *)(plo + 16), (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(pr[3], hi_part(b1, 1)),
+                                                                        _mm512_sub_ps(pr[2], hi_part(b1, 0))));
+}
+
+/* Rows [0, T) of o divided by their sums l, and their log-sum-exps. */
+static void finish_rows(int T, int D, const float *m, const float *l, float *o, float *lse) {
+    for (int r = 0; r < T; r++) {
+        const float inv = 1.0f / l[r];
+        for (int d = 0; d < D; d++) o[(int64_t)r * D + d] *= inv;
+        lse[r] = m[r] + logf(l[r]);
+    }
+}
+
 /* T rows of one head over all chunks: the flash-attention loop. qb: each row's Q_TERMS terms, each
  * as pairs of bf16 ([rows][Q_TERMS][D/2]); o: the rows' fp32 outputs [rows][D] (accumulated, then
  * normalised); lse: their log-sum-exps. */
@@ -158,42 +210,8 @@ static inline __attribute__((always_inline)) void tile_rows(const int T, const u
          * bf16 pairs, the rows' running max and sum, and the factor their outputs so far are
          * rescaled by */
         float alpha[TILE];
-        for (int r = 0; r < T; r++) {
-            const int valid = lim[r] - c * CHUNK, skip = from[r] - c * CHUNK; /* the row's keys: [skip, valid) */
-            __m512 mx = _mm512_set1_ps(-INFINITY);
-            for (int t = 0; t < 4; t++) {
-                s[r][t] = _mm512_mul_ps(s[r][t], vscale);
-                if (valid < CHUNK || skip > 0) {
-                    const int n = valid - 16 * t, z = skip - 16 * t;
-                    const __mmask16 below = n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
-                    const __mmask16 above = z <= 0 ? 0xFFFF : z >= 16 ? 0 : (__mmask16)~((1u << z) - 1);
-                    s[r][t] = _mm512_mask_blend_ps(below & above, _mm512_set1_ps(-INFINITY), s[r][t]);
-                }
-                mx = _mm512_max_ps(mx, s[r][t]);
-            }
-            const float m_new = fmaxf(m[r], _mm512_reduce_max_ps(mx));
-            if (m_new == -INFINITY) { /* none of its keys yet (a window's row, in a chunk before them): nothing to add */
-                alpha[r] = 1.0f;
-                memset(pb[r], 0, sizeof pb[r]);
-                memset(pl[r], 0, sizeof pl[r]);
-                continue;
-            }
-            alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - m_new);
-            m[r] = m_new;
-            const __m512 mv = _mm512_set1_ps(m_new);
-            __m512 sum = _mm512_setzero_ps();
-            __m512 pr[4];
-            for (int t = 0; t < 4; t++) {
-                pr[t] = exp512(_mm512_sub_ps(s[r][t], mv));
-                sum = _mm512_add_ps(sum, pr[t]);
-            }
-            l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(sum);
-            const __m512bh b0 = _mm512_cvtne2ps_pbh(pr[1], pr[0]), b1 = _mm512_cvtne2ps_pbh(pr[3], pr[2]);
-            _mm512_store_si512((void *)pb[r], (__m512i)b0);
-            _mm512_store_si512((void *)(pb[r] + 16), (__m512i)b1);
-            _mm512_store_si512((void *)pl[r], (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(pr[1], hi_part(b0, 1)), _mm512_sub_ps(pr[0], hi_part(b0, 0))));
-            _mm512_store_si512((void *)(pl[r] + 16), (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(pr[3], hi_part(b1, 1)), _mm512_sub_ps(pr[2], hi_part(b1, 0))));
-        }
+        for (int r = 0; r < T; r++) /* the row's keys: [from, lim) */
+            softmax_chunk(s[r], lim[r] - c * CHUNK, from[r] - c * CHUNK, vscale, &m[r], &l[r], &alpha[r], pb[r], pl[r]);
         /* o = o * alpha + P V, 64 head dimensions at a time */
         const uint32_t *vc = vp + (int64_t)c * (CHUNK / 2) * D;
         for (int d0 = 0; d0 < D; d0 += 64) {
@@ -216,11 +234,7 @@ static inline __attribute__((always_inline)) void tile_rows(const int T, const u
                 for (int j = 0; j < 4; j++) _mm512_storeu_ps(o + (int64_t)r * D + d0 + 16 * j, acc[r][j]);
         }
     }
-    for (int r = 0; r < T; r++) {
-        const float inv = 1.0f / l[r];
-        for (int d = 0; d < D; d++) o[(int64_t)r * D + d] *= inv;
-        lse[r] = m[r] + logf(l[r]);
-    }
+    finish_rows(T, D, m, l, o, lse);
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -301,42 +315,10 @@ static void amx_rows(const int T, const uint32_t *qp, int D, const uint32_t *kt,
         _tile_stored(2, sb + 32, CHUNK * 4);
         _tile_stored(3, sb + 48, CHUNK * 4);
         for (int r = 0; r < T; r++) { /* tile_rows's online softmax, row by row */
-            const int valid = lim[r] - c * CHUNK, skip = from[r] - c * CHUNK;
-            __m512 sv[4], mx = _mm512_set1_ps(-INFINITY);
-            for (int t = 0; t < 4; t++) {
-                sv[t] = _mm512_mul_ps(_mm512_load_ps(sb + r * CHUNK + 16 * t), vscale);
-                if (valid < CHUNK || skip > 0) {
-                    const int n = valid - 16 * t, z = skip - 16 * t;
-                    const __mmask16 below = n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
-                    const __mmask16 above = z <= 0 ? 0xFFFF : z >= 16 ? 0 : (__mmask16)~((1u << z) - 1);
-                    sv[t] = _mm512_mask_blend_ps(below & above, _mm512_set1_ps(-INFINITY), sv[t]);
-                }
-                mx = _mm512_max_ps(mx, sv[t]);
-            }
-            uint32_t *ph = pb + r * (CHUNK / 2), *plo = pl + r * (CHUNK / 2);
-            const float m_new = fmaxf(m[r], _mm512_reduce_max_ps(mx));
-            if (m_new == -INFINITY) {
-                alpha[r] = 1.0f;
-                memset(ph, 0, sizeof(uint32_t) * (CHUNK / 2));
-                memset(plo, 0, sizeof(uint32_t) * (CHUNK / 2));
-                continue;
-            }
-            alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - m_new);
-            m[r] = m_new;
-            const __m512 mv = _mm512_set1_ps(m_new);
-            __m512 sum = _mm512_setzero_ps(), pr[4];
-            for (int t = 0; t < 4; t++) {
-                pr[t] = exp512(_mm512_sub_ps(sv[t], mv));
-                sum = _mm512_add_ps(sum, pr[t]);
-            }
-            l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(sum);
-            const __m512bh b0 = _mm512_cvtne2ps_pbh(pr[1], pr[0]), b1 = _mm512_cvtne2ps_pbh(pr[3], pr[2]);
-            _mm512_store_si512((void *)ph, (__m512i)b0);
-            _mm512_store_si512((void *)(ph + 16), (__m512i)b1);
-            _mm512_store_si512((void *)plo, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(pr[1], hi_part(b0, 1)),
-                                                                         _mm512_sub_ps(pr[0], hi_part(b0, 0))));
-            _mm512_store_si512((void *)(plo + 16), (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(pr[3], hi_part(b1, 1)),
-                                                                                _mm512_sub_ps(pr[2], hi_part(b1, 0))));
+            __m512 sv[4];
+            for (int t = 0; t < 4; t++) sv[t] = _mm512_load_ps(sb + r * CHUNK + 16 * t);
+            softmax_chunk(sv, lim[r] - c * CHUNK, from[r] - c * CHUNK, vscale, &m[r], &l[r], &alpha[r],
+                          pb + r * (CHUNK / 2), pl + r * (CHUNK / 2));
         }
         const uint32_t *vc = vp + (int64_t)c * (CHUNK / 2) * D;
         for (int d0 = 0; d0 < D; d0 += 64) {
@@ -369,11 +351,7 @@ static void amx_rows(const int T, const uint32_t *qp, int D, const uint32_t *kt,
             }
         }
     }
-    for (int r = 0; r < T; r++) {
-        const float inv = 1.0f / l[r];
-        for (int d = 0; d < D; d++) o[(int64_t)r * D + d] *= inv;
-        lse[r] = m[r] + logf(l[r]);
-    }
+    finish_rows(T, D, m, l, o, lse);
 }
 #endif
 
