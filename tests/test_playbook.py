@@ -268,6 +268,9 @@ def test_an_indemnity_is_found_by_the_promise_to_defend_or_indemnify():
     found = GOOD + ('\n[categories."Indemnification"]\nlevel = "medium"\nfound_by = ["shall indemnify"]\n'
                     'questions.indemnifies = "Must a party indemnify the other?"\n')
     assert Playbook.parse(found, "mine.toml").categories["Indemnification"].found_by == ("shall indemnify",)
+    loose = found + 'values.who = { kind = "party term", ask = "Who must indemnify?", near = ["shall indemnify"] }\n'
+    with pytest.raises(PlaybookError, match="party term: it needs near"):  # every use of a term would be the value
+        Playbook.parse(loose, "mine.toml")
 
 
 def test_a_time_limit_for_claims_is_a_cap_on_liability_with_its_period():

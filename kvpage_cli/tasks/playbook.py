@@ -52,8 +52,9 @@ sets the initial term is no renewal term, a non-exclusive licence no exclusivity
 The categories are CUAD's, which the trained head finds, and the few a review adds
 (taxonomy.EXTRA_CATEGORIES, e.g. "Payment Terms"), which no head scores: a clause is considered
 for one of those when a sentence of it holds one of the category's found_by phrases (as above),
-else when one of its values has a candidate in the clause, and kept when the model answers every
-question of the category yes; such a category needs a value or found_by phrases.
+or, for a category without found_by phrases, when one of its values has a candidate in the clause,
+and kept when the model answers every question of the category yes; such a category needs a value
+or found_by phrases.
 
 A malformed playbook is a PlaybookError naming the file and the line.
 """
@@ -298,6 +299,10 @@ class _Parser:
                     raise self.fail(f"{words} of value {value_name!r} of {name!r} must be a list of words", value_name,
                                     after=line)
             near = spec.get("near", [])
+            if spec["kind"] == "party term" and not (near and attached):
+                raise self.fail(f"value {value_name!r} of {name!r} is a party term: it needs near (the promise's "
+                                "words) and attached (\"after\": the term is their subject; \"before\": their object)",
+                                value_name, after=line)
             if value_name in questions:
                 raise self.fail(f"{value_name!r} is both a question and a value of {name!r}", value_name, after=at)
             values[value_name] = ValueSpec(value_name, spec["kind"], spec["ask"], tuple(near), attached,

@@ -85,8 +85,8 @@ EXTRA_CATEGORIES: dict[str, Category] = {c.cuad: c for c in (
 )}
 """Categories a review adds to CUAD's (the key is not a CUAD name): CUAD has no labels for them,
 so no trained head scores them; the review considers a clause for one when a sentence of it holds
-one of the category's found_by phrases or one of its values has a candidate in the clause, and
-keeps it when the model answers its questions yes."""
+one of the category's found_by phrases (or, for a category without them, when one of its values
+has a candidate in the clause), and keeps it when the model answers its questions yes."""
 
 ALL_CATEGORIES: dict[str, Category] = {**CATEGORIES, **EXTRA_CATEGORIES}
 

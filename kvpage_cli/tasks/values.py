@@ -112,9 +112,7 @@ def _party_term_uses(found: list[Candidate], text: str, start: int, end: int, ne
     defend Customer" names one of each; in "Each party shall indemnify the other party" neither is
     named, whatever the clause's later sentences say; of a sentence that promises both ways, the
     first promise)."""
-    if not near or not attached:
-        return found
-    cue = words_pattern(near)
+    cue = words_pattern(near)  # the playbook gives a party term both
     first = next(((s, e) for s, e in sentences(text, start, end) if cue.search(text, s, e)), None)
     if first is None:
         return []
