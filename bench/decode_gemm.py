@@ -1,7 +1,10 @@
 """A decode step's weight products at 1, 4, 16 and 64 rows (one row per sequence of a batch):
 kvpage's native few-row kernel on the model's own weights (SmolLM2: the GGUF file's Q4_1 and Q8_0
-blocks, `QuantMatrix.matmul`), beside torch's products of the same matrices dequantized, in
-float32 (what transformers runs) and in bfloat16 (oneDNN; AMX where the CPU has it), in one run.
+blocks, `QuantMatrix.matmul`), its rows' path and, where the CPU has AMX, its tiles (8 rows or
+more), and its long-chunk path (each matrix dequantized to float32, then oneDNN: what a prompt
+chunk of more than 64 rows took before tiles), beside torch's products of the same matrices
+dequantized once, in float32 (what transformers runs) and in bfloat16 (oneDNN; AMX where the CPU
+has it), in one run. `--rows 256,1024` sets them side by side at a prompt chunk's rows.
 
 Per row count: the median time of one step's products (every layer's Q/K/V, O, gate/up and down,
 then the LM head), its GFLOP/s, and its throughput against the same system at one row ("x 1 row":
@@ -58,6 +61,10 @@ def main() -> None:
         for m in matrices + head.parts:
             m.matmul(lib, xs[m.cols], True)
 
+    def dequantized(xs):
+        for m in matrices + head.parts:
+            m.matmul(lib, xs[m.cols], False)
+
     def torch_products(weights, head_weights, dtype):
         def run(xs):
             xs = {cols: x.to(dtype) for cols, x in xs.items()}
@@ -65,12 +72,20 @@ def main() -> None:
                 torch.nn.functional.linear(xs[w.shape[1]], w)
         return run
 
-    systems = [("kvpage native (" + "/".join(formats) + ")", native),
-               ("torch float32", torch_products(floats, head_float, torch.float32)),
-               ("torch bfloat16", torch_products(bf16, head_bf16, torch.bfloat16))]
+    from kvpage_cli.engine import native as kernels
+
+    tiles = kernels.qgemm_tiles(lib)
+    systems = [("kvpage rows' path (" + "/".join(formats) + ")", native, False)]
+    if tiles:
+        systems.append(("kvpage AMX tiles (" + "/".join(formats) + ")", native, True))
+    systems.append(("kvpage dequantized, oneDNN", dequantized, False))
+    systems += [("torch float32", torch_products(floats, head_float, torch.float32), None),
+                ("torch bfloat16", torch_products(bf16, head_bf16, torch.bfloat16), None)]
     rows_list = [int(r) for r in args.rows.split(",")]
     results = []
-    for name, call in systems:
+    for name, call, on_tiles in systems:
+        if on_tiles is not None:
+            kernels.qgemm_tiles(lib, on_tiles)  # set before the system is timed
         one = None
         for rows in rows_list:
             xs = {cols: torch.randn(rows, cols) for cols in {m.cols for m in matrices + head.parts}}

@@ -52,10 +52,27 @@ def test_a_batch_gives_every_sequence_the_bits_it_gets_alone(arch, kv_path, kv_h
     assert order.index(5) < max(i for i, q in enumerate(order) if q == 3)
 
 
+@pytest.fixture(params=[False, True], ids=["dot-products", "amx-tiles"])
+def attention_tiles(request, kv_home):
+    """The native attention's two ways over bfloat16 KV: AVX512-BF16 dot products (prefill) and fp32
+    products (decode) everywhere, or AMX tiles where the CPU has them (their default there)."""
+    from kvpage_cli.engine import native
+
+    lib = native.load(kv_home)
+    if native.prefill_amx(lib, request.param) != request.param:
+        native.prefill_amx(lib, True)
+        pytest.skip("this CPU has no AMX tiles (or Linux does not grant them)")
+    yield request.param
+    native.prefill_amx(lib, True)
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
-def test_a_batch_over_bfloat16_kv_gives_every_sequence_the_bits_it_gets_alone(arch, kv_home, monkeypatch):
+def test_a_batch_over_bfloat16_kv_gives_every_sequence_the_bits_it_gets_alone(arch, attention_tiles, kv_home,
+                                                                             monkeypatch):
     """The prompt attention of prefill.c (bfloat16 KV, head dim 64; gemma3_text's window layers
-    too) keeps the batch's bit-identity: the same tokens and the same logits, bit for bit."""
+    too) keeps the batch's bit-identity: the same tokens and the same logits, bit for bit. On AMX
+    tiles, a block that several sequences of the batch read is attended on tiles and alone it is
+    not: the same tokens, logits within 1e-4 of their scale."""
     from kvpage_cli.engine import native
 
     real, used = native.attend_all_bf16, []
@@ -77,7 +94,11 @@ def test_a_batch_over_bfloat16_kv_gives_every_sequence_the_bits_it_gets_alone(ar
     assert all(used) and len(used) >= (len(QUESTIONS) - 1) * engine.spec.num_layers  # a 1-token prompt is a decode step
     assert tokens == alone_tokens
     for a, b in zip(alone_logits, logits):
-        assert torch.equal(a, b)
+        if attention_tiles:
+            assert (a - b).abs().max() <= 1e-4 * a.abs().max()
+            assert not torch.equal(a, b)  # shared blocks did go to tiles
+        else:
+            assert torch.equal(a, b)
 
 
 def test_sequences_that_end_at_once_or_only_append_leave_the_batch(kv_home):

@@ -410,17 +410,35 @@ def test_native_kernel_reads_int8_blocks_as_their_decoded_values(head_dim, group
     torch.testing.assert_close(results[0], reference.merge(states, lse, plan), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("head_dim,group,kind", [(64, 3, "float32"), (64, 3, "int8"), (128, 8, "bfloat16"),
-                                                  (256, 4, "float32"), (16, 2, "float32")])
-def test_native_kernel_gives_a_query_the_bits_it_gets_alone_when_others_share_its_blocks(head_dim, group, kind, kv_home):
+@pytest.mark.parametrize("head_dim,group,kind,tiles", [(64, 3, "float32", False), (64, 3, "int8", False),
+                                                        (128, 8, "bfloat16", False), (256, 4, "float32", False),
+                                                        (16, 2, "float32", False), (128, 8, "bfloat16", True),
+                                                        (64, 3, "bfloat16", True)])
+def test_native_kernel_gives_a_query_the_bits_it_gets_alone_when_others_share_its_blocks(head_dim, group, kind, tiles,
+                                                                                        kv_home):
     """Queries reading the same blocks are computed in one call (an item: a block and every query
     that reads it, read once for all); each query's output is what it gets alone, bit for bit,
     whatever the others see of the block (one inside a block, one past it; with and without a
-    window), and what the torch reference computes."""
+    window), and what the torch reference computes. On AMX tiles (bfloat16 blocks read by two
+    queries or more), within 1e-5 of their scale of what it gets alone (fp32 products)."""
+    from kvpage_cli.engine import native
     from kvpage_cli.engine.backend import DecodePlan, LayerBlocks, NativeBackend, TorchBackend
     from kvpage_cli.engine.store import head_addresses
 
     lib = _native_lib(kv_home)
+    if native.prefill_amx(lib, tiles) != tiles:
+        native.prefill_amx(lib, True)
+        pytest.skip("this CPU has no AMX tiles (or Linux does not grant them)")
+    try:
+        _shared_blocks_case(lib, head_dim, group, kind, tiles)
+    finally:
+        native.prefill_amx(lib, True)
+
+
+def _shared_blocks_case(lib, head_dim: int, group: int, kind: str, tiles: bool) -> None:
+    from kvpage_cli.engine.backend import DecodePlan, LayerBlocks, NativeBackend, TorchBackend
+    from kvpage_cli.engine.store import head_addresses
+
     gen = torch.Generator().manual_seed(22)
     num_kv_heads, blocks = 2, 4
     values = torch.randn(2, blocks, num_kv_heads, BLOCK_TOKENS, head_dim, generator=gen)
@@ -448,7 +466,12 @@ def test_native_kernel_gives_a_query_the_bits_it_gets_alone_when_others_share_it
         together, plan = run(list(range(len(lists))), window)
         assert plan.num_pairs > len({b for blocks_ in lists for b, _ in blocks_})  # blocks are shared
         for i in range(len(lists)):
-            assert torch.equal(run([i], window)[0][0], together[i]), (window, i)
+            alone = run([i], window)[0][0]
+            if tiles:
+                assert (alone - together[i]).abs().max() <= 1e-5 * alone.abs().max(), (window, i)
+                assert not torch.equal(alone, together[i])  # its shared blocks went to tiles
+            else:
+                assert torch.equal(alone, together[i]), (window, i)
         reference = TorchBackend(num_kv_heads * group, num_kv_heads, head_dim, head_dim ** -0.5)
         states, lse = reference.states(plan.num_pairs, q.device)
         reference.decode_states(q, plan, LayerBlocks(None, None, lambda ids: (decoded[0][ids], decoded[1][ids])), window,

@@ -285,10 +285,21 @@ def test_weights_made_at_load_are_within_half_a_step_of_the_float_weights(fmt, s
     assert matrix.nbytes < weight.numel() * {"bfloat16": 2.01, "int8": 1.02, "int4": 0.63}[fmt]
 
 
+@pytest.fixture
+def no_tiles(lib):
+    """Products on the rows' path and attention without AMX tiles (whose bits differ from theirs)."""
+    native.qgemm_tiles(lib, False)
+    native.prefill_amx(lib, False)
+    yield
+    native.qgemm_tiles(lib, True)
+    native.prefill_amx(lib, True)
+
+
 @pytest.mark.parametrize("fmt, activations", [("int8", "float32"), ("int4", "float32"), ("bfloat16", "float32"),
                                               ("int8", "int8"), ("int4", "int8")])
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
-def test_a_batch_on_compact_weights_gives_every_sequence_the_bits_it_gets_alone(fmt, activations, arch, kv_home):
+def test_a_batch_on_compact_weights_gives_every_sequence_the_bits_it_gets_alone(fmt, activations, arch, kv_home,
+                                                                                 no_tiles):
     engine = Engine.load(tiny_model(arch), EngineConfig(home=str(kv_home), backend="native", weights=fmt, pool_mib=0.2,
                                                         activations=activations))
     assert engine.runner.weights == fmt
@@ -301,6 +312,52 @@ def test_a_batch_on_compact_weights_gives_every_sequence_the_bits_it_gets_alone(
     assert tokens == alone_tokens
     for a, b in zip(alone_logits, logits):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_a_batch_on_amx_tiles_gives_every_sequence_its_tokens_and_nearly_its_logits(arch, kv_home, lib):
+    """Where the CPU has AMX, a batch's 8 rows or more of int4 (Q4_1) products multiply on tiles, and
+    its shared bfloat16 blocks (head dim 64) are attended on tiles, while a sequence alone takes the
+    rows' path and fp32 attention: the same greedy tokens, logits within 1e-4 of their scale."""
+    if not native.qgemm_tiles(lib):
+        pytest.skip("this CPU has no AMX tiles (or Linux does not grant them)")
+    engine = Engine.load(tiny_model(arch, head_dim=64), EngineConfig(home=str(kv_home), backend="native",
+                                                                     weights="int4", pool_mib=0.2))
+    assert engine.kv_dtype_name == "bfloat16"
+    doc = engine.prefill(random_prompt(3 * BLOCK_TOKENS + 9, seed=5))
+    questions = [random_prompt(n, seed=80 + n) for n in (1, 7, 70, 3, 2, 9, 1, 4, 6)]
+    new_tokens = [5, 2, 3, 6, 4, 4, 7, 3, 5]
+    alone_tokens, alone_logits = one_at_a_time(engine, doc, questions, new_tokens)
+    tokens, logits, _ = batched(engine, doc, questions, new_tokens, max_batch=9)
+    assert tokens == alone_tokens
+    for a, b in zip(alone_logits, logits):
+        assert (a - b).abs().max() <= 1e-4 * a.abs().max()
+        assert not torch.equal(a, b) or a.abs().max() == 0  # the batch did run on tiles: other bits
+
+
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q8_0], ids=str)
+def test_rows_on_amx_tiles_are_each_their_own_and_the_product_within_fp32_rounding(qtype, lib):
+    """8 rows or more (a batch's decode step, a prompt chunk) on tiles: within fp32 rounding of the
+    product of the dequantized weights, outputs past a whole tile of 48 included, and each row's
+    result the same wherever it sits among other rows (more than one 128-row pass too)."""
+    if not native.qgemm_tiles(lib):
+        pytest.skip("this CPU has no AMX tiles (or Linux does not grant them)")
+    rows, cols = 72, 800
+    data = random_matrix(qtype, rows, cols, seed=1)
+    matrix = QuantMatrix(qtype, data, rows, cols)
+    w = reference(qtype, data, rows, cols).double()
+    x = torch.randn(140, cols, generator=torch.Generator().manual_seed(2))
+    tolerance = 1e-5 * (x.abs().double() @ w.abs().t()).float()
+    exact = (x.double() @ w.t()).float()
+    for count in (8, 20, 140):
+        got = matrix.matmul(lib, x[:count], few_rows=count <= 64)
+        assert ((got - exact[:count]).abs() <= tolerance[:count]).all()
+    together = matrix.matmul(lib, x, few_rows=False)
+    shuffled = torch.randperm(140, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(matrix.matmul(lib, x[shuffled], few_rows=False), together[shuffled])
+    assert torch.equal(matrix.matmul(lib, x[[5] * 9], few_rows=True)[0], together[5])
+    rows_path = matrix.matmul(lib, x[:3], few_rows=True)  # below 8 rows: the rows' path
+    assert not torch.equal(rows_path, together[:3])
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])

@@ -97,6 +97,7 @@ def describe(engine: Engine, source: str) -> dict:
         "device": str(engine.device),
         "backend": engine.backend.name,
         "prefill_attention": _prefill_attention(engine),
+        "tile_products": _tile_products(engine),
         "kv_path": engine.kv_path,
         "mode": engine.config.mode,
         # retrieval mode: the most document tokens a question reads, before its own tokens are taken
@@ -120,8 +121,22 @@ def _prefill_attention(engine: Engine) -> str | None:
     if not native.has_bf16_prefill(backend.lib):
         return "torch's float32 flash attention (this CPU has no AVX512-BF16 for prefill.c)"
     if native.prefill_amx(backend.lib):
-        return "bfloat16 tile products (prefill.c, AMX)"
+        return "bfloat16 tile products (prefill.c, AMX; decode too, for a block a batch's sequences share)"
     return "bfloat16 dot products (prefill.c, AVX512-BF16)"
+
+
+def _tile_products(engine: Engine) -> list[str]:
+    """The weight formats whose products of 8 rows or more (a batch's decode step, a prompt) run on
+    AMX tiles (native backend, a CPU with AMX)."""
+    lib = engine.runner.native
+    if engine.backend.name != "native" or lib is None:
+        return []
+    from ..engine import native
+    from ..engine.quant import NAMES, TILE_FORMATS
+
+    if not native.qgemm_tiles(lib):
+        return []
+    return sorted({NAMES[q] for q in TILE_FORMATS} & set(engine.runner.weight_formats()))
 
 
 def _retrieval_bound(engine: Engine) -> str:
@@ -147,6 +162,8 @@ def _weights(d: dict) -> str:
     elif d["weights"] in ("gguf", "int8", "int4"):  # quantized: integer dot products can apply
         text += ("; decoding multiplies them with int8 activations (--activations int8)" if d["activations"] == "int8"
                  else "; decoding multiplies them with float32 activations (--activations int8: faster, rounded)")
+    if d["tile_products"] and d["activations"] != "int8":
+        text += f"; {' and '.join(d['tile_products'])} products of 8 rows or more (batches, prompts) on AMX tiles"
     return text
 
 

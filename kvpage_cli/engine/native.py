@@ -31,7 +31,7 @@ from .config import BLOCK_TOKENS
 _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
           "-ffp-contract=off",  # no fused multiply-adds the source does not ask for: torch's bits
           f"-DBLOCK_TOKENS={BLOCK_TOKENS}"]
-_SOURCES = ("attention.c", "layer.c", "linear.c", "prefill.c", "quant.c")
+_SOURCES = ("amx.c", "attention.c", "layer.c", "linear.c", "prefill.c", "quant.c")
 _LIB: ctypes.CDLL | None = None
 
 
@@ -84,6 +84,8 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_prefill_bf16.restype = i32
     lib.kvp_prefill_set_amx.argtypes = [i32]
     lib.kvp_prefill_set_amx.restype = i32
+    lib.kvp_qgemm_set_tiles.argtypes = [i32]
+    lib.kvp_qgemm_set_tiles.restype = i32
     _LIB = lib
     return lib
 
@@ -283,9 +285,17 @@ def has_bf16_prefill(lib: ctypes.CDLL) -> bool:
 
 def prefill_amx(lib: ctypes.CDLL, on: bool | None = None) -> bool:
     """Whether prefill.c's kernel multiplies on AMX tiles (where the CPU has them and Linux grants
-    their state; the default) rather than with the AVX512-BF16 dot products; `on` sets which it
-    uses from now on (where it can)."""
+    their state; the default) rather than with the AVX512-BF16 dot products, and decode attends a
+    bfloat16 block read by two queries or more of a batch on tiles too (kvp_decode_tiles) rather
+    than with attention.c's fp32 products; `on` sets which from now on (where it can)."""
     return bool(lib.kvp_prefill_set_amx(-1 if on is None else int(on)))
+
+
+def qgemm_tiles(lib: ctypes.CDLL, on: bool | None = None) -> bool:
+    """Whether a few rows (8 or more) of Q4_0/Q4_1/Q8_0 products multiply on AMX tiles (where the
+    CPU has them and Linux grants their state; the default): faster than the rows' path from 8
+    rows, and not its bits (quant.c); `on` sets which from now on (where it can)."""
+    return bool(lib.kvp_qgemm_set_tiles(-1 if on is None else int(on)))
 
 
 def gemm_rows(lib: ctypes.CDLL, x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,9 @@ dequantize-and-dot kernel, each row's result independent of the others, or, with
 activations (EngineConfig.activations), through integer dot products with the rows rounded to
 int8 in groups of 32; a long prompt chunk dequantizes W (a layer's parts that share an input
 together, or a slice of output rows at a time) into fp32 and multiplies it through oneDNN
-(`matmul_nt`). On the Triton backend a `DeviceMatrix` holds the same values
+(`matmul_nt`). On a CPU with AMX, Q4_0, Q4_1 and Q8_0 products of 8 rows or more, short and
+long, run on tiles instead (quant.c; `native.qgemm_tiles`): each row's result still its own,
+in other bits than the rows' path. On the Triton backend a `DeviceMatrix` holds the same values
 decoded for the Triton dequantize-in-register kernel.
 """
 
@@ -22,12 +24,14 @@ import numpy as np
 import torch
 
 from ..errors import ModelError
+from . import native
 
 WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8", "int4", "gguf")
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
 I8_ROW = 1000  # kvpage's int8 rows: an fp32 scale, then K int8 values
 FLOAT_FORMATS = (F32, F16, BF16)
+TILE_FORMATS = (Q4_0, Q4_1, Q8_0)  # multiplied on AMX tiles from 8 rows, where the CPU has them (quant.c)
 
 # values per block, bytes per block (native/quant.c's kvp_quant_block)
 BLOCKS = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
@@ -147,7 +151,7 @@ class QuantMatrix:
         """x: [M, K] -> x @ W^T: [M, N] fp32. int8: few rows of x are rounded to int8 in groups of
         32 and multiplied with integer dot products (block formats; float formats ignore it)."""
         x = x.float().contiguous()
-        if few_rows:
+        if few_rows or (not int8 and self.on_tiles(lib)):
             y = torch.empty(x.shape[0], self.rows)
             kernel = lib.kvp_qgemm_rows_q8 if int8 and self.qtype not in FLOAT_FORMATS else lib.kvp_qgemm_rows
             rc = kernel(self.qtype, x.data_ptr(), x.stride(0), self._addr, self.data.shape[1], x.shape[0],
@@ -163,6 +167,12 @@ class QuantMatrix:
             stop = min(start + step, self.rows)
             y[:, start:stop] = matmul_nt(x, self.take(lib, torch.arange(start, stop)))
         return y
+
+    def on_tiles(self, lib: ctypes.CDLL) -> bool:
+        """Whether products of 8 rows or more multiply on AMX tiles (quant.c), prompt chunks' too:
+        faster there than the matrix dequantized through oneDNN (`python bench/decode_gemm.py
+        --rows 64,256,1024`)."""
+        return self.qtype in TILE_FORMATS and native.qgemm_tiles(lib)
 
     def take(self, lib: ctypes.CDLL, features: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Output features' rows of W (e.g. token embeddings), dequantized: [len(features), K] fp32
@@ -268,7 +278,8 @@ class QuantLinear:
             return self.parts[0].matmul(lib, x, few_rows, int8)
         cols = self.parts[0].cols
         if (not few_rows and all(isinstance(p, QuantMatrix) for p in self.parts)
-                and 4 * self.out_features * cols <= DEQUANT_CHUNK_BYTES):
+                and 4 * self.out_features * cols <= DEQUANT_CHUNK_BYTES
+                and (int8 or not all(p.on_tiles(lib) for p in self.parts))):
             # a long chunk: every part's rows dequantized into one matrix, one product, no concatenation
             w = torch.empty(self.out_features, cols)
             start = 0

@@ -323,19 +323,37 @@ static int first_item_of(const int32_t *item_off, int n_items, int64_t part, int
     return lo;
 }
 
+int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_addr, int n_items,
+                     const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
+                     const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hq, int Hkv, int D,
+                     int64_t window, float scale, float *states, float *lse, int min_pairs); /* prefill.c */
+
+/* Blocks read by this many queries of a batch or more go to AMX tiles where the CPU has them (faster
+ * from two queries; slower than this file's fp32 products for one), bfloat16 KV only: a sequence in
+ * a batch then gets other bits for its shared blocks than alone (within fp32 attention's tolerance). */
+#define TILE_MIN_PAIRS 2
+
 /* Per-pair states of decode queries: states[P, Hq, D] and lse[P, Hq] for the P (block, query)
  * pairs of the items. q: [Nq, Hq, D] fp32; k_addr, v_addr: [capacity, Hkv] addresses of each
  * block's head rows ([64, D] each); item i is block item_ids[i] at logical index item_pos[i],
  * read by the queries pair_query[item_off[i] .. item_off[i+1]); query j sits at position
  * q_pos[j] and sees keys before q_end[j]. A pair with no visible token gets lse = -inf and a zero
  * output. Each pair's state is computed alone, with the same arithmetic however the queries
- * are batched. Items run in parallel. Returns -1 for shapes it does not handle. */
+ * are batched, except that bfloat16 items read by TILE_MIN_PAIRS queries or more multiply on AMX
+ * tiles where the CPU has them. Items run in parallel. Returns -1 for shapes it does not handle. */
 int kvp_decode_states(int kind, const float *q, const int64_t *k_addr, const int64_t *v_addr, int n_items,
                       const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
                       const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hq, int Hkv, int D,
                       int64_t window, float scale, float *states, float *lse) {
     if (Hkv <= 0 || Hq % Hkv != 0 || Hq / Hkv > MAX_GROUP || D > MAX_DIM) return -1;
     if (kind < KIND_F32 || kind > KIND_INT8) return -1;
+    int shared_on_tiles = 0; /* items of TILE_MIN_PAIRS pairs or more done on AMX tiles (prefill.c) */
+    if (kind == KIND_BF16) {
+        const int rc = kvp_decode_tiles(q, k_addr, v_addr, n_items, item_ids, item_pos, item_off, pair_query, q_pos, q_end,
+                                        Hq, Hkv, D, window, scale, states, lse, TILE_MIN_PAIRS);
+        if (rc == -2) return rc;
+        shared_on_tiles = rc == 0;
+    }
     const int G = Hq / Hkv;
     const decode_args a = {n_items, q, k_addr, v_addr, item_ids, item_pos, item_off, pair_query, q_pos, q_end,
                            Hkv, G, D, window, scale, states, lse};
@@ -348,7 +366,8 @@ int kvp_decode_states(int kind, const float *q, const int64_t *k_addr, const int
         thread = omp_get_thread_num();
 #endif
         const int end = first_item_of(item_off, n_items, (int64_t)thread + 1, threads);
-        for (int i = first_item_of(item_off, n_items, thread, threads); i < end; i++) fn(&a, i);
+        for (int i = first_item_of(item_off, n_items, thread, threads); i < end; i++)
+            if (!shared_on_tiles || item_off[i + 1] - item_off[i] < TILE_MIN_PAIRS) fn(&a, i);
     }
     return 0;
 }

@@ -24,10 +24,10 @@
  * every product exact, sums in fp32 in another order than the dot products', so other bits than
  * the AVX512-BF16 path's, and again each row's own, whatever the rows beside it.
  * kvp_prefill_set_amx(0) takes the AVX512-BF16 path (tests hold both to the same tolerance).
+ *
+ * kvp_decode_tiles runs amx_rows for decode: a batch's queries that read the same block (forks
+ * of one document) attend it on tiles, 16 of their rows at a time, the block as the one chunk.
  */
-#if !defined(_GNU_SOURCE)
-#define _GNU_SOURCE /* syscall(): the tile state is granted per process */
-#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -85,6 +85,30 @@ static inline const uint16_t *row_at(cursor *c, int h, int key, int which) {
     return (const uint16_t *)(intptr_t)r[which] + h * r[2 + 2 * which] + (int64_t)(key - c->base) * r[3 + 2 * which];
 }
 
+/* r[i] = column i of the 16 x 16 matrix of 32-bit lanes whose row j was r[j]. */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) { /* lanes (4L + k) of rows i, i+1 interleaved, per 128-bit lane L */
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) { /* r[i + k], lane L: column 4L + k of rows i..i+3 */
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        const __m512i a = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x88), b = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x88);
+        const __m512i c = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xdd), d = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xdd);
+        t[k] = _mm512_shuffle_i32x4(a, b, 0x88);
+        t[k + 8] = _mm512_shuffle_i32x4(a, b, 0xdd);
+        t[k + 4] = _mm512_shuffle_i32x4(c, d, 0x88);
+        t[k + 12] = _mm512_shuffle_i32x4(c, d, 0xdd);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
 /* Chunk `chunk` of head h's K re-laid for the score products: per 16-key tile, per pair of head
  * dimensions, the 16 keys' pairs (one 32-bit lane each; keys past S are zeros). And the chunk's V
  * for the output products: per pair of keys (2i, 2i+1), for every head dimension d, the pair
@@ -93,13 +117,19 @@ static void layout_chunk(const int64_t *runs, int n_runs, int h, int S, int D, i
     const int pairs = D / 2;
     cursor c = {runs, n_runs, 0, 0};
     uint32_t *dst = kt + (int64_t)chunk * CHUNK * pairs;
-    for (int tile = 0; tile < CHUNK / 16; tile++)
+    for (int tile = 0; tile < CHUNK / 16; tile++) {
+        const uint32_t *rows[16];
         for (int j = 0; j < 16; j++) {
             const int key = chunk * CHUNK + tile * 16 + j;
-            const uint32_t *row = key < S ? (const uint32_t *)row_at(&c, h, key, 0) : NULL;
-            uint32_t *col = dst + (int64_t)tile * 16 * pairs + j;
-            for (int p = 0; p < pairs; p++) col[16 * p] = row ? row[p] : 0;
+            rows[j] = key < S ? (const uint32_t *)row_at(&c, h, key, 0) : NULL;
         }
+        for (int p0 = 0; p0 < pairs; p0 += 16) { /* 16 keys x 16 pairs, transposed */
+            __m512i r[16];
+            for (int j = 0; j < 16; j++) r[j] = rows[j] ? _mm512_loadu_si512((const void *)(rows[j] + p0)) : _mm512_setzero_si512();
+            transpose16(r);
+            for (int p = 0; p < 16; p++) _mm512_storeu_si512((void *)(dst + ((int64_t)tile * pairs + p0 + p) * 16), r[p]);
+        }
+    }
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
                                         36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
@@ -113,6 +143,21 @@ static void layout_chunk(const int64_t *runs, int n_runs, int h, int S, int D, i
             const __m512i b = rb ? _mm512_loadu_si512((const void *)(rb + d)) : _mm512_setzero_si512();
             _mm512_storeu_si512((void *)(out + d), _mm512_permutex2var_epi16(a, lo, b));
             _mm512_storeu_si512((void *)(out + d + 16), _mm512_permutex2var_epi16(a, hi, b));
+        }
+    }
+}
+
+/* A query row x[0..D) as Q_TERMS bfloat16 terms (each the bfloat16 of what the ones before leave),
+ * each as pairs of bf16: dst[term * D/2 + pair]. */
+static void write_terms(const float *x, int D, uint32_t *dst) {
+    const int pairs = D / 2;
+    for (int d = 0; d < D; d += 32) {
+        __m512 x0 = _mm512_loadu_ps(x + d), x1 = _mm512_loadu_ps(x + d + 16);
+        for (int part = 0; part < Q_TERMS; part++) {
+            const __m512bh b = _mm512_cvtne2ps_pbh(x1, x0);
+            _mm512_storeu_si512((void *)(dst + part * pairs + d / 2), (__m512i)b);
+            x0 = _mm512_sub_ps(x0, hi_part(b, 0));
+            x1 = _mm512_sub_ps(x1, hi_part(b, 1));
         }
     }
 }
@@ -238,42 +283,20 @@ static inline __attribute__((always_inline)) void tile_rows(const int T, const u
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
 #define KVP_AMX 1
 #define AMX_ROWS 16
 
-static int amx_granted = -1; /* -1: not asked yet */
+int kvp_amx_granted(void); /* amx.c */
+void kvp_amx_configure(void);
 static int amx_wanted = 1;
 
-/* Linux hands the tile state to a process that asks (ARCH_REQ_XCOMP_PERM for XTILEDATA). */
-static int amx_ready(void) {
-    if (amx_granted < 0) amx_granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-    return amx_wanted && amx_granted;
-}
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
-/* Every tile 16 rows of 64 bytes: 16 x 16 fp32, or 16 x 32 bf16 (A), or 16 pairs x 16 bf16 pairs (B). */
-static void amx_configure(void) {
-    tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.colsb[t] = 64;
-        c.rows[t] = 16;
-    }
-    _tile_loadconfig(&c);
-}
+static int amx_ready(void) { return amx_wanted && kvp_amx_granted(); }
 
 /* tile_rows for up to 16 rows on AMX tiles. qp: the rows' Q terms as tile_rows's qb, 16 rows
- * (rows past T zeros); buffers: per thread. Scores: tiles 0-3 (the chunk's four 16-key tiles) += Q
- * term tile (4) x K tile (5), terms in order, 32 head dimensions at a time; outputs: tiles 0-3 (64
- * head dimensions) += P tile (4) x V tile (5), P's high terms then low, 32 keys at a time. */
+ * (rows past T are any bits: a tile product's row r comes from its A tile's row r alone, and rows
+ * past T are never read back); buffers: per thread. Scores: tiles 0-3 (the chunk's four 16-key tiles) += Q
+ * term tile (4) x K tile (5-7), terms in order, 32 head dimensions at a time; outputs: tiles 0-3 (64
+ * head dimensions) += P tile (4) x V tile (5-7), P's high terms then low, 32 keys at a time. */
 static void amx_rows(const int T, const uint32_t *qp, int D, const uint32_t *kt, const uint32_t *vp, const int *from,
                      const int *lim, float scale, float *o, float *lse, float *sb, uint32_t *pb, uint32_t *pl,
                      float *ob) {
@@ -289,8 +312,6 @@ static void amx_rows(const int T, const uint32_t *qp, int D, const uint32_t *kt,
         l[r] = 0.0f;
         memset(o + (int64_t)r * D, 0, sizeof(float) * D);
     }
-    memset(pb, 0, sizeof(uint32_t) * AMX_ROWS * (CHUNK / 2)); /* rows past T keep zeros */
-    memset(pl, 0, sizeof(uint32_t) * AMX_ROWS * (CHUNK / 2));
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int c = first; c < chunks; c++) {
         const uint32_t *kc = kt + (int64_t)c * CHUNK * pairs;
@@ -300,13 +321,13 @@ static void amx_rows(const int T, const uint32_t *qp, int D, const uint32_t *kt,
         _tile_zero(3);
         for (int part = 0; part < Q_TERMS; part++)
             for (int p0 = 0; p0 < pairs; p0 += 16) {
-                _tile_loadd(4, qp + part * pairs + p0, qstride);
-                _tile_loadd(5, kc + ((int64_t)0 * pairs + p0) * 16, 64);
+                _tile_loadd(4, qp + part * pairs + p0, qstride); /* K tiles rotate over 5-7: a load need not wait */
+                _tile_loadd(5, kc + ((int64_t)0 * pairs + p0) * 16, 64); /* for the product reading the last */
                 _tile_dpbf16ps(0, 4, 5);
-                _tile_loadd(5, kc + ((int64_t)1 * pairs + p0) * 16, 64);
-                _tile_dpbf16ps(1, 4, 5);
-                _tile_loadd(5, kc + ((int64_t)2 * pairs + p0) * 16, 64);
-                _tile_dpbf16ps(2, 4, 5);
+                _tile_loadd(6, kc + ((int64_t)1 * pairs + p0) * 16, 64);
+                _tile_dpbf16ps(1, 4, 6);
+                _tile_loadd(7, kc + ((int64_t)2 * pairs + p0) * 16, 64);
+                _tile_dpbf16ps(2, 4, 7);
                 _tile_loadd(5, kc + ((int64_t)3 * pairs + p0) * 16, 64);
                 _tile_dpbf16ps(3, 4, 5);
             }
@@ -331,10 +352,10 @@ static void amx_rows(const int T, const uint32_t *qp, int D, const uint32_t *kt,
                     _tile_loadd(4, (term ? pl : pb) + k0, CHUNK / 2 * 4);
                     _tile_loadd(5, vc + (int64_t)k0 * D + d0, D * 4);
                     _tile_dpbf16ps(0, 4, 5);
-                    _tile_loadd(5, vc + (int64_t)k0 * D + d0 + 16, D * 4);
-                    _tile_dpbf16ps(1, 4, 5);
-                    _tile_loadd(5, vc + (int64_t)k0 * D + d0 + 32, D * 4);
-                    _tile_dpbf16ps(2, 4, 5);
+                    _tile_loadd(6, vc + (int64_t)k0 * D + d0 + 16, D * 4);
+                    _tile_dpbf16ps(1, 4, 6);
+                    _tile_loadd(7, vc + (int64_t)k0 * D + d0 + 32, D * 4);
+                    _tile_dpbf16ps(2, 4, 7);
                     _tile_loadd(5, vc + (int64_t)k0 * D + d0 + 48, D * 4);
                     _tile_dpbf16ps(3, 4, 5);
                 }
@@ -352,6 +373,22 @@ static void amx_rows(const int T, const uint32_t *qp, int D, const uint32_t *kt,
         }
     }
     finish_rows(T, D, m, l, o, lse);
+}
+
+/* T rows (their Q terms in qp; rows past T are not read: a tile's rows are independent) over one block laid out in kt (its K,
+ * then its V), row r seeing the block's keys [lo[r], hi[r]): each row's state (amx_rows over the one
+ * chunk: output normalised by the block's own sum, log-sum-exp) to states[owner[r] * D] and
+ * lse[owner[r]]. sb: per-thread scratch of 16 x (2 * CHUNK + 64 + D + 16) floats. Returns 0. */
+static int tile_states(int T, uint32_t *qp, int D, const uint32_t *kt, const int *lo, const int *hi, const int *owner,
+                       float scale, float *states, float *lse, float *sb) {
+    uint32_t *pb = (uint32_t *)sb + AMX_ROWS * CHUNK;
+    float *ob = sb + 2 * AMX_ROWS * CHUNK, *o = ob + AMX_ROWS * 64, *ls = o + AMX_ROWS * (size_t)D;
+    amx_rows(T, qp, D, kt, kt + CHUNK * (D / 2), lo, hi, scale, o, ls, sb, pb, pb + AMX_ROWS * CHUNK / 2, ob);
+    for (int r = 0; r < T; r++) {
+        memcpy(states + (int64_t)owner[r] * D, o + (int64_t)r * D, sizeof(float) * (size_t)D);
+        lse[owner[r]] = ls[r];
+    }
+    return 0;
 }
 #endif
 
@@ -401,21 +438,11 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
 #pragma omp for schedule(static) collapse(2)
         for (int h = 0; h < H; h++)
             for (int r = 0; r < R; r++) {
-                const float *x = q + h * ldqh + r * ldq;
-                uint32_t *dst = qb + ((int64_t)h * R + r) * Q_TERMS * pairs;
-                for (int d = 0; d < D; d += 32) {
-                    __m512 x0 = _mm512_loadu_ps(x + d), x1 = _mm512_loadu_ps(x + d + 16);
-                    for (int part = 0; part < Q_TERMS; part++) { /* each term: bf16 of what the others leave */
-                        const __m512bh b = _mm512_cvtne2ps_pbh(x1, x0);
-                        _mm512_storeu_si512((void *)(dst + part * pairs + d / 2), (__m512i)b);
-                        x0 = _mm512_sub_ps(x0, hi_part(b, 0));
-                        x1 = _mm512_sub_ps(x1, hi_part(b, 1));
-                    }
-                }
+                write_terms(q + h * ldqh + r * ldq, D, qb + ((int64_t)h * R + r) * Q_TERMS * pairs);
             }
 #if defined(KVP_AMX)
         if (amx) {
-            amx_configure();
+            kvp_amx_configure();
             uint32_t *qp = aligned_alloc(64, sizeof(uint32_t) * AMX_ROWS * Q_TERMS * (size_t)pairs);
             float *sb = aligned_alloc(64, sizeof(float) * AMX_ROWS * (CHUNK + 64));
             uint32_t *pb = aligned_alloc(64, sizeof(uint32_t) * AMX_ROWS * CHUNK);
@@ -436,7 +463,6 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
                     }
                     const size_t row_lanes = (size_t)Q_TERMS * pairs;
                     memcpy(qp, qb + ((int64_t)h * R + r0) * row_lanes, sizeof(uint32_t) * row_lanes * n);
-                    memset(qp + row_lanes * n, 0, sizeof(uint32_t) * row_lanes * (AMX_ROWS - n));
                     amx_rows(n, qp, D, kt + per_head * h, vp + per_head * h, from, lim, scale,
                              out + ((int64_t)h * R + r0) * D, lse + (int64_t)h * R + r0, sb, pb,
                              pb + AMX_ROWS * CHUNK / 2, sb + AMX_ROWS * CHUNK);
@@ -475,6 +501,97 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
     return failed ? -2 : 0;
 }
 
+/* Decode states on AMX tiles: kvp_decode_states's contract (attention.c) for the items read by
+ * min_pairs queries or more (the others are left alone), over bfloat16 blocks of a head dimension
+ * that is a multiple of 64. An item is one block and the queries that read it (several sequences
+ * of a batch sharing a forked document read it once for all of them): its K and V are laid out
+ * once, then every pair's G rows of each KV head go through amx_rows 16 at a time, the block as
+ * the one chunk, so that a row's state is the block's alone (output normalised by its own sum, and
+ * its log-sum-exp), with the same terms and sums whatever rows share its tile. Other bits than
+ * attention.c's fp32 products of the same pair (measured: 1.8x those at 16 queries, 0.7x at one,
+ * bench/native_attention.py). Returns -1 where it does not apply (no tiles, another shape), -2
+ * out of memory. */
+int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_addr, int n_items,
+                     const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
+                     const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hq, int Hkv, int D,
+                     int64_t window, float scale, float *states, float *lse, int min_pairs) {
+#if defined(KVP_AMX)
+    if (!amx_ready() || D % 64 != 0 || D > 512 || Hkv <= 0 || Hq % Hkv != 0) return -1;
+    const int G = Hq / Hkv, pairs = D / 2, P = item_off[n_items];
+    int Nq = 0;
+    for (int p = 0; p < P; p++) Nq = pair_query[p] + 1 > Nq ? pair_query[p] + 1 : Nq;
+    const size_t row_lanes = (size_t)Q_TERMS * pairs;
+    uint32_t *qb = malloc(sizeof(uint32_t) * row_lanes * (size_t)Nq * (size_t)Hq + 64);
+    if (qb == NULL) return -2;
+    int failed = 0;
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int r = 0; r < Nq * Hq; r++) write_terms(q + (int64_t)r * D, D, qb + (size_t)r * row_lanes);
+        uint32_t *kt = aligned_alloc(64, sizeof(uint32_t) * 2 * CHUNK * (size_t)pairs);
+        uint32_t *qp = aligned_alloc(64, sizeof(uint32_t) * AMX_ROWS * row_lanes);
+        float *sb = aligned_alloc(64, sizeof(float) * AMX_ROWS * (2 * CHUNK + 64 + (size_t)D + 16));
+        if (kt == NULL || qp == NULL || sb == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+            kvp_amx_configure();
+        }
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int i = 0; i < n_items; i++)
+            for (int h = 0; h < Hkv; h++) {
+                if (failed || item_off[i + 1] - item_off[i] < min_pairs) continue;
+                const int64_t start = (int64_t)item_pos[i] * BLOCK_TOKENS;
+                int lo[AMX_ROWS], hi[AMX_ROWS], owner[AMX_ROWS], T = 0, S = 0;
+                for (int p = item_off[i]; p < item_off[i + 1]; p++) { /* each pair's visible rows of the block */
+                    const int qi = pair_query[p];
+                    int64_t a = 0, b = (q_pos[qi] + 1 < q_end[qi] ? q_pos[qi] + 1 : q_end[qi]) - start;
+                    if (window > 0 && q_pos[qi] - window + 1 - start > a) a = q_pos[qi] - window + 1 - start;
+                    b = b > CHUNK ? CHUNK : b;
+                    if (b <= a) {
+                        for (int g = 0; g < G; g++) {
+                            memset(states + ((int64_t)p * Hq + h * G + g) * D, 0, sizeof(float) * (size_t)D);
+                            lse[(int64_t)p * Hq + h * G + g] = -INFINITY;
+                        }
+                    }
+                    S = b > S ? (int)b : S;
+                }
+                if (S == 0) continue;
+                const int64_t run[RUN_FIELDS] = {k_addr[(int64_t)item_ids[i] * Hkv + h], v_addr[(int64_t)item_ids[i] * Hkv + h],
+                                                 0, D, 0, D, CHUNK};
+                layout_chunk(run, 1, 0, S, D, 0, kt, kt + CHUNK * pairs);
+                for (int p = item_off[i]; p < item_off[i + 1]; p++) {
+                    const int qi = pair_query[p];
+                    int64_t a = 0, b = (q_pos[qi] + 1 < q_end[qi] ? q_pos[qi] + 1 : q_end[qi]) - start;
+                    if (window > 0 && q_pos[qi] - window + 1 - start > a) a = q_pos[qi] - window + 1 - start;
+                    b = b > CHUNK ? CHUNK : b;
+                    if (b <= a) continue;
+                    for (int g = 0; g < G; g++) {
+                        memcpy(qp + (size_t)T * row_lanes, qb + ((size_t)qi * Hq + h * G + g) * row_lanes,
+                               sizeof(uint32_t) * row_lanes);
+                        lo[T] = (int)a;
+                        hi[T] = (int)b;
+                        owner[T++] = p * Hq + h * G + g;
+                        if (T == AMX_ROWS) T = tile_states(T, qp, D, kt, lo, hi, owner, scale, states, lse, sb);
+                    }
+                }
+                if (T > 0) tile_states(T, qp, D, kt, lo, hi, owner, scale, states, lse, sb);
+            }
+        if (kt != NULL && qp != NULL && sb != NULL) _tile_release();
+        free(kt);
+        free(qp);
+        free(sb);
+    }
+    free(qb);
+    return failed ? -2 : 0;
+#else
+    (void)q, (void)k_addr, (void)v_addr, (void)n_items, (void)item_ids, (void)item_pos, (void)item_off, (void)pair_query,
+        (void)q_pos, (void)q_end, (void)Hq, (void)Hkv, (void)D, (void)window, (void)scale, (void)states, (void)lse,
+        (void)min_pairs;
+    return -1;
+#endif
+}
+
 #else
 int kvp_prefill_set_amx(int on) {
     (void)on;
@@ -486,5 +603,15 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
     (void)q, (void)ldqh, (void)ldq, (void)H, (void)R, (void)group, (void)causal, (void)window, (void)runs, (void)n_runs, (void)D,
         (void)scale, (void)out, (void)lse;
     return -3; /* built without AVX512-BF16 */
+}
+
+int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_addr, int n_items,
+                     const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
+                     const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hq, int Hkv, int D,
+                     int64_t window, float scale, float *states, float *lse, int min_pairs) {
+    (void)q, (void)k_addr, (void)v_addr, (void)n_items, (void)item_ids, (void)item_pos, (void)item_off, (void)pair_query,
+        (void)q_pos, (void)q_end, (void)Hq, (void)Hkv, (void)D, (void)window, (void)scale, (void)states, (void)lse,
+        (void)min_pairs;
+    return -1; /* built without AVX512-BF16 */
 }
 #endif
