@@ -59,7 +59,7 @@ def main() -> None:
 
     def native(xs):
         for m in matrices + head.parts:
-            m.matmul(lib, xs[m.cols], True)
+            m.matmul(lib, xs[m.cols], True, tiles=True)  # on tiles where qgemm_tiles is on (below)
 
     def dequantized(xs):
         for m in matrices + head.parts:

@@ -3,9 +3,10 @@
 Q decode queries (SmolLM2's shape by default: 9 query heads over 3 KV heads of 64) over the same
 N random blocks of one layer (Q > 1: forks of one document decoding together, each block read
 for all of them), read in place through the address table as the store path reads them, with
-the KV blocks in float32, bfloat16 and int8 (with their rows' scales, store.py); beside it torch's
-scaled_dot_product_attention over the same values as one contiguous float32 K/V. Reported per
-row: the median time of a call, the bytes of K/V the call reads (the blocks' bytes, measured from
+the KV blocks in float32, bfloat16 and int8 (with their rows' scales, store.py), and where the
+CPU has AMX bfloat16 on tiles too (blocks read by four queries or more; fewer stay fp32
+products); beside it torch's scaled_dot_product_attention over the same values as one
+contiguous float32 K/V. Reported per row: the median time of a call, the bytes of K/V the call reads (the blocks' bytes, measured from
 the tensors) over that time, and the time against SDPA's. A kernel bound by memory takes less time
 for fewer bytes; one bound by its arithmetic takes the same.
 
@@ -88,7 +89,12 @@ def main() -> None:
         sdpa = median_seconds(peer_step, args.repeats) / args.layers
         results.append({"blocks": count, "queries": queries, "kind": "torch SDPA (float32)", "ms": 1e3 * sdpa,
                         "bytes": 2 * k_all.numel() * 4, "gbs": 2 * k_all.numel() * 4 / sdpa / 1e9, "vs_sdpa": 1.0})
-        for kind, blocks in kinds.items():
+        tiles = native.prefill_amx(lib, True)
+        ways = [(kind, blocks, False) for kind, blocks in kinds.items()]
+        if tiles:  # bfloat16 blocks read by four queries or more: AMX tiles, beside the fp32 products
+            ways.insert(2, ("bfloat16", kinds["bfloat16"], True))
+        for kind, blocks, on_tiles in ways:
+            native.prefill_amx(lib, on_tiles)  # set before the kernel is timed
             backend = NativeBackend(lib, num_heads, num_kv_heads, head_dim, scale, kind)
             copies = laid_out(blocks)
             layers = [LayerBlocks(head_addresses(c[0], block_dim), head_addresses(c[1], block_dim), None) for c in copies]
@@ -96,12 +102,14 @@ def main() -> None:
 
             def step() -> None:
                 for layer in layers:
-                    backend.decode_states(q, plan, layer, 0, states, lse)
+                    backend.decode_states(q, plan, layer, 0, states, lse, on_tiles)
 
             seconds = median_seconds(step, args.repeats) / args.layers
             nbytes = blocks.numel() * blocks.element_size()
-            results.append({"blocks": count, "queries": queries, "kind": f"native {kind}", "ms": 1e3 * seconds,
+            name = f"native {kind}" + (" AMX" if on_tiles else "")
+            results.append({"blocks": count, "queries": queries, "kind": name, "ms": 1e3 * seconds,
                             "bytes": nbytes, "gbs": nbytes / seconds / 1e9, "vs_sdpa": sdpa / seconds})
+    native.prefill_amx(lib, True)
     print(f"{'blocks':>6}  {'queries':>7}  {'kernel':>20}  {'ms':>7}  {'MiB read':>8}  {'GB/s':>5}  {'x SDPA':>6}")
     for row in results:
         print(f"{row['blocks']:>6}  {row['queries']:>7}  {row['kind']:>20}  {row['ms']:>7.3f}  {row['bytes'] / 2**20:>8.1f}  "

@@ -71,7 +71,7 @@ def test_a_batch_over_bfloat16_kv_gives_every_sequence_the_bits_it_gets_alone(ar
                                                                              monkeypatch):
     """The prompt attention of prefill.c (bfloat16 KV, head dim 64; gemma3_text's window layers
     too) keeps the batch's bit-identity: the same tokens and the same logits, bit for bit. On AMX
-    tiles, a block that several sequences of the batch read is attended on tiles and alone it is
+    tiles, a block that four sequences of the batch read is attended on tiles and alone it is
     not: the same tokens, logits within 1e-4 of their scale."""
     from kvpage_cli.engine import native
 
@@ -96,9 +96,10 @@ def test_a_batch_over_bfloat16_kv_gives_every_sequence_the_bits_it_gets_alone(ar
     for a, b in zip(alone_logits, logits):
         if attention_tiles:
             assert (a - b).abs().max() <= 1e-4 * a.abs().max()
-            assert not torch.equal(a, b)  # shared blocks did go to tiles
         else:
             assert torch.equal(a, b)
+    if attention_tiles:  # blocks four sequences shared did go to tiles
+        assert any(not torch.equal(a, b) for a, b in zip(alone_logits, logits))
 
 
 def test_sequences_that_end_at_once_or_only_append_leave_the_batch(kv_home):

@@ -316,9 +316,10 @@ def test_a_batch_on_compact_weights_gives_every_sequence_the_bits_it_gets_alone(
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
 def test_a_batch_on_amx_tiles_gives_every_sequence_its_tokens_and_nearly_its_logits(arch, kv_home, lib):
-    """Where the CPU has AMX, a batch's 8 rows or more of int4 (Q4_1) products multiply on tiles, and
-    its shared bfloat16 blocks (head dim 64) are attended on tiles, while a sequence alone takes the
-    rows' path and fp32 attention: the same greedy tokens, logits within 1e-4 of their scale."""
+    """Where the CPU has AMX, the generated tokens of a batch of 8 or more multiply int4 (Q4_1)
+    weights on tiles, and attend bfloat16 blocks (head dim 64) four of them share on tiles, while a
+    sequence alone takes the rows' path and fp32 attention: the same greedy tokens, logits within
+    1e-4 of their scale."""
     if not native.qgemm_tiles(lib):
         pytest.skip("this CPU has no AMX tiles (or Linux does not grant them)")
     engine = Engine.load(tiny_model(arch, head_dim=64), EngineConfig(home=str(kv_home), backend="native",
@@ -332,7 +333,33 @@ def test_a_batch_on_amx_tiles_gives_every_sequence_its_tokens_and_nearly_its_log
     assert tokens == alone_tokens
     for a, b in zip(alone_logits, logits):
         assert (a - b).abs().max() <= 1e-4 * a.abs().max()
-        assert not torch.equal(a, b) or a.abs().max() == 0  # the batch did run on tiles: other bits
+    assert any(not torch.equal(a, b) for a, b in zip(alone_logits, logits))  # the batch did run on tiles
+
+
+def test_appended_prompts_keep_their_bits_in_a_batch_where_generated_tokens_take_tiles(kv_home, lib):
+    """A review appends its clause prompts and scores them in batches: those must give what they give
+    alone, bit for bit, AMX tiles or not (a prompt's tokens can sit in a segment of another length
+    batched than alone), while a batch's generated tokens may take tiles."""
+    engine = Engine.load(tiny_model("llama", head_dim=64), EngineConfig(home=str(kv_home), backend="native",
+                                                                        weights="int4", pool_mib=0.2))
+    doc = engine.prefill(random_prompt(3 * BLOCK_TOKENS + 9, seed=5))
+    prompts = [random_prompt(n, seed=90 + n) for n in (1, 9, 3, 70, 1, 12, 2, 1, 30, 5)]
+    alone = []
+    for prompt in prompts:
+        ctx = engine.fork(doc)
+        engine.append(ctx, prompt)
+        alone.append(engine.logits(ctx).clone())
+    ctxs = [engine.fork(doc) for _ in prompts]
+    engine.append_many(ctxs, prompts, max_batch=len(prompts))
+    for a, ctx in zip(alone, ctxs):
+        assert torch.equal(a, ctx.last_logits)
+    options = [(engine.fork(doc), option) for option in prompts]
+    assert engine.score_many(options) == [engine.score(engine.fork(doc), option) for option in prompts]
+    whole, pieces = engine.fork(doc), engine.fork(doc)  # the same tokens in segments of other lengths
+    engine.append(whole, prompts[5])
+    engine.append(pieces, prompts[5][:5])
+    engine.append(pieces, prompts[5][5:])
+    assert torch.equal(engine.logits(whole), engine.logits(pieces))
 
 
 @pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q8_0], ids=str)
@@ -350,14 +377,15 @@ def test_rows_on_amx_tiles_are_each_their_own_and_the_product_within_fp32_roundi
     tolerance = 1e-5 * (x.abs().double() @ w.abs().t()).float()
     exact = (x.double() @ w.t()).float()
     for count in (8, 20, 140):
-        got = matrix.matmul(lib, x[:count], few_rows=count <= 64)
+        got = matrix.matmul(lib, x[:count], few_rows=count <= 64, tiles=True)
         assert ((got - exact[:count]).abs() <= tolerance[:count]).all()
     together = matrix.matmul(lib, x, few_rows=False)
     shuffled = torch.randperm(140, generator=torch.Generator().manual_seed(3))
     assert torch.equal(matrix.matmul(lib, x[shuffled], few_rows=False), together[shuffled])
-    assert torch.equal(matrix.matmul(lib, x[[5] * 9], few_rows=True)[0], together[5])
-    rows_path = matrix.matmul(lib, x[:3], few_rows=True)  # below 8 rows: the rows' path
-    assert not torch.equal(rows_path, together[:3])
+    assert torch.equal(matrix.matmul(lib, x[[5] * 9], few_rows=True, tiles=True)[0], together[5])
+    assert torch.equal(matrix.matmul(lib, x[:3], few_rows=True, tiles=True),  # below 8 rows: the rows' path
+                       matrix.matmul(lib, x[:3], few_rows=True))
+    assert not torch.equal(matrix.matmul(lib, x[:20], few_rows=True), together[:20])  # tiles only where asked
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -374,7 +402,7 @@ def test_the_native_layer_computes_what_the_torch_layer_computes(arch, activatio
     torch_layers.runner.native_layers = None
     calls = []
     first = native_layers.runner.native_layers[0]
-    first.pre = lambda h, *rope, pre=first.pre: calls.append(h.shape[0]) or pre(h, *rope)
+    first.pre = lambda h, *rope, pre=first.pre, **tiles: calls.append(h.shape[0]) or pre(h, *rope, **tiles)
     runs = []
     for engine in (native_layers, torch_layers):
         ctx = engine.prefill(prompt)

@@ -121,13 +121,13 @@ def _prefill_attention(engine: Engine) -> str | None:
     if not native.has_bf16_prefill(backend.lib):
         return "torch's float32 flash attention (this CPU has no AVX512-BF16 for prefill.c)"
     if native.prefill_amx(backend.lib):
-        return "bfloat16 tile products (prefill.c, AMX; decode too, for a block a batch's sequences share)"
+        return "bfloat16 tile products (prefill.c, AMX; a batch's generated tokens too, over blocks they share)"
     return "bfloat16 dot products (prefill.c, AVX512-BF16)"
 
 
 def _tile_products(engine: Engine) -> list[str]:
-    """The weight formats whose products of 8 rows or more (a batch's decode step, a prompt) run on
-    AMX tiles (native backend, a CPU with AMX)."""
+    """The weight formats whose products run on AMX tiles for a batch's generated tokens and long
+    prompt chunks (native backend, a CPU with AMX)."""
     lib = engine.runner.native
     if engine.backend.name != "native" or lib is None:
         return []
@@ -163,7 +163,8 @@ def _weights(d: dict) -> str:
         text += ("; decoding multiplies them with int8 activations (--activations int8)" if d["activations"] == "int8"
                  else "; decoding multiplies them with float32 activations (--activations int8: faster, rounded)")
     if d["tile_products"] and d["activations"] != "int8":
-        text += f"; {' and '.join(d['tile_products'])} products of 8 rows or more (batches, prompts) on AMX tiles"
+        text += (f"; {' and '.join(d['tile_products'])} products on AMX tiles for a batch's generated tokens "
+                 "(from 8) and prompt chunks over 64 tokens")
     return text
 
 

@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 from kvpage_kernels.constants import BLOCK_TOKENS  # tokens per block: the unit of KV storage, movement and selection
 
+TILE_MIN_ROWS = 8
+"""Products of this many rows or more multiply on AMX tiles where the CPU has them (native/quant.c
+gets it at build time): slower below (bench/decode_gemm.py)."""
+
 MODES = ("auto", "exact", "selective", "retrieval")
 DTYPES = ("float32", "bfloat16")
 KV_DTYPES = ("auto", "float32", "bfloat16", "int8")

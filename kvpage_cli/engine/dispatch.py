@@ -47,6 +47,7 @@ class Step:
     """One forward pass over several sequences' rows. Decode segments (one row) come first."""
 
     segments: list[Segment]
+    tiles: bool = False  # its decode rows are a batch's generated tokens: AMX tiles may attend them (backend)
     decode: list[Segment] = field(init=False)
     prefill: list[Segment] = field(init=False)
     plans: dict = field(default_factory=dict)  # store group -> DecodePlan of the exact decode queries
@@ -105,10 +106,10 @@ class AttentionDispatch:
         self.kv_read_bytes += plan.item_ids.numel() * group.block_bytes_per_layer
         states, lse = self.backend.states(plan.num_pairs, q.device)
         if self.kv_path == "store":
-            self.backend.decode_states(q, plan, self._store_blocks(layer, group), group.window, states, lse)
+            self.backend.decode_states(q, plan, self._store_blocks(layer, group), group.window, states, lse, step.tiles)
         else:
             for part in self._pool_passes(layer, group, plan):
-                self.backend.decode_states(q, part, self._pool_blocks(layer), group.window, states, lse)
+                self.backend.decode_states(q, part, self._pool_blocks(layer), group.window, states, lse, step.tiles)
         if self.selector is not None or self.observer is not None:
             self._observe(layer, step, plan, lse)
         return self.backend.merge(states, lse, plan)

@@ -457,7 +457,10 @@ class Engine:
             prompt = [bool(request._todo) or not request.generated for request, _ in work]
             self._listener = on_event
             try:
-                seconds = self._step([(r.ctx, rows, _keep(r, p), r) for (r, rows), p in zip(work, prompt)])
+                # a step whose one-row segments are all generated tokens may give them other bits
+                # batched than alone (AMX tiles, model.Rows); appended and scored tokens never
+                tiles = all(not p for (_, rows), p in zip(work, prompt) if len(rows) == 1)
+                seconds = self._step([(r.ctx, rows, _keep(r, p), r) for (r, rows), p in zip(work, prompt)], tiles)
             finally:
                 self._listener = None
             prefill_rows = sum(len(rows) for (_, rows), p in zip(work, prompt) if p)
@@ -523,10 +526,10 @@ class Engine:
             self._check_length(len(ctx.tokens))
         return token
 
-    def _step(self, work: list[tuple[Context, list[int], str, object]]) -> float:
+    def _step(self, work: list[tuple[Context, list[int], str, object]], tiles: bool = False) -> float:
         """One forward pass over the rows of several contexts: (context, its tokens, the logits
-        kept: "none", "last" or "all", the request collecting "all" logits). Returns the seconds
-        it took."""
+        kept: "none", "last" or "all", the request collecting "all" logits). tiles: one-row
+        segments may take AMX tiles (a batch's generated tokens). Returns the seconds it took."""
         # short segments first, so that their rows share one linear call (model.Rows)
         work = sorted(work, key=lambda item: len(item[1]) > SMALL_ROWS)
         segments, writes, token_ids, positions, counts, logit_rows, logit_counts = [], [], [], [], [], [], []
@@ -549,14 +552,14 @@ class Engine:
             for ctx, rows, _, _ in work:
                 ctx.draft.tokens.extend(rows)
             self.draft._step([(ctx.draft, rows, "last", None) for ctx, rows, _, _ in work])
-        step = Step(segments)
+        step = Step(segments, tiles)
         plans = self.blocks.plan_writes(writes)
         started = self._clock()
         logits = self.runner.forward(
             torch.tensor(token_ids, dtype=torch.int64, device=self.device), torch.cat(positions).to(self.device),
-            Rows.of(counts), self._writer(plans, work, segments),
+            Rows.of(counts, tiles), self._writer(plans, work, segments),
             lambda layer, q: self.dispatch.attend(layer, q, step), torch.cat(logit_rows).to(self.device),
-            Rows.of(logit_counts))
+            Rows.of(logit_counts, tiles))
         seconds = self._clock() - started
         first = 0
         for ctx, rows, keep, request in work:

@@ -56,26 +56,32 @@ bound); longer ones are compute bound and get a matrix multiplication each."""
 
 @dataclass(frozen=True)
 class Rows:
-    """A step's rows as consecutive parts: (rows, small). Small parts that follow each other are
-    run in one call; a long part alone."""
+    """A step's rows as consecutive parts: (rows, small, tiles). Small parts that follow each other
+    are run in one call, a long part alone. `tiles`: the part's products may run on AMX tiles
+    (quant.c's kvp_qgemm_tiles, from TILE_MIN_ROWS rows), whose bits differ from the rows' path's.
+    A long part does (it took oneDNN's bits before). Short prompt segments never do: the same
+    tokens can come in a segment of another length in a batch than alone (a review's clause
+    prompts do), and must get the same bits. One-row segments do where `single_tiles`: a batch's
+    generated tokens, which may get other bits batched than alone (within tolerance, tested)."""
 
-    parts: tuple[tuple[slice, bool], ...]
+    parts: tuple[tuple[slice, bool, bool], ...]
 
     @classmethod
-    def of(cls, counts: Iterable[int]) -> "Rows":
+    def of(cls, counts: Iterable[int], single_tiles: bool = False) -> "Rows":
         """Rows of segments of `counts` rows each, in order."""
         parts, start = [], 0
         for count in counts:
             small = count <= SMALL_ROWS
-            if small and parts and parts[-1][1]:
-                parts[-1] = (slice(parts[-1][0].start, start + count), True)
+            tiles = not small or (count == 1 and single_tiles)
+            if small and parts and parts[-1][1] and parts[-1][2] == tiles:
+                parts[-1] = (slice(parts[-1][0].start, start + count), True, tiles)
             else:
-                parts.append((slice(start, start + count), small))
+                parts.append((slice(start, start + count), small, tiles))
             start += count
         return cls(tuple(parts))
 
 
-_ONE_LONG = Rows(((slice(None), False),))  # a long segment's rows, alone
+_ONE_LONG = Rows(((slice(None), False, True),))  # a long segment's rows, alone
 
 
 def _is_matrix(name: str, tensor) -> bool:
@@ -154,19 +160,21 @@ class NativeLayer:
                             spec.head_dim)
         self.ref = ctypes.byref(self.layer)
 
-    def pre(self, h: torch.Tensor, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None) -> torch.Tensor:
+    def pre(self, h: torch.Tensor, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+            tiles: bool = False) -> torch.Tensor:
         """h: [M, hidden] fp32 contiguous -> Q, K, V of norm(h): [M, q + 2 kv]; with cos and sin
-        ([M, head_dim] fp32 contiguous) Q and K rotated as `apply_rope` rotates them, bit for bit."""
+        ([M, head_dim] fp32 contiguous) Q and K rotated as `apply_rope` rotates them, bit for bit.
+        tiles: products on AMX tiles where they apply (see Rows)."""
         out = torch.empty(h.shape[0], self.q_size + 2 * self.kv_size)
         self._check(self.lib.kvp_layer_pre(self.ref, h.data_ptr(), h.shape[0], None if cos is None else cos.data_ptr(),
-                                           None if sin is None else sin.data_ptr(), out.data_ptr()))
+                                           None if sin is None else sin.data_ptr(), out.data_ptr(), int(tiles)))
         return out
 
-    def post(self, h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    def post(self, h: torch.Tensor, a: torch.Tensor, tiles: bool = False) -> torch.Tensor:
         """The layer's output for h [M, hidden] and attention's a [M, q] (h is not changed)."""
         out = h.clone()
         a = a.float().contiguous()
-        self._check(self.lib.kvp_layer_post(self.ref, out.data_ptr(), a.data_ptr(), h.shape[0]))
+        self._check(self.lib.kvp_layer_post(self.ref, out.data_ptr(), a.data_ptr(), h.shape[0], int(tiles)))
         return out
 
     @staticmethod
@@ -316,12 +324,12 @@ class ModelRunner:
     def linear(self, x: torch.Tensor, w_t: torch.Tensor | QuantLinear, rows: Rows) -> torch.Tensor:
         """x: [N, in] @ w_t: [in, out], part by part (see Rows)."""
         if len(rows.parts) == 1:
-            return self._part(x, w_t, rows.parts[0][1])
-        return torch.cat([self._part(x[part], w_t, small) for part, small in rows.parts])
+            return self._part(x, w_t, *rows.parts[0][1:])
+        return torch.cat([self._part(x[part], w_t, small, tiles) for part, small, tiles in rows.parts])
 
-    def _part(self, x: torch.Tensor, w_t: torch.Tensor | QuantLinear, small: bool) -> torch.Tensor:
+    def _part(self, x: torch.Tensor, w_t: torch.Tensor | QuantLinear, small: bool, tiles: bool) -> torch.Tensor:
         if isinstance(w_t, QuantLinear):
-            return w_t(self.native, x, small, self.int8_dot).to(x.dtype)
+            return w_t(self.native, x, small, self.int8_dot, tiles).to(x.dtype)
         if small and self.native is not None:
             return native.gemm_rows(self.native, x.float().contiguous(), w_t).to(x.dtype)
         return matmul_nt(x.contiguous(), w_t.t())
@@ -452,17 +460,19 @@ class ModelRunner:
         if self.native_layers is None:
             return self._pre_torch(h, w, rows), False
         layer = self.native_layers[i]
-        rope = w.q_norm is None and any(small for _, small in rows.parts)
+        rope = w.q_norm is None and any(small for _, small, _ in rows.parts)
         if len(rows.parts) == 1 and rope:  # a decode step: every row in one native call
-            return layer.pre(h.contiguous(), cos, sin), True
+            return layer.pre(h.contiguous(), cos, sin, tiles=rows.parts[0][2]), True
 
-        def part_pre(part: slice, small: bool) -> torch.Tensor:
+        def part_pre(part: slice, small: bool, tiles: bool) -> torch.Tensor:
             if small:
-                return layer.pre(h[part].contiguous(), cos[part], sin[part]) if rope else layer.pre(h[part].contiguous())
+                if rope:
+                    return layer.pre(h[part].contiguous(), cos[part], sin[part], tiles=tiles)
+                return layer.pre(h[part].contiguous(), tiles=tiles)
             qkv = self._pre_torch(h[part], w, _ONE_LONG)
             return self._rotated(qkv, cos[part], sin[part]) if rope else qkv
 
-        parts = [part_pre(part, small) for part, small in rows.parts]
+        parts = [part_pre(*part) for part in rows.parts]
         return (parts[0] if len(parts) == 1 else torch.cat(parts)), rope
 
     def _rotated(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -482,9 +492,9 @@ class ModelRunner:
         if self.native_layers is None:
             return self._post_torch(h, a, w, rows)
         if len(rows.parts) == 1 and rows.parts[0][1]:
-            return self.native_layers[i].post(h.contiguous(), a)
-        parts = [self.native_layers[i].post(h[part].contiguous(), a[part]) if small
-                 else self._post_torch(h[part], a[part], w, _ONE_LONG) for part, small in rows.parts]
+            return self.native_layers[i].post(h.contiguous(), a, tiles=rows.parts[0][2])
+        parts = [self.native_layers[i].post(h[part].contiguous(), a[part], tiles=tiles) if small
+                 else self._post_torch(h[part], a[part], w, _ONE_LONG) for part, small, tiles in rows.parts]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _post_torch(self, h: torch.Tensor, a: torch.Tensor, w: LayerWeights, rows: Rows) -> torch.Tensor:

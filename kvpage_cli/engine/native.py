@@ -26,11 +26,11 @@ from filelock import FileLock
 
 from .home import private_dir
 
-from .config import BLOCK_TOKENS
+from .config import BLOCK_TOKENS, TILE_MIN_ROWS
 
 _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
           "-ffp-contract=off",  # no fused multiply-adds the source does not ask for: torch's bits
-          f"-DBLOCK_TOKENS={BLOCK_TOKENS}"]
+          f"-DBLOCK_TOKENS={BLOCK_TOKENS}", f"-DTILE_MIN_ROWS={TILE_MIN_ROWS}"]
 _SOURCES = ("amx.c", "attention.c", "layer.c", "linear.c", "prefill.c", "quant.c")
 _LIB: ctypes.CDLL | None = None
 
@@ -58,7 +58,7 @@ def load(home: Path) -> ctypes.CDLL:
     lib = _open_verified(library_path(home, texts), home, lambda out: _compile(compiler, texts, out))
     i32, i64, f32, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     lib.kvp_decode_states.argtypes = [i32, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i64, f32,
-                                      ptr, ptr]
+                                      ptr, ptr, i32]
     lib.kvp_decode_states.restype = i32
     lib.kvp_write_rows.argtypes = [i32, ptr, i32, i32, i32, ptr, ptr, ptr]
     lib.kvp_write_rows.restype = None
@@ -70,15 +70,17 @@ def load(home: Path) -> ctypes.CDLL:
     lib.kvp_gemm_rows.restype = None
     lib.kvp_qgemm_rows.argtypes = [i32, ptr, i64, ptr, i64, i32, i32, i32, ptr, i64]
     lib.kvp_qgemm_rows.restype = i32
+    lib.kvp_qgemm_tiles.argtypes = [i32, ptr, i64, ptr, i64, i32, i32, i32, ptr, i64]
+    lib.kvp_qgemm_tiles.restype = i32
     lib.kvp_qgemm_rows_q8.argtypes = [i32, ptr, i64, ptr, i64, i32, i32, i32, ptr, i64]
     lib.kvp_qgemm_rows_q8.restype = i32
     lib.kvp_dequant_rows.argtypes = [i32, ptr, i64, ptr, i32, i32, ptr, i64]
     lib.kvp_dequant_rows.restype = i32
     lib.kvp_decode_i8_rows.argtypes = [i32, ptr, i64, i32, i32, ptr, ptr, ptr]
     lib.kvp_decode_i8_rows.restype = i32
-    lib.kvp_layer_pre.argtypes = [ptr, ptr, i32, ptr, ptr, ptr]
+    lib.kvp_layer_pre.argtypes = [ptr, ptr, i32, ptr, ptr, ptr, i32]
     lib.kvp_layer_pre.restype = i32
-    lib.kvp_layer_post.argtypes = [ptr, ptr, ptr, i32]
+    lib.kvp_layer_post.argtypes = [ptr, ptr, ptr, i32, i32]
     lib.kvp_layer_post.restype = i32
     lib.kvp_prefill_bf16.argtypes = [ptr, i64, i64, i32, i32, i32, i32, i32, ptr, i32, i32, f32, ptr, ptr]
     lib.kvp_prefill_bf16.restype = i32
@@ -187,18 +189,19 @@ KV_KINDS = {"float32": 0, "bfloat16": 1, "int8": 2}  # the kernel's element kind
 
 
 def decode_states(lib: ctypes.CDLL, q: torch.Tensor, k_addr: torch.Tensor, v_addr: torch.Tensor, plan, window: int,
-                  scale: float, states: torch.Tensor, lse: torch.Tensor, kv_dtype: str) -> None:
+                  scale: float, states: torch.Tensor, lse: torch.Tensor, kv_dtype: str, tiles: bool = False) -> None:
     """Per-pair states of decode queries (see `DecodePlan`). q: [Nq, Hq, D] fp32 contiguous;
     k_addr, v_addr: [capacity, Hkv] int64 address tables of blocks of kv_dtype ("float32",
     "bfloat16", or "int8" with the scale rows of store.py); states: [P, Hq, D] and lse: [P, Hq]
-    fp32 (written)."""
+    fp32 (written). tiles: bfloat16 blocks that four queries or more read go to AMX tiles where
+    they apply (a batch's generated tokens; other bits than alone)."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_addr.shape[1]
     rc = lib.kvp_decode_states(
         KV_KINDS[kv_dtype], q.data_ptr(), k_addr.data_ptr(), v_addr.data_ptr(), plan.item_ids.numel(), plan.item_ids.data_ptr(),
         plan.item_pos.data_ptr(), plan.item_off.data_ptr(), plan.pair_query.data_ptr(), plan.q_pos.data_ptr(),
         plan.q_end.data_ptr(), num_heads, num_kv_heads, head_dim, window, scale, states.data_ptr(), lse.data_ptr(),
-    )
+        int(tiles))
     if rc != 0:
         raise ValueError(f"native decode attention does not support {num_heads} heads over {num_kv_heads} KV heads of dim {head_dim}")
 
@@ -286,15 +289,15 @@ def has_bf16_prefill(lib: ctypes.CDLL) -> bool:
 def prefill_amx(lib: ctypes.CDLL, on: bool | None = None) -> bool:
     """Whether prefill.c's kernel multiplies on AMX tiles (where the CPU has them and Linux grants
     their state; the default) rather than with the AVX512-BF16 dot products, and decode attends a
-    bfloat16 block read by two queries or more of a batch on tiles too (kvp_decode_tiles) rather
+    bfloat16 block read by four queries or more of a batch on tiles too (kvp_decode_tiles) rather
     than with attention.c's fp32 products; `on` sets which from now on (where it can)."""
     return bool(lib.kvp_prefill_set_amx(-1 if on is None else int(on)))
 
 
 def qgemm_tiles(lib: ctypes.CDLL, on: bool | None = None) -> bool:
-    """Whether a few rows (8 or more) of Q4_0/Q4_1/Q8_0 products multiply on AMX tiles (where the
-    CPU has them and Linux grants their state; the default): faster than the rows' path from 8
-    rows, and not its bits (quant.c); `on` sets which from now on (where it can)."""
+    """Whether kvp_qgemm_tiles multiplies Q4_0/Q4_1/Q8_0 products of TILE_MIN_ROWS rows or more on
+    AMX tiles (where the CPU has them and Linux grants their state; the default): faster than the
+    rows' path there, and not its bits (quant.c); `on` sets which from now on (where it can)."""
     return bool(lib.kvp_qgemm_set_tiles(-1 if on is None else int(on)))
 
 

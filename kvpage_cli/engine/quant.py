@@ -9,9 +9,9 @@ dequantize-and-dot kernel, each row's result independent of the others, or, with
 activations (EngineConfig.activations), through integer dot products with the rows rounded to
 int8 in groups of 32; a long prompt chunk dequantizes W (a layer's parts that share an input
 together, or a slice of output rows at a time) into fp32 and multiplies it through oneDNN
-(`matmul_nt`). On a CPU with AMX, Q4_0, Q4_1 and Q8_0 products of 8 rows or more, short and
-long, run on tiles instead (quant.c; `native.qgemm_tiles`): each row's result still its own,
-in other bits than the rows' path. On the Triton backend a `DeviceMatrix` holds the same values
+(`matmul_nt`). On a CPU with AMX, Q4_0, Q4_1 and Q8_0 products of 8 rows or more run on tiles
+instead (quant.c's kvp_qgemm_tiles; `native.qgemm_tiles`), each row's result still its own, in
+other bits than the rows' path: a long chunk's, and a few rows' where the caller says (model.Rows). On the Triton backend a `DeviceMatrix` holds the same values
 decoded for the Triton dequantize-in-register kernel.
 """
 
@@ -147,13 +147,20 @@ class QuantMatrix:
             data = self.data[:, start // values * size:stop // values * size]
         return QuantMatrix(self.qtype, np.ascontiguousarray(data), self.rows, stop - start, self.out_perm)
 
-    def matmul(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool, int8: bool = False) -> torch.Tensor:
+    def matmul(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool, int8: bool = False,
+               tiles: bool = False) -> torch.Tensor:
         """x: [M, K] -> x @ W^T: [M, N] fp32. int8: few rows of x are rounded to int8 in groups of
-        32 and multiplied with integer dot products (block formats; float formats ignore it)."""
+        32 and multiplied with integer dot products (block formats; float formats ignore it).
+        tiles: few rows may multiply on AMX tiles (model.Rows says when); a long chunk's do where
+        they apply."""
         x = x.float().contiguous()
-        if few_rows or (not int8 and self.on_tiles(lib)):
+        long_tiles = not few_rows and not int8 and self.on_tiles(lib)
+        if few_rows or long_tiles:
             y = torch.empty(x.shape[0], self.rows)
-            kernel = lib.kvp_qgemm_rows_q8 if int8 and self.qtype not in FLOAT_FORMATS else lib.kvp_qgemm_rows
+            if int8 and few_rows and self.qtype not in FLOAT_FORMATS:
+                kernel = lib.kvp_qgemm_rows_q8
+            else:
+                kernel = lib.kvp_qgemm_tiles if tiles or long_tiles else lib.kvp_qgemm_rows
             rc = kernel(self.qtype, x.data_ptr(), x.stride(0), self._addr, self.data.shape[1], x.shape[0],
                         self.cols, self.rows, y.data_ptr(), y.stride(0))
             if rc != 0:
@@ -247,8 +254,9 @@ class DeviceMatrix:
         parts = [self.w_t] if self.w_t is not None else [self.q, self.scale, self.offset]
         return sum(t.numel() * t.element_size() for t in parts)
 
-    def matmul(self, lib: ctypes.CDLL | None, x: torch.Tensor, few_rows: bool, int8: bool = False) -> torch.Tensor:
-        """x: [M, K] -> x @ W^T: [M, N] fp32 (lib, few_rows, int8: QuantMatrix's signature, unused)."""
+    def matmul(self, lib: ctypes.CDLL | None, x: torch.Tensor, few_rows: bool, int8: bool = False,
+               tiles: bool = False) -> torch.Tensor:
+        """x: [M, K] -> x @ W^T: [M, N] fp32 (lib, few_rows, int8, tiles: QuantMatrix's signature, unused)."""
         x = x.float().contiguous()
         if self.w_t is not None:
             return x @ self.w_t.float()
@@ -273,9 +281,10 @@ class QuantLinear:
         self.parts = parts
         self.out_features = sum(p.rows for p in parts)
 
-    def __call__(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool, int8: bool = False) -> torch.Tensor:
+    def __call__(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool, int8: bool = False,
+                 tiles: bool = False) -> torch.Tensor:
         if len(self.parts) == 1:
-            return self.parts[0].matmul(lib, x, few_rows, int8)
+            return self.parts[0].matmul(lib, x, few_rows, int8, tiles)
         cols = self.parts[0].cols
         if (not few_rows and all(isinstance(p, QuantMatrix) for p in self.parts)
                 and 4 * self.out_features * cols <= DEQUANT_CHUNK_BYTES
@@ -287,7 +296,7 @@ class QuantLinear:
                 p.dequantize(lib, w[start:start + p.rows])
                 start += p.rows
             return matmul_nt(x.float().contiguous(), w)
-        return torch.cat([p.matmul(lib, x, few_rows, int8) for p in self.parts], dim=-1)
+        return torch.cat([p.matmul(lib, x, few_rows, int8, tiles) for p in self.parts], dim=-1)
 
     @property
     def nbytes(self) -> int:

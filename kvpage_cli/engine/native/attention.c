@@ -328,10 +328,11 @@ int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_add
                      const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hq, int Hkv, int D,
                      int64_t window, float scale, float *states, float *lse, int min_pairs); /* prefill.c */
 
-/* Blocks read by this many queries of a batch or more go to AMX tiles where the CPU has them (faster
- * from two queries; slower than this file's fp32 products for one), bfloat16 KV only: a sequence in
- * a batch then gets other bits for its shared blocks than alone (within fp32 attention's tolerance). */
-#define TILE_MIN_PAIRS 2
+/* Blocks read by this many queries of a batch or more go to AMX tiles where the CPU has them, bfloat16
+ * KV only (measured against this file's fp32 products, bench/native_attention.py: 0.8x at two
+ * queries, 1.1x at four, 1.6x at sixteen): a sequence in a batch then gets other bits for its
+ * shared blocks than alone (within fp32 attention's tolerance). */
+#define TILE_MIN_PAIRS 4
 
 /* Per-pair states of decode queries: states[P, Hq, D] and lse[P, Hq] for the P (block, query)
  * pairs of the items. q: [Nq, Hq, D] fp32; k_addr, v_addr: [capacity, Hkv] addresses of each
@@ -339,16 +340,17 @@ int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_add
  * read by the queries pair_query[item_off[i] .. item_off[i+1]); query j sits at position
  * q_pos[j] and sees keys before q_end[j]. A pair with no visible token gets lse = -inf and a zero
  * output. Each pair's state is computed alone, with the same arithmetic however the queries
- * are batched, except that bfloat16 items read by TILE_MIN_PAIRS queries or more multiply on AMX
- * tiles where the CPU has them. Items run in parallel. Returns -1 for shapes it does not handle. */
+ * are batched, except that with `tiles` bfloat16 items read by TILE_MIN_PAIRS queries or more
+ * multiply on AMX tiles where the CPU has them (a batch's generated tokens: other bits than alone).
+ * Items run in parallel. Returns -1 for shapes it does not handle. */
 int kvp_decode_states(int kind, const float *q, const int64_t *k_addr, const int64_t *v_addr, int n_items,
                       const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
                       const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hq, int Hkv, int D,
-                      int64_t window, float scale, float *states, float *lse) {
+                      int64_t window, float scale, float *states, float *lse, int tiles) {
     if (Hkv <= 0 || Hq % Hkv != 0 || Hq / Hkv > MAX_GROUP || D > MAX_DIM) return -1;
     if (kind < KIND_F32 || kind > KIND_INT8) return -1;
     int shared_on_tiles = 0; /* items of TILE_MIN_PAIRS pairs or more done on AMX tiles (prefill.c) */
-    if (kind == KIND_BF16) {
+    if (kind == KIND_BF16 && tiles) {
         const int rc = kvp_decode_tiles(q, k_addr, v_addr, n_items, item_ids, item_pos, item_off, pair_query, q_pos, q_end,
                                         Hq, Hkv, D, window, scale, states, lse, TILE_MIN_PAIRS);
         if (rc == -2) return rc;

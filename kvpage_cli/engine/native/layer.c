@@ -7,7 +7,8 @@
  * (norm, Q/K/V projections and their biases, RoPE on Q and K) before attention, `kvp_layer_post`
  * (output projection, residual, norm, MLP, residual) after it. The engine keeps the KV writes and
  * attention. Every row is computed alone, in one fixed order of operations, so the bits a row
- * gets do not depend on the rows beside it (a batch gives each sequence the bits it gets alone).
+ * gets do not depend on the rows beside it (a batch gives each sequence the bits it gets alone),
+ * unless the caller asks for AMX tiles (`tiles`: a batch's generated tokens, from 8 rows).
  */
 #include <math.h>
 #include <stdint.h>
@@ -18,6 +19,8 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
                    float *y, int64_t ldy);
 int kvp_qgemm_rows_q8(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K,
                       int N, float *y, int64_t ldy);
+int kvp_qgemm_tiles(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K, int N,
+                    float *y, int64_t ldy);
 
 /* One weight matrix W[rows, cols] in a quant.c format; output i is W's row perm[i] (NULL: in order). */
 typedef struct {
@@ -53,13 +56,13 @@ static void rms_norm(const float *x, int M, int H, const float *w, float eps, fl
 
 /* y[:, 0:m->rows] (row stride ldy) = x[M, m->cols] @ W^T (+ bias), outputs in feature order;
  * tmp: M * m->rows floats of scratch. */
-static int product(const kvp_matrix *m, int int8, const float *x, int M, const float *bias, float *y, int64_t ldy,
-                   float *tmp) {
+static int product(const kvp_matrix *m, int int8, int tiles, const float *x, int M, const float *bias, float *y,
+                   int64_t ldy, float *tmp) {
     const int N = m->rows;
     float *out = m->perm ? tmp : y;
     const int64_t ldo = m->perm ? N : ldy;
-    const int rc = (int8 && !m->is_float ? kvp_qgemm_rows_q8 : kvp_qgemm_rows)(m->type, x, m->cols, m->data, m->row_bytes,
-                                                                                M, m->cols, N, out, ldo);
+    const int rc = (int8 && !m->is_float ? kvp_qgemm_rows_q8 : tiles ? kvp_qgemm_tiles : kvp_qgemm_rows)(
+        m->type, x, m->cols, m->data, m->row_bytes, M, m->cols, N, out, ldo);
     if (rc != 0) return rc;
     for (int r = 0; r < M; r++) {
         float *yr = y + (int64_t)r * ldy;
@@ -93,18 +96,19 @@ static void rope_heads(float *x, int n, int D, const float *cos, const float *si
 }
 
 /* qkv[M, q_size + 2 kv_size] = the Q, K, V projections of norm(h) (h: [M, hidden]), biases added;
- * with cos and sin ([M, head_dim], each row's position; NULL: none) Q and K leave rotated.
- * Returns 0, a quant.c error code, or -2 out of memory. */
-int kvp_layer_pre(const kvp_layer *L, const float *h, int M, const float *cos, const float *sin, float *qkv) {
+ * with cos and sin ([M, head_dim], each row's position; NULL: none) Q and K leave rotated. tiles:
+ * products through kvp_qgemm_tiles (AMX from 8 rows: other bits than the rows' path) rather than
+ * kvp_qgemm_rows. Returns 0, a quant.c error code, or -2 out of memory. */
+int kvp_layer_pre(const kvp_layer *L, const float *h, int M, const float *cos, const float *sin, float *qkv, int tiles) {
     const int H = L->hidden, width = L->q_size + 2 * L->kv_size;
     float *x = malloc(sizeof(float) * (size_t)M * (size_t)(H + L->q_size));
     if (x == NULL) return -2;
     float *tmp = x + (size_t)M * H;
     rms_norm(h, M, H, L->norm_attn, L->eps, x);
     const float *b = L->qkv_bias;
-    int rc = product(&L->q, L->int8, x, M, b, qkv, width, tmp);
-    if (rc == 0) rc = product(&L->k, L->int8, x, M, b ? b + L->q_size : NULL, qkv + L->q_size, width, tmp);
-    if (rc == 0) rc = product(&L->v, L->int8, x, M, b ? b + L->q_size + L->kv_size : NULL, qkv + L->q_size + L->kv_size,
+    int rc = product(&L->q, L->int8, tiles, x, M, b, qkv, width, tmp);
+    if (rc == 0) rc = product(&L->k, L->int8, tiles, x, M, b ? b + L->q_size : NULL, qkv + L->q_size, width, tmp);
+    if (rc == 0) rc = product(&L->v, L->int8, tiles, x, M, b ? b + L->q_size + L->kv_size : NULL, qkv + L->q_size + L->kv_size,
                               width, tmp);
     if (rc == 0 && cos != NULL) {
         const int D = L->head_dim;
@@ -117,23 +121,24 @@ int kvp_layer_pre(const kvp_layer *L, const float *h, int M, const float *cos, c
 }
 
 /* h[M, hidden] += o(a); then h += down(silu(gate(x)) * up(x)), x = norm(h): the rest of the layer
- * (a: attention's output [M, q_size]). Returns 0, a quant.c error code, or -2 out of memory. */
-int kvp_layer_post(const kvp_layer *L, float *h, const float *a, int M) {
+ * (a: attention's output [M, q_size]; tiles: as kvp_layer_pre's). Returns 0, a quant.c error code,
+ * or -2 out of memory. */
+int kvp_layer_post(const kvp_layer *L, float *h, const float *a, int M, int tiles) {
     const int H = L->hidden, I = L->inter;
     float *t = malloc(sizeof(float) * (size_t)M * (size_t)(3 * H + 3 * I));
     if (t == NULL) return -2;
     float *x = t + (size_t)M * H, *g = x + (size_t)M * H, *u = g + (size_t)M * I, *tmp = u + (size_t)M * I;
-    int rc = product(&L->o, L->int8, a, M, L->o_bias, t, H, tmp);
+    int rc = product(&L->o, L->int8, tiles, a, M, L->o_bias, t, H, tmp);
     if (rc == 0) {
         for (int64_t i = 0; i < (int64_t)M * H; i++) h[i] += t[i];
         rms_norm(h, M, H, L->norm_mlp, L->eps, x);
         const float *b = L->gate_up_bias;
-        rc = product(&L->gate, L->int8, x, M, b, g, I, tmp);
-        if (rc == 0) rc = product(&L->up, L->int8, x, M, b ? b + I : NULL, u, I, tmp);
+        rc = product(&L->gate, L->int8, tiles, x, M, b, g, I, tmp);
+        if (rc == 0) rc = product(&L->up, L->int8, tiles, x, M, b ? b + I : NULL, u, I, tmp);
     }
     if (rc == 0) {
         for (int64_t i = 0; i < (int64_t)M * I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-        rc = product(&L->down, L->int8, g, M, L->down_bias, t, H, tmp);
+        rc = product(&L->down, L->int8, tiles, g, M, L->down_bias, t, H, tmp);
     }
     if (rc == 0)
         for (int64_t i = 0; i < (int64_t)M * H; i++) h[i] += t[i];

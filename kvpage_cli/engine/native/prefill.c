@@ -508,8 +508,8 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
  * once, then every pair's G rows of each KV head go through amx_rows 16 at a time, the block as
  * the one chunk, so that a row's state is the block's alone (output normalised by its own sum, and
  * its log-sum-exp), with the same terms and sums whatever rows share its tile. Other bits than
- * attention.c's fp32 products of the same pair (measured: 1.8x those at 16 queries, 0.7x at one,
- * bench/native_attention.py). Returns -1 where it does not apply (no tiles, another shape), -2
+ * attention.c's fp32 products of the same pair (bench/native_attention.py: 1.6x those at 16
+ * queries, 0.8x at two). Returns -1 where it does not apply (no tiles, another shape), -2
  * out of memory. */
 int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_addr, int n_items,
                      const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,

@@ -525,7 +525,9 @@ static float direct_dot(int type, const uint8_t *p, const float *x, const float 
  * Sapphire Rapids VM: 1.7-2x the rows' path at 16 rows, slower below 8 (bench/decode_gemm.py). */
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(HAVE_DIRECT_DOT)
 #define KVP_TILES 1
-#define TILE_MIN_ROWS 8
+#ifndef TILE_MIN_ROWS
+#error "TILE_MIN_ROWS is defined by the build (kvpage_cli/engine/native.py)"
+#endif
 #define TILE_GROUP 48     /* rows of W decoded at a time: three tiles of 16 */
 #define TILE_ROW_CHUNK 128 /* rows of x per pass over W (their terms stay in L2) */
 int kvp_amx_granted(void); /* amx.c */
@@ -706,8 +708,8 @@ static int qgemm_tiles(int type, const float *x, int64_t ldx, const float *xs, c
 }
 #endif
 
-/* Whether a few rows (TILE_MIN_ROWS or more) are multiplied on AMX tiles where they apply (1, the
- * default) or always as the rows' path (0); -1 changes nothing. Returns 1 if tiles run from now on. */
+/* Whether kvp_qgemm_tiles multiplies on AMX tiles where they apply (1, the default) or always as the
+ * rows' path (0); -1 changes nothing. Returns 1 if tiles run from now on. */
 int kvp_qgemm_set_tiles(int on) {
 #if defined(KVP_TILES)
     if (on >= 0) tiles_wanted = on != 0;
@@ -738,15 +740,6 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
             for (int j = 0; j < bs; j++) t += x[(int64_t)r * ldx + b * bs + j];
             xs[(int64_t)r * nb + b] = t;
         }
-#if defined(KVP_TILES)
-    if (M >= TILE_MIN_ROWS) {
-        const int rc = qgemm_tiles(type, x, ldx, xs, w, row_bytes, M, K, N, y, ldy);
-        if (rc != -1) {
-            free(xs);
-            return rc;
-        }
-    }
-#endif
 #if defined(HAVE_DIRECT_DOT)
     if (M == 1 && direct_format(type) && nb <= DIRECT_MAX_BLOCKS) {
 #pragma omp parallel for schedule(static)
@@ -831,6 +824,29 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
     }
     free(xs);
     return failed ? -2 : 0;
+}
+
+/* kvp_qgemm_rows's y = x @ W^T, on AMX tiles where they apply (Q4_0, Q4_1, Q8_0; M >= 8; a CPU with
+ * AMX whose tile state Linux grants; kvp_qgemm_set_tiles(1)): each row's result still its own, in
+ * other bits than kvp_qgemm_rows's; elsewhere kvp_qgemm_rows itself. */
+int kvp_qgemm_tiles(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K, int N,
+                    float *y, int64_t ldy) {
+#if defined(KVP_TILES)
+    if (M >= TILE_MIN_ROWS && direct_format(type) && K % 32 == 0) {
+        float *xs = NULL; /* Q4_1's block sums, as kvp_qgemm_rows adds them */
+        if (type == T_Q4_1 && (xs = malloc(sizeof(float) * (size_t)M * (size_t)(K / 32))) == NULL) return -2;
+        for (int r = 0; xs && r < M; r++)
+            for (int b = 0; b < K / 32; b++) {
+                float t = 0.0f;
+                for (int j = 0; j < 32; j++) t += x[(int64_t)r * ldx + b * 32 + j];
+                xs[(int64_t)r * (K / 32) + b] = t;
+            }
+        const int rc = qgemm_tiles(type, x, ldx, xs, w, row_bytes, M, K, N, y, ldy);
+        free(xs);
+        if (rc != -1) return rc;
+    }
+#endif
+    return kvp_qgemm_rows(type, x, ldx, w, row_bytes, M, K, N, y, ldy);
 }
 
 /* Activations for integer dot products, as llama.cpp quantizes them: each row of x in groups of
