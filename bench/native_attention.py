@@ -6,8 +6,8 @@ for all of them), read in place through the address table as the store path read
 the KV blocks in float32, bfloat16 and int8 (with their rows' scales, store.py), and where the
 CPU has AMX bfloat16 on tiles too (blocks read by four queries or more; fewer stay fp32
 products); beside it torch's scaled_dot_product_attention over the same values as one
-contiguous float32 K/V. Reported per row: the median time of a call, the bytes of K/V the call reads (the blocks' bytes, measured from
-the tensors) over that time, and the time against SDPA's. A kernel bound by memory takes less time
+contiguous float32 K/V. Reported per row: the median time of a call, the bytes of K/V the call
+reads (the blocks' bytes, measured from the tensors) over that time, and the time against SDPA's. A kernel bound by memory takes less time
 for fewer bytes; one bound by its arithmetic takes the same.
 
     python bench/native_attention.py --blocks 16,64,128 --queries 1,16 --json out.json

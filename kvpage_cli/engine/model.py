@@ -10,8 +10,9 @@ rotated Q to `attend`; both are supplied by the engine, which knows the contexts
 A forward pass runs the rows of one step: tokens of several sequences at their own positions.
 Rows are grouped for the linear layers (`Rows`): the rows of short segments (decode tokens,
 short prompts) go through one call of a kernel whose every row is computed alone (the native
-`gemm_rows`), so a sequence gets the same bits batched or not (but for products of 8 rows or more
-on AMX tiles, native/quant.c), and the weights are read once for all of them; each long segment (a prefill chunk) gets its own matrix multiplication. On
+`gemm_rows`), so a sequence gets the same bits batched or not (but for a batch's generated tokens
+on AMX tiles: `Rows`), and the weights are read once for all of them; each long segment (a
+prefill chunk) gets its own matrix multiplication. On
 weights in a compact format, the short segments' rows of a llama-family layer go through two
 native calls (`NativeLayer`: native/layer.c) instead of the operations below, one at a time.
 """

@@ -11,8 +11,9 @@ int8 in groups of 32; a long prompt chunk dequantizes W (a layer's parts that sh
 together, or a slice of output rows at a time) into fp32 and multiplies it through oneDNN
 (`matmul_nt`). On a CPU with AMX, Q4_0, Q4_1 and Q8_0 products of 8 rows or more run on tiles
 instead (quant.c's kvp_qgemm_tiles; `native.qgemm_tiles`), each row's result still its own, in
-other bits than the rows' path: a long chunk's, and a few rows' where the caller says (model.Rows). On the Triton backend a `DeviceMatrix` holds the same values
-decoded for the Triton dequantize-in-register kernel.
+other bits than the rows' path: a long chunk's, and a few rows' where the caller says
+(model.Rows). On the Triton backend a `DeviceMatrix` holds the same values decoded for the
+Triton dequantize-in-register kernel.
 """
 
 from __future__ import annotations

@@ -516,13 +516,14 @@ static float direct_dot(int type, const uint8_t *p, const float *x, const float 
 
 /* A few rows on AMX tiles: formats with blocks of 32 values (Q4_0, Q4_1, Q8_0), whose integers
  * are exact in bfloat16. Each row of x is written as the sum of three bfloat16 terms (each the
- * bfloat16 of what the ones before leave, together within 2^-24 of it, as prefill.c writes Q), so
+ * bfloat16 of what the ones before leave, together within 2^-27 of it, as prefill.c writes Q), so
  * every tile product is exact, and accumulates in fp32: per block, the 16 x 16 products of 16
  * rows of W with 16 rows of x (three terms, summed on the tile), then scaled by the block's d
  * into fp32 accumulators (and the offsets' sum_b m[b] xs[b] first, as block_dot adds it). Each
  * row's result depends only on that row, but sums in another order than block_dot: other bits
- * than the rows' path, within the same tolerance (tests/test_quant.py). Measured on a 2-core
- * Sapphire Rapids VM: 1.7-2x the rows' path at 16 rows, slower below 8 (bench/decode_gemm.py). */
+ * than the rows' path, within the same tolerance (tests/test_quant.py). kvp_qgemm_tiles calls it.
+ * Measured on a 2-core Sapphire Rapids VM (bench/decode_gemm.py): a decode step's products 1.6x
+ * the rows' path's at 16 rows, 2.0x at 64; below 8 rows no faster (a throwaway script, per matrix). */
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(HAVE_DIRECT_DOT)
 #define KVP_TILES 1
 #ifndef TILE_MIN_ROWS
