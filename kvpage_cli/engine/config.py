@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from kvpage_kernels.constants import BLOCK_TOKENS  # tokens per block: the unit of KV storage, movement and selection
 
 TILE_MIN_ROWS = 8
-"""Products of this many rows or more multiply on AMX tiles where the CPU has them (native/quant.c
-gets it at build time): slower below (bench/decode_gemm.py)."""
+"""Products of this many rows or more may multiply on AMX tiles where the CPU has them (native/quant.c
+gets it at build time): per matrix 1.2-1.6x the rows' path at 8 rows (a throwaway script); stop 40's
+prototype was even at 4 rows and slower at 1."""
 
 MODES = ("auto", "exact", "selective", "retrieval")
 DTYPES = ("float32", "bfloat16")

@@ -375,11 +375,12 @@ static void amx_rows(const int T, const uint32_t *qp, int D, const uint32_t *kt,
     finish_rows(T, D, m, l, o, lse);
 }
 
-/* T rows (their Q terms in qp; rows past T are not read: a tile's rows are independent) over one block laid out in kt (its K,
- * then its V), row r seeing the block's keys [lo[r], hi[r]): each row's state (amx_rows over the one
- * chunk: output normalised by the block's own sum, log-sum-exp) to states[owner[r] * D] and
- * lse[owner[r]]. sb: per-thread scratch of 16 x (2 * CHUNK + 64 + D + 16) floats. Returns 0. */
-static int tile_states(int T, uint32_t *qp, int D, const uint32_t *kt, const int *lo, const int *hi, const int *owner,
+/* T rows (their Q terms in qp; rows past T are not read: a tile's rows are independent) over one
+ * block laid out in kt (its K, then its V), row r seeing the block's keys [lo[r], hi[r]): each row's
+ * state (amx_rows over the one chunk: output normalised by the block's own sum, log-sum-exp) to
+ * states[owner[r] * D] and lse[owner[r]]. sb: per-thread scratch of 16 x (2 * CHUNK + 64 + D + 16)
+ * floats. */
+static void tile_states(int T, uint32_t *qp, int D, const uint32_t *kt, const int *lo, const int *hi, const int *owner,
                        float scale, float *states, float *lse, float *sb) {
     uint32_t *pb = (uint32_t *)sb + AMX_ROWS * CHUNK;
     float *ob = sb + 2 * AMX_ROWS * CHUNK, *o = ob + AMX_ROWS * 64, *ls = o + AMX_ROWS * (size_t)D;
@@ -388,7 +389,15 @@ static int tile_states(int T, uint32_t *qp, int D, const uint32_t *kt, const int
         memcpy(states + (int64_t)owner[r] * D, o + (int64_t)r * D, sizeof(float) * (size_t)D);
         lse[owner[r]] = ls[r];
     }
-    return 0;
+}
+
+/* The keys [*a, *b) of the block starting at token `start` that a decode query at q_pos, seeing keys
+ * before q_end (and within `window` where > 0), reads: attention.c's visible_rows. */
+static inline void block_keys(int64_t start, int64_t q_pos, int64_t q_end, int64_t window, int64_t *a, int64_t *b) {
+    *a = 0;
+    *b = (q_pos + 1 < q_end ? q_pos + 1 : q_end) - start;
+    if (window > 0 && q_pos - window + 1 - start > *a) *a = q_pos - window + 1 - start;
+    *b = *b > CHUNK ? CHUNK : *b;
 }
 #endif
 
@@ -544,10 +553,8 @@ int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_add
                 const int64_t start = (int64_t)item_pos[i] * BLOCK_TOKENS;
                 int lo[AMX_ROWS], hi[AMX_ROWS], owner[AMX_ROWS], T = 0, S = 0;
                 for (int p = item_off[i]; p < item_off[i + 1]; p++) { /* each pair's visible rows of the block */
-                    const int qi = pair_query[p];
-                    int64_t a = 0, b = (q_pos[qi] + 1 < q_end[qi] ? q_pos[qi] + 1 : q_end[qi]) - start;
-                    if (window > 0 && q_pos[qi] - window + 1 - start > a) a = q_pos[qi] - window + 1 - start;
-                    b = b > CHUNK ? CHUNK : b;
+                    int64_t a, b;
+                    block_keys(start, q_pos[pair_query[p]], q_end[pair_query[p]], window, &a, &b);
                     if (b <= a) {
                         for (int g = 0; g < G; g++) {
                             memset(states + ((int64_t)p * Hq + h * G + g) * D, 0, sizeof(float) * (size_t)D);
@@ -562,9 +569,8 @@ int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_add
                 layout_chunk(run, 1, 0, S, D, 0, kt, kt + CHUNK * pairs);
                 for (int p = item_off[i]; p < item_off[i + 1]; p++) {
                     const int qi = pair_query[p];
-                    int64_t a = 0, b = (q_pos[qi] + 1 < q_end[qi] ? q_pos[qi] + 1 : q_end[qi]) - start;
-                    if (window > 0 && q_pos[qi] - window + 1 - start > a) a = q_pos[qi] - window + 1 - start;
-                    b = b > CHUNK ? CHUNK : b;
+                    int64_t a, b;
+                    block_keys(start, q_pos[qi], q_end[qi], window, &a, &b);
                     if (b <= a) continue;
                     for (int g = 0; g < G; g++) {
                         memcpy(qp + (size_t)T * row_lanes, qb + ((size_t)qi * Hq + h * G + g) * row_lanes,
@@ -572,7 +578,10 @@ int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_add
                         lo[T] = (int)a;
                         hi[T] = (int)b;
                         owner[T++] = p * Hq + h * G + g;
-                        if (T == AMX_ROWS) T = tile_states(T, qp, D, kt, lo, hi, owner, scale, states, lse, sb);
+                        if (T == AMX_ROWS) {
+                            tile_states(T, qp, D, kt, lo, hi, owner, scale, states, lse, sb);
+                            T = 0;
+                        }
                     }
                 }
                 if (T > 0) tile_states(T, qp, D, kt, lo, hi, owner, scale, states, lse, sb);

@@ -523,7 +523,8 @@ static float direct_dot(int type, const uint8_t *p, const float *x, const float 
  * row's result depends only on that row, but sums in another order than block_dot: other bits
  * than the rows' path, within the same tolerance (tests/test_quant.py). kvp_qgemm_tiles calls it.
  * Measured on a 2-core Sapphire Rapids VM (bench/decode_gemm.py): a decode step's products 1.6x
- * the rows' path's at 16 rows, 2.0x at 64; below 8 rows no faster (a throwaway script, per matrix). */
+ * the rows' path's at 16 rows, 2.0x at 64; per matrix 1.2-1.6x at 8 rows (a throwaway script).
+ * Not measured below 8 with this kernel: stop 40's prototype was even at 4 rows, slower at 1. */
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(HAVE_DIRECT_DOT)
 #define KVP_TILES 1
 #ifndef TILE_MIN_ROWS
@@ -727,6 +728,20 @@ static int check(int type, int K) {
     return kvp_quant_block(type, &values, &bytes) && K % values == 0 && (is_float(type) || K % block_of(type) == 0);
 }
 
+/* Each row of x's sums over its blocks of bs values, [M, K / bs] (malloc'd; NULL out of memory):
+ * the offsets' term sum_b m[b] xs[b]. */
+static float *block_sums(const float *x, int64_t ldx, int M, int K, int bs) {
+    const int nb = K / bs;
+    float *xs = malloc(sizeof(float) * (size_t)M * (size_t)nb);
+    for (int r = 0; xs && r < M; r++)
+        for (int b = 0; b < nb; b++) {
+            float t = 0.0f;
+            for (int j = 0; j < bs; j++) t += x[(int64_t)r * ldx + b * bs + j];
+            xs[(int64_t)r * nb + b] = t;
+        }
+    return xs;
+}
+
 /* y[M, N] = x[M, K] @ W^T, W[N, K] in `type` (see above); x, y fp32 with row strides ldx, ldy.
  * Returns 0; -1 for an unknown format or a K that is not a whole number of blocks; -2 out of memory. */
 int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K, int N,
@@ -734,13 +749,7 @@ int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int6
     if (!check(type, K)) return -1;
     const int bs = block_of(type), nb = K / bs, offset = has_offset(type), flt = is_float(type);
     float *xs = NULL; /* sums of x over each block: only formats with offsets use them */
-    if (offset && (xs = malloc(sizeof(float) * (size_t)M * (size_t)nb)) == NULL) return -2;
-    for (int r = 0; offset && r < M; r++)
-        for (int b = 0; b < nb; b++) {
-            float t = 0.0f;
-            for (int j = 0; j < bs; j++) t += x[(int64_t)r * ldx + b * bs + j];
-            xs[(int64_t)r * nb + b] = t;
-        }
+    if (offset && (xs = block_sums(x, ldx, M, K, bs)) == NULL) return -2;
 #if defined(HAVE_DIRECT_DOT)
     if (M == 1 && direct_format(type) && nb <= DIRECT_MAX_BLOCKS) {
 #pragma omp parallel for schedule(static)
@@ -835,13 +844,7 @@ int kvp_qgemm_tiles(int type, const float *x, int64_t ldx, const uint8_t *w, int
 #if defined(KVP_TILES)
     if (M >= TILE_MIN_ROWS && direct_format(type) && K % 32 == 0) {
         float *xs = NULL; /* Q4_1's block sums, as kvp_qgemm_rows adds them */
-        if (type == T_Q4_1 && (xs = malloc(sizeof(float) * (size_t)M * (size_t)(K / 32))) == NULL) return -2;
-        for (int r = 0; xs && r < M; r++)
-            for (int b = 0; b < K / 32; b++) {
-                float t = 0.0f;
-                for (int j = 0; j < 32; j++) t += x[(int64_t)r * ldx + b * 32 + j];
-                xs[(int64_t)r * (K / 32) + b] = t;
-            }
+        if (type == T_Q4_1 && (xs = block_sums(x, ldx, M, K, 32)) == NULL) return -2;
         const int rc = qgemm_tiles(type, x, ldx, xs, w, row_bytes, M, K, N, y, ldy);
         free(xs);
         if (rc != -1) return rc;
