@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -85,7 +86,10 @@ def build_prompt(tokenizer, haystack_ids: list[int], task: str, length: int, dep
 
 
 def score(answer: str, expected: list[str]) -> float:
-    return sum(e in answer for e in expected) / len(expected)
+    """The share of expected strings the answer holds as words or numbers of their own (the key
+    87324 is not found in "187324")."""
+    found = [re.search(rf"(?<![0-9A-Za-z]){re.escape(e)}(?![0-9A-Za-z])", answer) for e in expected]
+    return sum(f is not None for f in found) / len(expected)
 
 
 def main() -> None:

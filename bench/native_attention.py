@@ -5,9 +5,12 @@ N random blocks of one layer (Q > 1: forks of one document decoding together, ea
 for all of them), read in place through the address table as the store path reads them, with
 the KV blocks in float32, bfloat16 and int8 (with their rows' scales, store.py), and where the
 CPU has AMX bfloat16 on tiles too (blocks read by four queries or more; fewer stay fp32
-products); beside it torch's scaled_dot_product_attention over the same values as one
-contiguous float32 K/V. Reported per row: the median time of a call, the bytes of K/V the call
-reads (the blocks' bytes, measured from the tensors) over that time, and the time against SDPA's. A kernel bound by memory takes less time
+products), a block at a time and in passes of up to TILE_RUN_BLOCKS blocks (what a batch's
+generated tokens take); beside it torch's scaled_dot_product_attention over the same values as
+one contiguous float32 K/V. A native call is the per-block states and their merge into each
+query's output (what a decode step does per layer; SDPA does both in one). Reported per row:
+the median time of a call, the bytes of K/V the call reads (the blocks' bytes, measured from the
+tensors) over that time, and the time against SDPA's. A kernel bound by memory takes less time
 for fewer bytes; one bound by its arithmetic takes the same.
 
     python bench/native_attention.py --blocks 16,64,128 --queries 1,16 --json out.json
@@ -46,6 +49,7 @@ def main() -> None:
     import torch
 
     from kvpage_cli.engine import BLOCK_TOKENS, native
+    from kvpage_cli.engine.config import TILE_RUN_BLOCKS
     from kvpage_cli.engine.backend import DecodePlan, LayerBlocks, NativeBackend
     from kvpage_cli.engine.home import default_home
     from kvpage_cli.engine.store import decode_rows, encode_rows, head_addresses, row_scales, stored_block_shape
@@ -90,11 +94,11 @@ def main() -> None:
         results.append({"blocks": count, "queries": queries, "kind": "torch SDPA (float32)", "ms": 1e3 * sdpa,
                         "bytes": 2 * k_all.numel() * 4, "gbs": 2 * k_all.numel() * 4 / sdpa / 1e9, "vs_sdpa": 1.0})
         tiles = native.prefill_amx(lib, True)
-        ways = [(kind, blocks, False) for kind, blocks in kinds.items()]
+        ways = [(kind, blocks, 0) for kind, blocks in kinds.items()]
         if tiles:  # bfloat16 blocks read by four queries or more: AMX tiles, beside the fp32 products
-            ways.insert(2, ("bfloat16", kinds["bfloat16"], True))
+            ways[2:2] = [("bfloat16", kinds["bfloat16"], 1), ("bfloat16", kinds["bfloat16"], TILE_RUN_BLOCKS)]
         for kind, blocks, on_tiles in ways:
-            native.prefill_amx(lib, on_tiles)  # set before the kernel is timed
+            native.prefill_amx(lib, on_tiles > 0)  # set before the kernel is timed
             backend = NativeBackend(lib, num_heads, num_kv_heads, head_dim, scale, kind)
             copies = laid_out(blocks)
             layers = [LayerBlocks(head_addresses(c[0], block_dim), head_addresses(c[1], block_dim), None) for c in copies]
@@ -103,16 +107,17 @@ def main() -> None:
             def step() -> None:
                 for layer in layers:
                     backend.decode_states(q, plan, layer, 0, states, lse, on_tiles)
+                    backend.merge(states, lse, plan)
 
             seconds = median_seconds(step, args.repeats) / args.layers
             nbytes = blocks.numel() * blocks.element_size()
-            name = f"native {kind}" + (" AMX" if on_tiles else "")
+            name = f"native {kind}" + {0: "", 1: " AMX"}.get(on_tiles, f" AMX, {on_tiles}-block passes")
             results.append({"blocks": count, "queries": queries, "kind": name, "ms": 1e3 * seconds,
                             "bytes": nbytes, "gbs": nbytes / seconds / 1e9, "vs_sdpa": sdpa / seconds})
     native.prefill_amx(lib, True)
-    print(f"{'blocks':>6}  {'queries':>7}  {'kernel':>20}  {'ms':>7}  {'MiB read':>8}  {'GB/s':>5}  {'x SDPA':>6}")
+    print(f"{'blocks':>6}  {'queries':>7}  {'kernel':>32}  {'ms':>7}  {'MiB read':>8}  {'GB/s':>5}  {'x SDPA':>6}")
     for row in results:
-        print(f"{row['blocks']:>6}  {row['queries']:>7}  {row['kind']:>20}  {row['ms']:>7.3f}  {row['bytes'] / 2**20:>8.1f}  "
+        print(f"{row['blocks']:>6}  {row['queries']:>7}  {row['kind']:>32}  {row['ms']:>7.3f}  {row['bytes'] / 2**20:>8.1f}  "
               f"{row['gbs']:>5.1f}  {row['vs_sdpa']:>6.2f}")
     print("x SDPA: SDPA's time / the kernel's (above 1: faster). GB/s: the K/V bytes read / the median time "
           "(the blocks' bytes once, however many queries read them).")

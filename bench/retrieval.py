@@ -780,7 +780,9 @@ def run_passkey(engines: Engines, systems: list[str], lengths: list[int], depths
             needle = doc.text.find(f"The pass key is {expected[0]}")
             assert needle >= 0
             q = {"id": f"passkey-{length}-{depth}", "source": doc.source, "question": PASSKEY_QUESTION,
-                 "regexes": [re.escape(e) for e in expected], "evidence_ranges": [(needle, needle + 21)],
+                 # the key as a number of its own: "187324" is not the key 87324
+                 "regexes": [rf"(?<!\d){re.escape(e)}(?!\d)" for e in expected],
+                 "evidence_ranges": [(needle, needle + 21)],
                  "tags": {"length": length, "depth": depth, "expected": expected}}
             rows += run_document(engines, doc, [q], systems, settings, log, journal)
             del doc

@@ -121,10 +121,11 @@ class TorchBackend:
                 torch.empty(num_pairs, self.num_heads, device=device))
 
     def decode_states(self, q: torch.Tensor, plan: DecodePlan, blocks: LayerBlocks, window: int,
-                      states: torch.Tensor, lse: torch.Tensor, tiles: bool = False) -> None:
+                      states: torch.Tensor, lse: torch.Tensor, tiles: int = 0) -> None:
         """Fills states [P, Hq, D] and lse [P, Hq] for the plan's items. q: [Nq, Hq, D] fp32. tiles:
         the native kernels may take AMX tiles for blocks many queries share (a batch's generated
-        tokens; other bits than alone); the other backends ignore it."""
+        tokens; other bits than alone), up to `tiles` consecutive blocks in one pass whose state
+        stands for all of them (1: each block's own state); the other backends ignore it."""
         for i in range(plan.item_ids.numel()):
             first, last = int(plan.item_off[i]), int(plan.item_off[i + 1])
             queries = plan.pair_query[first:last].to(torch.int64)
@@ -235,7 +236,7 @@ class NativeBackend(TorchBackend):
             return None
         return native.attend_all_bf16(self.lib, qh, views, self.scale, causal, group, window)
 
-    def decode_states(self, q, plan, blocks, window, states, lse, tiles: bool = False) -> None:
+    def decode_states(self, q, plan, blocks, window, states, lse, tiles: int = 0) -> None:
         native.decode_states(self.lib, q.contiguous(), blocks.k_addr, blocks.v_addr, plan, window, self.scale,
                              states, lse, self.kv_dtype, tiles)
 
@@ -257,7 +258,7 @@ class TritonBackend(TorchBackend):
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         self.ops = ops
 
-    def decode_states(self, q, plan, blocks, window, states, lse, tiles: bool = False) -> None:
+    def decode_states(self, q, plan, blocks, window, states, lse, tiles: int = 0) -> None:
         # one launch: each item's block is read once from its slot for all the queries that share it
         device = q.device
         self.ops.shared_decode_states(

@@ -20,7 +20,7 @@ import torch
 
 from . import attention as reference
 from .backend import DecodePlan, LayerBlocks
-from .config import BLOCK_TOKENS
+from .config import BLOCK_TOKENS, TILE_RUN_BLOCKS
 from .context import Context
 from .pool import SlotPool
 from .spec import ModelSpec
@@ -105,12 +105,14 @@ class AttentionDispatch:
         plan = self._decode_plan(layer, group, q, step)
         self.kv_read_bytes += plan.item_ids.numel() * group.block_bytes_per_layer
         states, lse = self.backend.states(plan.num_pairs, q.device)
+        observed = self.selector is not None or self.observer is not None  # they read each block's lse
+        tiles = 0 if not step.tiles else 1 if observed else TILE_RUN_BLOCKS
         if self.kv_path == "store":
-            self.backend.decode_states(q, plan, self._store_blocks(layer, group), group.window, states, lse, step.tiles)
+            self.backend.decode_states(q, plan, self._store_blocks(layer, group), group.window, states, lse, tiles)
         else:
             for part in self._pool_passes(layer, group, plan):
-                self.backend.decode_states(q, part, self._pool_blocks(layer), group.window, states, lse, step.tiles)
-        if self.selector is not None or self.observer is not None:
+                self.backend.decode_states(q, part, self._pool_blocks(layer), group.window, states, lse, tiles)
+        if observed:
             self._observe(layer, step, plan, lse)
         return self.backend.merge(states, lse, plan)
 

@@ -189,12 +189,15 @@ KV_KINDS = {"float32": 0, "bfloat16": 1, "int8": 2}  # the kernel's element kind
 
 
 def decode_states(lib: ctypes.CDLL, q: torch.Tensor, k_addr: torch.Tensor, v_addr: torch.Tensor, plan, window: int,
-                  scale: float, states: torch.Tensor, lse: torch.Tensor, kv_dtype: str, tiles: bool = False) -> None:
+                  scale: float, states: torch.Tensor, lse: torch.Tensor, kv_dtype: str, tiles: int = 0) -> None:
     """Per-pair states of decode queries (see `DecodePlan`). q: [Nq, Hq, D] fp32 contiguous;
     k_addr, v_addr: [capacity, Hkv] int64 address tables of blocks of kv_dtype ("float32",
     "bfloat16", or "int8" with the scale rows of store.py); states: [P, Hq, D] and lse: [P, Hq]
-    fp32 (written). tiles: bfloat16 blocks that four queries or more read go to AMX tiles where
-    they apply (a batch's generated tokens; other bits than alone)."""
+    fp32 (written). tiles > 0: bfloat16 blocks that four queries or more read go to AMX tiles where
+    they apply (a batch's generated tokens; other bits than alone), up to `tiles` consecutive
+    blocks that those queries read whole in one pass (its state on the first block's pairs; the
+    others' lse -inf, their outputs unwritten, which merge_pairs skips); 1 keeps each block's own
+    state."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_addr.shape[1]
     rc = lib.kvp_decode_states(

@@ -326,7 +326,8 @@ static int first_item_of(const int32_t *item_off, int n_items, int64_t part, int
 int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_addr, int n_items,
                      const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
                      const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hq, int Hkv, int D,
-                     int64_t window, float scale, float *states, float *lse, int min_pairs); /* prefill.c */
+                     int64_t window, float scale, float *states, float *lse, int min_pairs,
+                     int max_run); /* prefill.c */
 
 /* Blocks read by this many queries of a batch or more go to AMX tiles where the CPU has them, bfloat16
  * KV only (measured against this file's fp32 products, bench/native_attention.py: 0.8x at two
@@ -340,8 +341,10 @@ int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_add
  * read by the queries pair_query[item_off[i] .. item_off[i+1]); query j sits at position
  * q_pos[j] and sees keys before q_end[j]. A pair with no visible token gets lse = -inf and a zero
  * output. Each pair's state is computed alone, with the same arithmetic however the queries
- * are batched, except that with `tiles` bfloat16 items read by TILE_MIN_PAIRS queries or more
- * multiply on AMX tiles where the CPU has them (a batch's generated tokens: other bits than alone).
+ * are batched, except that with `tiles` > 0 bfloat16 items read by TILE_MIN_PAIRS queries or more
+ * multiply on AMX tiles where the CPU has them (a batch's generated tokens: other bits than alone),
+ * up to `tiles` consecutive blocks in one pass (kvp_decode_tiles's max_run: 1, per-block states;
+ * more: a pass's later blocks' pairs get lse = -inf and no output, which kvp_merge_pairs skips).
  * Items run in parallel. Returns -1 for shapes it does not handle. */
 int kvp_decode_states(int kind, const float *q, const int64_t *k_addr, const int64_t *v_addr, int n_items,
                       const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
@@ -352,7 +355,7 @@ int kvp_decode_states(int kind, const float *q, const int64_t *k_addr, const int
     int shared_on_tiles = 0; /* items of TILE_MIN_PAIRS pairs or more done on AMX tiles (prefill.c) */
     if (kind == KIND_BF16 && tiles) {
         const int rc = kvp_decode_tiles(q, k_addr, v_addr, n_items, item_ids, item_pos, item_off, pair_query, q_pos, q_end,
-                                        Hq, Hkv, D, window, scale, states, lse, TILE_MIN_PAIRS);
+                                        Hq, Hkv, D, window, scale, states, lse, TILE_MIN_PAIRS, tiles);
         if (rc == -2) return rc;
         shared_on_tiles = rc == 0;
     }

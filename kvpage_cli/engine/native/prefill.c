@@ -375,16 +375,16 @@ static void amx_rows(const int T, const uint32_t *qp, int D, const uint32_t *kt,
     finish_rows(T, D, m, l, o, lse);
 }
 
-/* T rows (their Q terms in qp; rows past T are not read: a tile's rows are independent) over one
- * block laid out in kt (its K, then its V), row r seeing the block's keys [lo[r], hi[r]): each row's
- * state (amx_rows over the one chunk: output normalised by the block's own sum, log-sum-exp) to
- * states[owner[r] * D] and lse[owner[r]]. sb: per-thread scratch of 16 x (2 * CHUNK + 64 + D + 16)
- * floats. */
-static void tile_states(int T, uint32_t *qp, int D, const uint32_t *kt, const int *lo, const int *hi, const int *owner,
-                       float scale, float *states, float *lse, float *sb) {
+/* T rows (their Q terms in qp; rows past T are not read: a tile's rows are independent) over the
+ * blocks laid out in kt (their K) and vt (their V), row r seeing their keys [lo[r], hi[r]): each
+ * row's state (amx_rows over the blocks' chunks: output normalised by their own sum, log-sum-exp)
+ * to states[owner[r] * D] and lse[owner[r]]. sb: per-thread scratch of 16 x (2 * CHUNK + 64 + D +
+ * 16) floats. */
+static void tile_states(int T, uint32_t *qp, int D, const uint32_t *kt, const uint32_t *vt, const int *lo,
+                        const int *hi, const int *owner, float scale, float *states, float *lse, float *sb) {
     uint32_t *pb = (uint32_t *)sb + AMX_ROWS * CHUNK;
     float *ob = sb + 2 * AMX_ROWS * CHUNK, *o = ob + AMX_ROWS * 64, *ls = o + AMX_ROWS * (size_t)D;
-    amx_rows(T, qp, D, kt, kt + CHUNK * (D / 2), lo, hi, scale, o, ls, sb, pb, pb + AMX_ROWS * CHUNK / 2, ob);
+    amx_rows(T, qp, D, kt, vt, lo, hi, scale, o, ls, sb, pb, pb + AMX_ROWS * CHUNK / 2, ob);
     for (int r = 0; r < T; r++) {
         memcpy(states + (int64_t)owner[r] * D, o + (int64_t)r * D, sizeof(float) * (size_t)D);
         lse[owner[r]] = ls[r];
@@ -510,36 +510,73 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
     return failed ? -2 : 0;
 }
 
+#define MAX_RUN 64 /* blocks one pass of kvp_decode_tiles may attend */
+
+/* Whether every pair of item i sees all of its block (a run of such items may be attended as one). */
+static int whole_item(int i, const int32_t *item_pos, const int32_t *item_off, const int32_t *pair_query,
+                      const int64_t *q_pos, const int64_t *q_end, int64_t window) {
+    for (int p = item_off[i]; p < item_off[i + 1]; p++) {
+        int64_t a, b;
+        block_keys((int64_t)item_pos[i] * BLOCK_TOKENS, q_pos[pair_query[p]], q_end[pair_query[p]], window, &a, &b);
+        if (a != 0 || b != CHUNK) return 0;
+    }
+    return 1;
+}
+
 /* Decode states on AMX tiles: kvp_decode_states's contract (attention.c) for the items read by
  * min_pairs queries or more (the others are left alone), over bfloat16 blocks of a head dimension
  * that is a multiple of 64. An item is one block and the queries that read it (several sequences
  * of a batch sharing a forked document read it once for all of them): its K and V are laid out
- * once, then every pair's G rows of each KV head go through amx_rows 16 at a time, the block as
- * the one chunk, so that a row's state is the block's alone (output normalised by its own sum, and
- * its log-sum-exp), with the same terms and sums whatever rows share its tile. Other bits than
- * attention.c's fp32 products of the same pair (bench/native_attention.py: 1.6x those at 16
- * queries, 0.8x at two). Returns -1 where it does not apply (no tiles, another shape), -2
- * out of memory. */
+ * once, then every pair's G rows of each KV head go through amx_rows 16 at a time. With max_run
+ * 1 each item is one chunk, so that a row's state is the block's alone (output normalised by its
+ * own sum, and its log-sum-exp); with max_run > 1, up to max_run consecutive items read whole by
+ * the same queries are one pass of as many chunks (online softmax over them), its state on their
+ * first item's pairs and the others' pairs' lse -inf (their outputs left unwritten), which the
+ * merge skips: fewer states written and merged, Q laid out once per pass (per-block states are
+ * what a selector observes: the caller asks for 1 then). Either way a row gets the same terms and
+ * sums whatever rows share its tile, and other bits than attention.c's fp32 products of the same
+ * pairs (bench/native_attention.py: 1.6x those at 16 queries, 0.8x at two). Returns -1 where it
+ * does not apply (no tiles, another shape), -2 out of memory. */
 int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_addr, int n_items,
                      const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
                      const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hq, int Hkv, int D,
-                     int64_t window, float scale, float *states, float *lse, int min_pairs) {
+                     int64_t window, float scale, float *states, float *lse, int min_pairs, int max_run) {
 #if defined(KVP_AMX)
-    if (!amx_ready() || D % 64 != 0 || D > 512 || Hkv <= 0 || Hq % Hkv != 0) return -1;
+    if (!amx_ready() || D % 64 != 0 || D > 512 || Hkv <= 0 || Hq % Hkv != 0 || max_run < 1) return -1;
+    max_run = max_run < MAX_RUN ? max_run : MAX_RUN;
     const int G = Hq / Hkv, pairs = D / 2, P = item_off[n_items];
     int Nq = 0;
     for (int p = 0; p < P; p++) Nq = pair_query[p] + 1 > Nq ? pair_query[p] + 1 : Nq;
     const size_t row_lanes = (size_t)Q_TERMS * pairs;
     uint32_t *qb = malloc(sizeof(uint32_t) * row_lanes * (size_t)Nq * (size_t)Hq + 64);
-    if (qb == NULL) return -2;
+    int *first = malloc(sizeof(int) * ((size_t)n_items + 1)); /* passes: items first[r] .. first[r + 1] */
+    if (qb == NULL || first == NULL) {
+        free(qb);
+        free(first);
+        return -2;
+    }
+    int passes = 0;
+    for (int i = 0; i < n_items; passes++) {
+        const int count = item_off[i + 1] - item_off[i], head = i;
+        const size_t bytes = sizeof(int32_t) * (size_t)count;
+        first[passes] = i++;
+        if (max_run == 1 || count < min_pairs) continue;
+        if (!whole_item(head, item_pos, item_off, pair_query, q_pos, q_end, window)) continue;
+        while (i < n_items && i - head < max_run && item_off[i + 1] - item_off[i] == count &&
+               !memcmp(pair_query + item_off[i], pair_query + item_off[head], bytes) &&
+               whole_item(i, item_pos, item_off, pair_query, q_pos, q_end, window))
+            i++;
+    }
+    first[passes] = n_items;
     int failed = 0;
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
         for (int r = 0; r < Nq * Hq; r++) write_terms(q + (int64_t)r * D, D, qb + (size_t)r * row_lanes);
-        uint32_t *kt = aligned_alloc(64, sizeof(uint32_t) * 2 * CHUNK * (size_t)pairs);
+        uint32_t *kt = aligned_alloc(64, sizeof(uint32_t) * 2 * CHUNK * (size_t)pairs * (size_t)max_run);
         uint32_t *qp = aligned_alloc(64, sizeof(uint32_t) * AMX_ROWS * row_lanes);
         float *sb = aligned_alloc(64, sizeof(float) * AMX_ROWS * (2 * CHUNK + 64 + (size_t)D + 16));
+        uint32_t *vt = kt + CHUNK * (size_t)pairs * (size_t)max_run;
         if (kt == NULL || qp == NULL || sb == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -547,8 +584,9 @@ int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_add
             kvp_amx_configure();
         }
 #pragma omp for schedule(dynamic, 1) collapse(2)
-        for (int i = 0; i < n_items; i++)
+        for (int r = 0; r < passes; r++)
             for (int h = 0; h < Hkv; h++) {
+                const int i = first[r], n = first[r + 1] - first[r];
                 if (failed || item_off[i + 1] - item_off[i] < min_pairs) continue;
                 const int64_t start = (int64_t)item_pos[i] * BLOCK_TOKENS;
                 int lo[AMX_ROWS], hi[AMX_ROWS], owner[AMX_ROWS], T = 0, S = 0;
@@ -563,10 +601,18 @@ int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_add
                     }
                     S = b > S ? (int)b : S;
                 }
+                for (int j = 1; j < n; j++) /* a pass's later items: their pairs' states are in the first's */
+                    for (int p = item_off[i + j]; p < item_off[i + j + 1]; p++)
+                        for (int g = 0; g < G; g++) lse[(int64_t)p * Hq + h * G + g] = -INFINITY;
                 if (S == 0) continue;
-                const int64_t run[RUN_FIELDS] = {k_addr[(int64_t)item_ids[i] * Hkv + h], v_addr[(int64_t)item_ids[i] * Hkv + h],
-                                                 0, D, 0, D, CHUNK};
-                layout_chunk(run, 1, 0, S, D, 0, kt, kt + CHUNK * pairs);
+                int64_t run[RUN_FIELDS * MAX_RUN];
+                for (int j = 0; j < n; j++) { /* the blocks' head rows in place, one run each (see cursor) */
+                    const int64_t id = (int64_t)item_ids[i + j] * Hkv + h;
+                    const int64_t fields[RUN_FIELDS] = {k_addr[id], v_addr[id], 0, D, 0, D, CHUNK};
+                    memcpy(run + RUN_FIELDS * j, fields, sizeof fields);
+                }
+                const int keys = n > 1 ? n * CHUNK : S;
+                for (int c = 0; c < n; c++) layout_chunk(run, n, 0, keys, D, c, kt, vt);
                 for (int p = item_off[i]; p < item_off[i + 1]; p++) {
                     const int qi = pair_query[p];
                     int64_t a, b;
@@ -576,15 +622,15 @@ int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_add
                         memcpy(qp + (size_t)T * row_lanes, qb + ((size_t)qi * Hq + h * G + g) * row_lanes,
                                sizeof(uint32_t) * row_lanes);
                         lo[T] = (int)a;
-                        hi[T] = (int)b;
+                        hi[T] = n > 1 ? keys : (int)b;
                         owner[T++] = p * Hq + h * G + g;
                         if (T == AMX_ROWS) {
-                            tile_states(T, qp, D, kt, lo, hi, owner, scale, states, lse, sb);
+                            tile_states(T, qp, D, kt, vt, lo, hi, owner, scale, states, lse, sb);
                             T = 0;
                         }
                     }
                 }
-                if (T > 0) tile_states(T, qp, D, kt, lo, hi, owner, scale, states, lse, sb);
+                if (T > 0) tile_states(T, qp, D, kt, vt, lo, hi, owner, scale, states, lse, sb);
             }
         if (kt != NULL && qp != NULL && sb != NULL) _tile_release();
         free(kt);
@@ -592,11 +638,12 @@ int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_add
         free(sb);
     }
     free(qb);
+    free(first);
     return failed ? -2 : 0;
 #else
     (void)q, (void)k_addr, (void)v_addr, (void)n_items, (void)item_ids, (void)item_pos, (void)item_off, (void)pair_query,
         (void)q_pos, (void)q_end, (void)Hq, (void)Hkv, (void)D, (void)window, (void)scale, (void)states, (void)lse,
-        (void)min_pairs;
+        (void)min_pairs, (void)max_run;
     return -1;
 #endif
 }
@@ -617,10 +664,10 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
 int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_addr, int n_items,
                      const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
                      const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hq, int Hkv, int D,
-                     int64_t window, float scale, float *states, float *lse, int min_pairs) {
+                     int64_t window, float scale, float *states, float *lse, int min_pairs, int max_run) {
     (void)q, (void)k_addr, (void)v_addr, (void)n_items, (void)item_ids, (void)item_pos, (void)item_off, (void)pair_query,
         (void)q_pos, (void)q_end, (void)Hq, (void)Hkv, (void)D, (void)window, (void)scale, (void)states, (void)lse,
-        (void)min_pairs;
+        (void)min_pairs, (void)max_run;
     return -1; /* built without AVX512-BF16 */
 }
 #endif
