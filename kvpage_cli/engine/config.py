@@ -15,9 +15,9 @@ TILE_RUN_BLOCKS = 8
 """A batch's generated tokens attend up to this many consecutive blocks that they all read whole in
 one pass on AMX tiles (native/prefill.c's kvp_decode_tiles), one state per query for the pass
 rather than one per block. 16 queries over 16 and 128 shared blocks, the states and their merge
-per layer (a throwaway script, SmolLM2's heads, the Sapphire Rapids VM): 0.25 and 1.88 ms with 8
-against 0.34 and 2.97 a block at a time; 4: 0.26 and 1.99; 16: 0.31 and 1.86 (16 blocks are then
-one pass a KV head, three for two threads)."""
+per layer (a throwaway script, SmolLM2's heads, the Sapphire Rapids VM): 0.19 and 1.57 ms with 8
+against 0.31 and 2.94 a block at a time; 4: 0.21 and 1.72; 16: 0.24 and 1.53 (16 blocks are then
+one pass a KV head, three for two threads). bench/native_attention.py has the 8 beside 1."""
 
 MODES = ("auto", "exact", "selective", "retrieval")
 DTYPES = ("float32", "bfloat16")
