@@ -140,13 +140,17 @@ def test_forks_in_a_batch_hold_the_document_once(kv_home):
     assert grown == 16 * per_block  # each fork's own 30 tokens fit in one new block; the document's 20 are shared
 
 
-@pytest.mark.parametrize("policy", ["quest", "scores", "draft"])
-def test_selective_mode_in_a_batch_chooses_per_sequence(policy, kv_home):
-    model = tiny_model("llama")
+@pytest.mark.parametrize("policy,kv_dtype", [("quest", "float32"), ("scores", "float32"), ("draft", "float32"),
+                                             ("draft", "bfloat16")])
+def test_selective_mode_in_a_batch_chooses_per_sequence(policy, kv_dtype, kv_home):
+    """Each sequence of a batch selects its own blocks, as it does alone: the same tokens. With
+    bfloat16 KV (head dim 64) on a CPU with AMX, blocks four sequences share go to tiles, each
+    block's own state still (the draft policy reads each block's attention)."""
+    model = tiny_model("llama", head_dim=64) if kv_dtype == "bfloat16" else tiny_model("llama")
     cfg = model.config
     slot_bytes = 2 * cfg.num_key_value_heads * BLOCK_TOKENS * cfg.head_dim * 4
     engine = load(model, kv_home, backend="native", mode="selective", policy=policy, draft_layers=1,
-                  pool_mib=6 * cfg.num_hidden_layers * slot_bytes / 2**20)
+                  kv_dtype=kv_dtype, pool_mib=6 * cfg.num_hidden_layers * slot_bytes / 2**20)
     doc = engine.prefill(random_prompt(24 * BLOCK_TOKENS, seed=7))
     questions = QUESTIONS[:4]
     new_tokens = [6, 3, 8, 5]
