@@ -593,7 +593,7 @@ static int qgemm_tiles(int type, const float *x, int64_t ldx, const float *xs, c
                        int M, int K, int N, float *y, int64_t ldy) {
     if (!tiles_wanted || !direct_format(type) || K % 32 != 0 || !kvp_amx_granted()) return -1;
     const int nb = K / 32, offset = type == T_Q4_1, groups = (N + TILE_GROUP - 1) / TILE_GROUP;
-    const int chunk_tiles = TILE_ROW_CHUNK / 16;
+    const int chunk_tiles = ((M < TILE_ROW_CHUNK ? M : TILE_ROW_CHUNK) + 15) / 16; /* a pass's tiles of x, at most */
     uint32_t *xb = aligned_alloc(64, (size_t)chunk_tiles * nb * 3 * 1024);
     float *xsT = aligned_alloc(64, sizeof(float) * 16 * (size_t)chunk_tiles * nb); /* [tile][b][row] */
     if (xb == NULL || xsT == NULL) {
