@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -52,6 +53,37 @@ def kv_home(tmp_path_factory) -> Path:
     """The cache folder for tests: KVPAGE_HOME when set (CI shares converted weights), else a temp dir."""
     home = os.environ.get("KVPAGE_HOME")
     return Path(home) if home else tmp_path_factory.mktemp("kvpage-home")
+
+
+@pytest.fixture(scope="session")
+def native_library(kv_home) -> Path | None:
+    """The native kernel library as built in kv_home (built there first where it is not yet); None
+    where it cannot be built. A new home compiles it again (about 12 s): tests that make their own
+    homes copy it in (`with_native_library`) or have `native._compile` copy it."""
+    from kvpage_cli.engine import native
+
+    compiler = native._compiler()
+    if compiler is None:
+        return None
+    target = native.library_path(kv_home)
+    try:
+        native._open_verified(target, kv_home, lambda out: native._compile(compiler, native.sources(), out))
+    except native.NativeUnavailable:
+        return None
+    return target
+
+
+def with_native_library(home: Path, library: Path | None) -> Path:
+    """`home`, holding a copy of `library` (and its hash) where kvpage looks for it; returns `home`."""
+    from kvpage_cli.engine import native
+    from kvpage_cli.engine.home import private_dir
+
+    if library is not None:
+        target = native.library_path(home)
+        private_dir(target.parent)
+        for path in (library, library.with_name(library.name + ".sha256")):
+            shutil.copyfile(path, target.with_name(path.name))
+    return home
 
 
 @pytest.fixture(scope="session")

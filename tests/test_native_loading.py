@@ -18,9 +18,19 @@ PLANTED = b"\x7fELF a library someone else put here"
 
 
 @pytest.fixture(autouse=True)
-def no_loaded_library(monkeypatch):
-    """Each test loads the library afresh (a loaded one is kept for the process)."""
+def no_loaded_library(monkeypatch, native_library):
+    """Each test loads the library afresh (a loaded one is kept for the process); a build copies
+    the one this session compiled (the same sources and flags) and counts itself."""
+    builds = []
+
+    def copy_built(compiler, texts, out):
+        assert texts == native.sources()
+        builds.append(out)
+        shutil.copyfile(native_library, out)
+
     monkeypatch.setattr(native, "_LIB", None)
+    monkeypatch.setattr(native, "_compile", copy_built)
+    return builds
 
 
 def load_engine(model, home):
@@ -41,10 +51,10 @@ def plant(home, folder_mode: int = 0o700):
     return target
 
 
-def test_a_new_home_and_its_native_folder_are_private(tiny_models, tmp_path):
+def test_a_new_home_and_its_native_folder_are_private(tiny_models, tmp_path, no_loaded_library):
     home = tmp_path / "new" / "home"
     engine, warnings = load_engine(tiny_models["llama"], home)
-    assert engine.backend.name == "native" and warnings == []
+    assert engine.backend.name == "native" and warnings == [] and len(no_loaded_library) == 1
     for folder in (home, home / "native"):
         assert folder.stat().st_mode & 0o777 == 0o700
     target = native.library_path(home)
@@ -81,8 +91,11 @@ def test_a_library_that_fails_to_load_falls_back_to_torch(tiny_models, tmp_path,
     assert len(warnings) == 1 and "could not be loaded" in warnings[0] and "torch" in warnings[0]
 
 
-def test_a_library_that_is_not_the_one_built_here_is_rebuilt(tiny_models, tmp_path):
+def test_a_library_that_is_not_the_one_built_here_is_rebuilt(tiny_models, tmp_path, no_loaded_library, native_library):
     load_engine(tiny_models["llama"], tmp_path)
+    native._LIB = None
+    load_engine(tiny_models["llama"], tmp_path)
+    assert len(no_loaded_library) == 1  # built once, then loaded as it is
     target = native.library_path(tmp_path)
     # same owner, private folder, but not what was built: its hash differs (a new file: the loaded
     # library's pages are mapped from the old one)
@@ -90,5 +103,5 @@ def test_a_library_that_is_not_the_one_built_here_is_rebuilt(tiny_models, tmp_pa
     os.replace(tmp_path / "other.so", target)
     native._LIB = None
     engine, warnings = load_engine(tiny_models["llama"], tmp_path)
-    assert engine.backend.name == "native" and warnings == []
-    assert target.read_bytes() != PLANTED
+    assert engine.backend.name == "native" and warnings == [] and len(no_loaded_library) == 2
+    assert target.read_bytes() == native_library.read_bytes()

@@ -23,7 +23,7 @@ from kvpage_cli.engine import Engine, EngineConfig
 from kvpage_cli.engine.parallel import Shard, spawn
 from kvpage_cli.errors import ModelError, UsageError
 
-from .conftest import TINY_ARCHS, random_prompt, tiny_model
+from .conftest import TINY_ARCHS, random_prompt, tiny_model, with_native_library
 
 # logits of order 1-10 (conftest's init); one process vs two ranks, float32 weights and KV (the
 # shipped models are asked for float32 KV: bfloat16 KV, their default, rounds K and V, and where a
@@ -156,7 +156,7 @@ def ask_work(engine: Engine, path: str) -> dict:
     return {"mode": asker.mode, "answer": text, "blocks": list(asker.selections[0].blocks)}
 
 
-def test_retrieval_reads_the_same_blocks_on_every_rank(tiny_cli_model, kv_home, tmp_path):
+def test_retrieval_reads_the_same_blocks_on_every_rank(tiny_cli_model, kv_home, tmp_path, native_library):
     """A document longer than the context: the question's attention to the index's blocks is summed
     over the ranks, so every rank reads the blocks one process reads."""
     from .conftest import SAMPLES
@@ -164,10 +164,10 @@ def test_retrieval_reads_the_same_blocks_on_every_rank(tiny_cli_model, kv_home, 
     path = str(SAMPLES / "contract.txt")
     alone = ask_work(Engine.load(str(tiny_cli_model), EngineConfig(home=str(kv_home), max_context=1024)), path)
     assert alone["mode"] == "retrieval"
-    out = str(tmp_path / "result")
+    out, home = str(tmp_path / "result"), with_native_library(tmp_path / "home", native_library)
     # with the saved KV: the first run computes and saves each rank's index windows, the second maps them back
     for run in range(2):
-        spawn(_ask_rank, 2, (str(tiny_cli_model), str(tmp_path / "home"), path, f"{out}{run}", True))
+        spawn(_ask_rank, 2, (str(tiny_cli_model), str(home), path, f"{out}{run}", True))
         assert all(torch.load(f"{out}{run}.{rank}") == alone for rank in range(2))
 
 
@@ -182,7 +182,7 @@ def _cached_rank(rank: int, folder: str, home: str, prompt: list[int], out: str,
     torch.save({"cached": ctx.cached_prefix, "tokens": tokens}, f"{out}.{rank}")
 
 
-def test_saved_kv_is_restored_only_where_every_rank_has_it(tmp_path, kv_home):
+def test_saved_kv_is_restored_only_where_every_rank_has_it(tmp_path, kv_home, native_library):
     """Each rank saves its own heads' KV in its own files, and the document is one entry of the
     cache; a second run restores the prefix on both ranks; when one rank's files are gone, neither
     restores it. The tokens are the same every time; `kvpage cache rm` removes every rank's files."""
@@ -190,7 +190,7 @@ def test_saved_kv_is_restored_only_where_every_rank_has_it(tmp_path, kv_home):
 
     folder = tmp_path / "model"
     tiny_model("llama").save_pretrained(folder, safe_serialization=True)
-    home, prompt = tmp_path / "home", random_prompt(600, seed=8)
+    home, prompt = with_native_library(tmp_path / "home", native_library), random_prompt(600, seed=8)
     runs = []
     for drop in (False, False, True):
         out = str(tmp_path / f"run{len(runs)}")

@@ -8,12 +8,14 @@ that tokenizer and config (`ensure_converted`); later loads read that folder and
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
 import shutil
 import struct
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -198,13 +200,47 @@ def ensure_metadata(gguf_path: Path, target: Path, on_event: EventCallback | Non
         emit(on_event, ModelLoading(display, "reading GGUF metadata and tokenizer (once; cached afterwards)"))
         _check_readable(gguf_path)
         try:
-            config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, trust_remote_code=False)
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                      trust_remote_code=False)
+            with _metadata_parsed_once():
+                config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                    trust_remote_code=False)
+                tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                          trust_remote_code=False)
         except Exception as exc:
             raise ModelError(f"{display} could not be read as a GGUF model: {exc}") from exc
         _write_folder(target, config, tokenizer, {"source": str(gguf_path), "weights": "in the source file"})
     return target
+
+
+@contextmanager
+def _metadata_parsed_once():
+    """transformers parses a GGUF file's metadata for the config, then again for the tokenizer's
+    config, through the gguf package's reader wherever its own faster reader does not cover the
+    architecture (Gemma 3: 12 s each here): inside this block the second parse is a copy of the
+    first. Where transformers has no such function, nothing changes."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as module
+    except ImportError:
+        yield
+        return
+    original = getattr(module, "load_gguf_checkpoint", None)
+    if original is None:
+        yield
+        return
+    parsed: dict[str, Any] = {}
+
+    def once(path, return_tensors=False, *args, **kwargs):
+        if return_tensors or args or kwargs:
+            return original(path, return_tensors, *args, **kwargs)
+        key = os.path.realpath(path)
+        if key not in parsed:
+            parsed[key] = original(path, return_tensors=False)
+        return copy.deepcopy(parsed[key])  # each caller may change what it gets
+
+    module.load_gguf_checkpoint = once
+    try:
+        yield
+    finally:
+        module.load_gguf_checkpoint = original
 
 
 @dataclass(frozen=True)

@@ -510,6 +510,7 @@ int kvp_prefill_bf16(const float *q, int64_t ldqh, int64_t ldq, int H, int R, in
     return failed ? -2 : 0;
 }
 
+#if defined(KVP_AMX)
 #define MAX_RUN 64 /* blocks one pass of kvp_decode_tiles may attend */
 
 /* Whether every pair of item i sees all of its block (a run of such items may be attended as one). */
@@ -522,6 +523,7 @@ static int whole_item(int i, const int32_t *item_pos, const int32_t *item_off, c
     }
     return 1;
 }
+#endif
 
 /* Decode states on AMX tiles: kvp_decode_states's contract (attention.c) for the items read by
  * min_pairs queries or more (the others are left alone), over bfloat16 blocks of a head dimension
