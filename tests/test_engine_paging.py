@@ -417,7 +417,8 @@ def test_native_kernel_reads_int8_blocks_as_their_decoded_values(head_dim, group
 def test_native_kernel_gives_a_query_the_bits_it_gets_alone_when_others_share_its_blocks(head_dim, group, kind, tiles,
                                                                                         kv_home):
     """Queries reading the same blocks are computed in one call (an item: a block and every query
-    that reads it, read once for all); each query's output is what it gets alone, bit for bit,
+    that reads it, read once for all; where several see the same tokens of it, their rows go through
+    it together in the SIMD paths); each query's output is what it gets alone, bit for bit,
     whatever the others see of the block (one inside a block, one past it; with and without a
     window), and what the torch reference computes. On AMX tiles (bfloat16 blocks read by four
     queries or more), within 1e-5 of their scale of what it gets alone (fp32 products): a block at

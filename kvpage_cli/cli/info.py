@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ..engine import ALIASES, BLOCK_TOKENS, Engine
+from ..engine.config import SMALL_ROWS
 from ..engine.spec import KV_ELEMENT_BYTES
 from ..tasks.retrieval import budget_bounds, question_budget
 from . import ranks
@@ -114,12 +115,13 @@ def _prefill_attention(engine: Engine) -> str | None:
     from ..engine import native
 
     head_dim = engine.spec.head_dim
+    short = f"; segments of {SMALL_ROWS} tokens or fewer: the decode kernel, a query per token"
     if engine.kv_dtype_name != "bfloat16":
-        return f"torch's float32 flash attention (KV in {engine.kv_dtype_name}; prefill.c reads bfloat16 KV)"
+        return f"torch's float32 flash attention (KV in {engine.kv_dtype_name}; prefill.c reads bfloat16 KV){short}"
     if head_dim % 64:
-        return f"torch's float32 flash attention (head dim {head_dim}; prefill.c takes multiples of 64)"
+        return f"torch's float32 flash attention (head dim {head_dim}; prefill.c takes multiples of 64){short}"
     if not native.has_bf16_prefill(backend.lib):
-        return "torch's float32 flash attention (this CPU has no AVX512-BF16 for prefill.c)"
+        return f"torch's float32 flash attention (this CPU has no AVX512-BF16 for prefill.c){short}"
     if native.prefill_amx(backend.lib):
         return "bfloat16 tile products (prefill.c, AMX; a batch's generated tokens too, over blocks they share)"
     return "bfloat16 dot products (prefill.c, AVX512-BF16)"

@@ -18,7 +18,11 @@ flash-attention call over the blocks every row sees whole) is exact to rounding,
 the per-block path, not bit-identical to it (tested); over bfloat16 KV the native backend's
 (prefill.c: Q written as three bfloat16 terms and the probabilities as two, fp32 sums) agrees with
 torch's fp32 flash attention to about 1e-5 of the outputs' scale (tested), and each query row's
-bits there do not depend on the other rows of the call either.
+bits there do not depend on the other rows of the call either. Where prefill.c does not apply (a
+CPU without AVX512-BF16, float32 or int8 KV) the native backend attends a short prompt segment's
+rows (config.SMALL_ROWS) as decode queries instead (dispatch), so that there too a token gets the
+same bits whatever the length of the segment it comes in (a review's clause prompts, batched or
+alone).
 """
 
 from __future__ import annotations
@@ -108,6 +112,7 @@ class TorchBackend:
 
     name = "torch"
     attend_all: "reference.AttendAll | None" = None  # a whole prompt chunk in one call (the native backend's)
+    short_as_queries = False  # dispatch attends a short prompt segment's rows as decode queries (NativeBackend)
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         self.num_heads = num_heads
@@ -218,6 +223,9 @@ class NativeBackend(TorchBackend):
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         self.lib = lib
         self.kv_dtype = kv_dtype
+        # where prefill.c does not take a chunk, torch's flash attention would, whose bits for a row
+        # depend on the chunk's length: a short segment's rows go through the decode kernel instead
+        self.short_as_queries = kv_dtype != "bfloat16" or head_dim % 64 != 0 or not native.has_bf16_prefill(lib)
         self._states: torch.Tensor | None = None
         self._lse: torch.Tensor | None = None
 

@@ -6,6 +6,12 @@ from dataclasses import dataclass, field
 
 from kvpage_kernels.constants import BLOCK_TOKENS  # tokens per block: the unit of KV storage, movement and selection
 
+SMALL_ROWS = 64
+"""Segments of at most this many rows share one row-independent linear call (weight-bandwidth
+bound); longer ones are compute bound and get a matrix multiplication each. Their attention, too,
+gives each row what it gives alone (dispatch: a short prompt segment's rows as decode queries where
+the backend's prompt attention would not)."""
+
 TILE_MIN_ROWS = 8
 """Products of this many rows or more may multiply on AMX tiles where the CPU has them (native/quant.c
 gets it at build time): per matrix 1.2-1.6x the rows' path at 8 rows (a throwaway script); stop 40's

@@ -20,7 +20,7 @@ import torch
 
 from . import attention as reference
 from .backend import DecodePlan, LayerBlocks
-from .config import BLOCK_TOKENS, TILE_RUN_BLOCKS
+from .config import BLOCK_TOKENS, SMALL_ROWS, TILE_RUN_BLOCKS
 from .context import Context
 from .pool import SlotPool
 from .spec import ModelSpec
@@ -50,7 +50,7 @@ class Step:
     tiles: bool = False  # its decode rows are a batch's generated tokens: AMX tiles may attend them (backend)
     decode: list[Segment] = field(init=False)
     prefill: list[Segment] = field(init=False)
-    plans: dict = field(default_factory=dict)  # store group -> DecodePlan of the exact decode queries
+    plans: dict = field(default_factory=dict)  # store group -> the exact decode queries' plan (and short segments')
 
     def __post_init__(self) -> None:
         self.decode = [s for s in self.segments if s.count == 1]
@@ -96,7 +96,7 @@ class AttentionDispatch:
             if self.capture_rows or segment.ctx.id in self.capture_ids:
                 keep = min(self.capture_rows or SCORE_QUERY_TOKENS, segment.count)
                 self.captured.setdefault(segment.ctx.id, {})[layer] = (qs[-keep:].clone(), segment.start + segment.count - keep)
-            out[segment.rows] = self._prefill(layer, qs, segment.start, segment.ctx)
+            out[segment.rows] = self._prefill(layer, qs, segment.start, segment.ctx, step)
         return out
 
     def _decode(self, layer: int, q: torch.Tensor, step: Step) -> torch.Tensor:
@@ -143,13 +143,21 @@ class AttentionDispatch:
             if self.observer is not None:
                 self.observer(layer, segment.ctx, segment.start, positions, lse[pairs])
 
-    def _prefill(self, layer: int, q: torch.Tensor, q_start: int, ctx: Context) -> torch.Tensor:
+    def _prefill(self, layer: int, q: torch.Tensor, q_start: int, ctx: Context, step: Step) -> torch.Tensor:
         """A chunk's queries [T, Hq, D] at positions q_start.. over the blocks it may see -> [T, Hq, D]."""
         group = self.store.group_of(layer)
         seq_end = q_start + q.shape[0]
         first = max(0, q_start - group.window + 1) // BLOCK_TOKENS if group.window else 0
         ids, positions = ctx.tables[group.index].live(first)
         self.kv_read_bytes += len(ids) * group.block_bytes_per_layer
+        if self.kv_path == "store" and self.backend.short_as_queries and q.shape[0] <= SMALL_ROWS:
+            key = ("segment", ctx.id, q_start, group.index)
+            if key not in step.plans:
+                step.plans[key] = self._segment_plan(q_start, q.shape[0], ids, positions, group.window)
+            plan = step.plans[key]
+            states, lse = self.backend.states(plan.num_pairs, q.device)
+            self.backend.decode_states(q.float(), plan, self._store_blocks(layer, group), group.window, states, lse)
+            return self.backend.merge(states, lse, plan)
         if self.kv_path == "store":
             pos = self.store.layer_pos[layer]
             runs, index = [], 0
@@ -160,6 +168,17 @@ class AttentionDispatch:
             return self.backend.store_prefill(q, q_start, runs, group.window)
         return self.backend.pool_prefill(q, q_start, self._pool_blocks(layer),
                                          self._passes(layer, group, ids, positions, seq_end), group.window)
+
+    @staticmethod
+    def _segment_plan(q_start: int, count: int, ids: list[int], positions: list[int], window: int) -> DecodePlan:
+        """A prompt segment's rows as decode queries, each over the blocks it sees (keys up to its
+        own position, within the window), so that a row's state does not depend on the segment."""
+        ids_t, pos_t = torch.tensor(ids, dtype=torch.int32), torch.tensor(positions, dtype=torch.int32)
+        first_key, blocks = pos_t.to(torch.int64) * BLOCK_TOKENS, []
+        for p in range(q_start, q_start + count):
+            seen = (first_key <= p) & (first_key + BLOCK_TOKENS > (p - window + 1 if window else 0))
+            blocks.append((ids_t[seen], pos_t[seen]))
+        return DecodePlan.build(blocks, list(range(q_start, q_start + count)))
 
     # -- where blocks are read ---------------------------------------------------------------------
 

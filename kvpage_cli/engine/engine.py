@@ -22,14 +22,14 @@ from ..errors import ContextTooLongError, ModelError, UsageError
 from . import native
 from .backend import NativeBackend, TorchBackend, TritonBackend
 from .block_manager import BlockManager, Write
-from .config import EngineConfig, kv_dtype_of
+from .config import SMALL_ROWS, EngineConfig, kv_dtype_of
 from .context import Context
 from .dispatch import SCORE_QUERY_TOKENS, AttentionDispatch, Segment, Step
 from .events import DecodeProgress, EngineWarning, EventCallback, KVRestored, PrefillProgress, StepDone, emit
 from .home import default_home
 from .kvcache import CachedPrefill, KVCache, chain_seed, model_fingerprint, segment_tokens_for
 from .metrics import EngineStats, Metrics
-from .model import SMALL_ROWS, ModelRunner, Rows
+from .model import ModelRunner, Rows
 from .mover import Mover
 from .parallel import Shard
 from .policy import DraftPolicy, QuestPolicy, make_policy

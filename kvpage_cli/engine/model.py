@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelError, UsageError
 from . import native
+from .config import SMALL_ROWS
 from .parallel import Shard
 from .quant import FLOAT_FORMATS, DeviceMatrix, QuantLinear, QuantMatrix, matmul_nt, quantize
 from .rope import RopeParams, apply_rope, rope_cos_sin
@@ -48,11 +49,6 @@ class RopeAt:
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """K as stored: rotated at its rows' positions."""
         return x if self.k_rotated else apply_rope(x, self.cos, self.sin)
-
-
-SMALL_ROWS = 64
-"""Segments of at most this many rows share one row-independent linear call (weight-bandwidth
-bound); longer ones are compute bound and get a matrix multiplication each."""
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ minimum: GGUF's Q4_1 layout). A few rows (decode steps, batches) go through the 
 dequantize-and-dot kernel, each row's result independent of the others, or, with int8
 activations (EngineConfig.activations), through integer dot products with the rows rounded to
 int8 in groups of 32; a long prompt chunk dequantizes W (a layer's parts that share an input
-together, or a slice of output rows at a time) into fp32 and multiplies it through oneDNN
-(`matmul_nt`). On a CPU with AMX, Q4_0, Q4_1 and Q8_0 products of 8 rows or more run on tiles
-instead (quant.c's kvp_qgemm_tiles; `native.qgemm_tiles`), each row's result still its own, in
+together, or a slice of output rows at a time) into fp32 and multiplies it through oneDNN or
+MKL, whichever this CPU's instructions favour (`matmul_nt`). On a CPU with AMX, Q4_0, Q4_1 and
+Q8_0 products of 8 rows or more run on tiles instead (quant.c's kvp_qgemm_tiles;
+`native.qgemm_tiles`), each row's result still its own, in
 other bits than the rows' path: a long chunk's, and a few rows' where the caller says
 (model.Rows). On the Triton backend a `DeviceMatrix` holds the same values decoded for the
 Triton dequantize-in-register kernel.
@@ -46,8 +47,14 @@ time (a layer's Q, K and V, or gate and up, together where they fit)."""
 
 
 def _onednn_linear():
+    """oneDNN's fp32 linear op where torch has it and the CPU runs AVX-512, else None (MKL then).
+    On an AMD EPYC Zen 5 (AVX-512) oneDNN multiplied SmolLM2's prefill shapes 1.5-2.3x faster than
+    MKL, which runs AVX2 kernels on AMD CPUs; on a Zen 3 (AVX2 only) MKL was 1.0-1.2x faster than
+    oneDNN (`python bench/prefill_gemm.py`, two threads, both machines; README, Benchmarks)."""
     try:
-        return torch.ops.mkldnn._linear_pointwise if torch.backends.mkldnn.is_available() else None
+        if not torch.backends.mkldnn.is_available() or not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+            return None
+        return torch.ops.mkldnn._linear_pointwise
     except (AttributeError, RuntimeError):
         return None
 
@@ -56,11 +63,9 @@ _ONEDNN_LINEAR = _onednn_linear()
 
 
 def matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ w[N, K]^T for a long chunk's rows, fp32 on a CPU through oneDNN where torch has it
-    (the op torch's compiler calls for a linear layer), else torch's default matrix product (MKL).
-    Both are fp32 products summed in their own order; on an AMD EPYC Zen 5 oneDNN multiplied
-    SmolLM2's prefill shapes 1.5-2.3x faster than MKL (`python bench/prefill_gemm.py`, two threads:
-    1024x576 @ 576x3072, 466 against 209 GFLOP/s)."""
+    """x [M, K] @ w[N, K]^T for a long chunk's rows, fp32: on a CPU through oneDNN where
+    `_onednn_linear` chose it (the op torch's compiler calls for a linear layer), else torch's
+    default matrix product (MKL on x86). Both are fp32 products summed in their own order."""
     if _ONEDNN_LINEAR is not None and x.device.type == "cpu" and x.dtype == w.dtype == torch.float32:
         return _ONEDNN_LINEAR(x, w, None, "none", [], "")
     return x @ w.t()
