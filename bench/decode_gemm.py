@@ -1,10 +1,11 @@
 """A decode step's weight products at 1, 4, 16 and 64 rows (one row per sequence of a batch):
 kvpage's native few-row kernel on the model's own weights (SmolLM2: the GGUF file's Q4_1 and Q8_0
 blocks, `QuantMatrix.matmul`), its rows' path and, where the CPU has AMX, its tiles (8 rows or
-more), and its long-chunk path (each matrix dequantized to float32, then oneDNN: what a prompt
-chunk of more than 64 rows took before tiles), beside torch's products of the same matrices
-dequantized once, in float32 (what transformers runs) and in bfloat16 (oneDNN; AMX where the CPU
-has it), in one run. `--rows 256,1024` sets them side by side at a prompt chunk's rows.
+more), and its long-chunk path (each matrix dequantized to float32, then `quant.matmul_nt`:
+oneDNN, or MKL on CPUs without AVX-512; what a prompt chunk of more than 64 rows took before
+tiles), beside torch's products of the same matrices dequantized once, in float32 (what
+transformers runs) and in bfloat16 (oneDNN; AMX where the CPU has it), in one run. `--rows
+256,1024` sets them side by side at a prompt chunk's rows.
 
 Per row count: the median time of one step's products (every layer's Q/K/V, O, gate/up and down,
 then the LM head), its GFLOP/s, and its throughput against the same system at one row ("x 1 row":
@@ -78,7 +79,9 @@ def main() -> None:
     systems = [("kvpage rows' path (" + "/".join(formats) + ")", native, False)]
     if tiles:
         systems.append(("kvpage AMX tiles (" + "/".join(formats) + ")", native, True))
-    systems.append(("kvpage dequantized, oneDNN", dequantized, False))
+    from kvpage_cli.engine.quant import _ONEDNN_LINEAR
+
+    systems.append((f"kvpage dequantized, {'oneDNN' if _ONEDNN_LINEAR is not None else 'MKL'}", dequantized, False))
     systems += [("torch float32", torch_products(floats, head_float, torch.float32), None),
                 ("torch bfloat16", torch_products(bf16, head_bf16, torch.bfloat16), None)]
     rows_list = [int(r) for r in args.rows.split(",")]
