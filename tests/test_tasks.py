@@ -164,6 +164,32 @@ def test_the_clause_bar_shows_the_reading_pace_while_the_questions_run(tiny_engi
     assert rates and all(r.endswith("tok/s read") for r in rates)
 
 
+def test_without_bars_verbose_writes_a_long_stages_progress_every_half_minute():
+    """A job's log (stderr not a terminal) with -v: an indexing of 20 minutes says how far it is,
+    a line each PROGRESS_LINE_S seconds of it and one at its end; a short stage writes none."""
+    import io
+
+    from rich.console import Console
+
+    from kvpage_cli.cli.progress import Reporter
+    from kvpage_cli.engine.events import IndexProgress, PrefillProgress
+
+    def lines(verbose: bool, events) -> list[str]:
+        out = io.StringIO()
+        with Reporter(Console(file=out, width=200), bars=False, verbose=verbose) as reporter:
+            for event in events:
+                reporter(event)
+        return out.getvalue().splitlines()
+
+    indexing = [IndexProgress(done, 449_926, seconds) for done, seconds in
+                [(2048, 6.0), (12_288, 29.9), (14_336, 33.6), (20_480, 50.0), (24_576, 64.1), (449_926, 1236.0)]]
+    assert lines(True, indexing) == ["kvpage: indexing 14,336/449,926 tok, 427 tok/s, 33.6 s",
+                                     "kvpage: indexing 24,576/449,926 tok, 383 tok/s, 1 min 04 s",
+                                     "kvpage: indexing 449,926/449,926 tok, 364 tok/s, 20 min 36 s"]
+    assert lines(False, indexing) == []  # without -v, nothing but warnings and the statistics line
+    assert lines(True, [PrefillProgress(512, 1024, 1.0), PrefillProgress(1024, 1024, 2.1)]) == []
+
+
 def test_all_lists_the_clauses_of_no_category_too(tiny_engine):
     doc = load(str(SAMPLES / "contract.txt"))
     reviewer = Reviewer(tiny_engine, doc, clauses=split_clauses(doc)[:12], include_all=True)
@@ -301,6 +327,17 @@ def test_a_loop_whose_copies_break_their_lines_at_other_words_is_still_a_loop(ti
     said_again = first + copy + "  The\nfunction is defined as `select_autoescape` when enabled, and by `escape` otherwise."
     shown, ended = streamed(AnswerText(decode), tokenizer(said_again, add_special_tokens=False).input_ids)
     assert not ended and shown == said_again
+    # SmolLM2 over urllib3's sources: a sentence said again with a word more, again and again; the
+    # loop's period cut after that word, and "The document also" had been shown before it repeated
+    first = "The document provides a detailed explanation of how to retry a request by default."
+    more = "The document also provides a detailed explanation of how to retry a request by default."
+    for gap in ("\n\n", " "):
+        looped = tokenizer(first + (gap + more) * 3, add_special_tokens=False).input_ids
+        shown, ended = streamed(AnswerText(decode), looped)
+        assert ended and shown == first  # no fragment of a sentence, no white space at the end
+        other = first + gap + "The document also says how long to wait between tries."  # starts alike, no loop
+        shown, ended = streamed(AnswerText(decode), tokenizer(other, add_special_tokens=False).input_ids)
+        assert not ended and shown == other
 
 
 def test_a_base_models_answer_ends_where_it_writes_the_next_question():

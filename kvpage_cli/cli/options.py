@@ -28,6 +28,7 @@ import typer
 from ..engine import DEFAULT_MODEL, EngineConfig
 from ..engine.config import ACTIVATIONS, BACKENDS, DEVICES, DTYPES, KV_DTYPES, MODES, POLICIES, WEIGHTS, default
 from ..errors import UsageError
+from .progress import PROGRESS_LINE_S
 
 # Groups of shared options.
 MODEL = "Model and engine"
@@ -130,7 +131,9 @@ SHARED: tuple[Shared, ...] = (
     Shared("quiet", bool, False, _opt("--quiet", "-q", group=RUN,
            help="No statistics or warnings on stderr; errors only."), RUN),
     Shared("verbose", bool, False, _opt("--verbose", "-v", group=RUN,
-           help="Also print model-loading stages and a line per clause on stderr."), RUN),
+           help="Also print model-loading stages and a line per clause on stderr; where stderr is not a "
+                f"terminal (a log), a long prefill or indexing says how far it is every {PROGRESS_LINE_S:.0f} s."),
+           RUN),
     Shared("no_color", bool, False, _opt("--no-color", group=RUN,
            help="No colours on stderr or in tables (NO_COLOR is honoured too)."), RUN),
     Shared("debug", bool, False, _opt("--debug", envvar="KVPAGE_DEBUG", group=RUN,

@@ -15,6 +15,20 @@ from ..engine.events import DecodeProgress, EngineWarning, IndexProgress, ModelL
 from ..tasks.events import ReviewProgress
 
 
+PROGRESS_LINE_S = 30.0
+"""With -v and no bars (stderr is not a terminal: a log file, a scheduler's job output), a stage
+that runs long writes a line of its progress every PROGRESS_LINE_S seconds of it, and a last one
+when it ends: `kvpage: indexing 120,064/449,926 tok, 364 tok/s, 5 min 30 s`."""
+
+
+def duration(seconds: float) -> str:
+    """Seconds as a reader wants them: "42.3 s", "5 min 07 s"."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
 def message(console: Console, kind: str, text: str, style: str) -> None:
     """One `kvpage: <kind>: <text>` line on stderr, never wrapped."""
     line = Text.assemble(("kvpage: ", "bold"), (f"{kind}: ", style), text.replace("\n", " "))
@@ -23,7 +37,8 @@ def message(console: Console, kind: str, text: str, style: str) -> None:
 
 class Reporter:
     """The event callback of a run. Bars show only while `bars` is on (stderr is a terminal);
-    `-v` adds model-loading stages and per-clause lines; `-q` hides bars and warnings."""
+    `-v` adds model-loading stages and per-clause lines, and without bars a long stage's
+    progress (PROGRESS_LINE_S); `-q` hides bars and warnings."""
 
     def __init__(self, console: Console, bars: bool | None = None, verbose: bool = False, quiet: bool = False) -> None:
         self.console = console
@@ -34,6 +49,7 @@ class Reporter:
         self._tasks: dict[str, TaskID] = {}
         self._finished: set[str] = set()
         self._rate = ""  # the latest decode throughput
+        self._line_at: dict[str, float] = {}  # without bars: a stage's seconds at its last progress line
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -75,7 +91,7 @@ class Reporter:
             rate = (event.done - event.cached) / event.elapsed_s if event.elapsed_s > 0 else 0.0
             cached = f", {event.cached:,} cached" if event.cached else ""
             self._update("prefill", event.done, event.total, f"{event.done:,}/{event.total:,} tok{cached}",
-                         f"{rate:,.0f} tok/s")
+                         f"{rate:,.0f} tok/s", event.elapsed_s)
             if event.done >= event.total:
                 self._finished.add("prefill")
         elif isinstance(event, IndexProgress):
@@ -83,7 +99,7 @@ class Reporter:
             rate = computed / event.elapsed_s if event.elapsed_s > 0 and computed else 0.0
             cached = f" ({event.cached:,} from saved KV)" if event.cached else ""
             self._update("indexing", event.done, event.total, f"{event.done:,}/{event.total:,} tok{cached}",
-                         f"{rate:,.0f} tok/s" if rate else "")
+                         f"{rate:,.0f} tok/s" if rate else "", event.elapsed_s)
         elif isinstance(event, DecodeProgress):
             rate = event.generated / event.elapsed_s if event.elapsed_s > 0 else 0.0
             together = f", {event.sequences} at once" if event.sequences > 1 else ""
@@ -91,7 +107,7 @@ class Reporter:
             if "clauses" in self._tasks:  # a review: its clause bar shows how fast it decodes
                 self._progress.update(self._tasks["clauses"], rate=self._rate)
             else:
-                self._update("decode", event.generated, None, f"{event.generated:,} tok", self._rate)
+                self._update("decode", event.generated, None, f"{event.generated:,} tok", self._rate, event.elapsed_s)
         elif isinstance(event, ReviewProgress):
             self._update("clauses", event.done, event.total, f"{event.done}/{event.total}", self._rate)
         elif isinstance(event, ModelLoading):
@@ -101,12 +117,26 @@ class Reporter:
         elif isinstance(event, EngineWarning):
             self.warn(event.message)
 
-    def _update(self, name: str, done: int, total: int | None, count: str, rate: str) -> None:
+    def _update(self, name: str, done: int, total: int | None, count: str, rate: str,
+                elapsed_s: float | None = None) -> None:
         if self._progress is None:
+            if elapsed_s is not None:
+                self._line(name, done >= total if total is not None else False, count, rate, elapsed_s)
             return
         if name not in self._tasks:
             self._tasks[name] = self._progress.add_task(name, total=total, count=count, rate=rate)
         self._progress.update(self._tasks[name], completed=done, total=total, count=count, rate=rate)
+
+    def _line(self, name: str, ended: bool, count: str, rate: str, elapsed_s: float) -> None:
+        """Without bars, with -v: a stage's progress line every PROGRESS_LINE_S seconds of it, and
+        its last where it wrote one before."""
+        if not self.verbose or self.quiet:
+            return
+        if elapsed_s - self._line_at.get(name, 0.0) >= PROGRESS_LINE_S or (ended and name in self._line_at):
+            self.note(f"{name} {count}" + (f", {rate}" if rate else "") + f", {duration(elapsed_s)}")
+            self._line_at[name] = elapsed_s
+        if ended:
+            self._line_at.pop(name, None)  # a later stage of the same name starts afresh
 
     # -- stages and lines ----------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from ..engine import Engine, EngineStats
 from ..errors import KvpageError
 from . import ranks
 from .options import PASSWORD_ENV, Options
-from .progress import Reporter, message
+from .progress import Reporter, duration, message
 
 EXIT_INTERRUPTED = 130
 MIB = 2**20
@@ -214,12 +214,5 @@ def stats_line(engine: Engine, wall_seconds: float, mode: str | None = None) -> 
         f" | pool {pool_mib:,.1f} MiB{pool_note}"
         f" | store {s.store_reserved_bytes / MIB:,.1f} MiB"
         f" | blocks moved {s.blocks_moved:,}"
-        f" | {mode or s.mode + ' mode'}, {s.backend} on {engine.device.type}, {_duration(wall_seconds)}"
+        f" | {mode or s.mode + ' mode'}, {s.backend} on {engine.device.type}, {duration(wall_seconds)}"
     )
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, rest = divmod(int(round(seconds)), 60)
-    return f"{minutes} min {rest:02d} s"

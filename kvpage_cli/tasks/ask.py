@@ -244,7 +244,8 @@ class AnswerText:
     loop's second copy is neither streamed nor kept), and while HOLD_WORDS or more of them
     repeat, the sentence they are in is held too (a loop's first copy can start and end inside a
     sentence; the answer then ends with the last sentence that ended, where that was not yet
-    shown). Repeats are judged on the tokens' text less its
+    shown), and a sentence that starts with the words an earlier one started with is held until
+    it ends (`_sentence_said_before`). Repeats are judged on the tokens' text less its
     white space, so a sentence said again with its line broken elsewhere is the same sentence
     (SmolLM2 over a repository's reStructuredText repeated "The function is defined as
     `select_autoescape` when enabled." eight times, its copies wrapped at different words).
@@ -257,6 +258,8 @@ class AnswerText:
         self.tokens: list[int] = []
         self.words: list[str | int] = []  # per token that is not white space: its text less white space
         self.at: list[int] = []  # the index in `tokens` of each of `words`
+        self.starts: list[int] = []  # the indices in `words` where sentences start
+        self.space = ""  # the white space since the last of `words`
         self.shown = ""
         self.ended = False
 
@@ -265,9 +268,15 @@ class AnswerText:
         self.tokens.append(token)
         text = self.decode([token])
         word = token if "\ufffd" in text else "".join(text.split())  # part of a character: the token itself
-        if word != "":
+        if word == "":
+            self.space += text
+        else:
+            space = self.space + text[:len(text) - len(text.lstrip())]
+            if not self.words or "\n" in space or (space and _ends_sentence(self.words[-1])):
+                self.starts.append(len(self.words))
             self.words.append(word)
             self.at.append(len(self.tokens) - 1)
+            self.space = text[len(text.rstrip()):] if isinstance(word, str) else ""
         loop = loop_start(self.words)
         if loop is not None:
             del self.tokens[self.at[loop]:]
@@ -275,7 +284,23 @@ class AnswerText:
             return piece, True
         held = repeating_tail(self.words)
         count = self.at[-held] if held else len(self.tokens)
+        start = self._sentence_said_before()
+        if start is not None:
+            count = min(count, self.at[start])
         return self._show(count, last=False, whole=held >= HOLD_WORDS), self.ended
+
+    def _sentence_said_before(self) -> int | None:
+        """Where the sentence in progress starts (in `words`), while its first words (two at most)
+        are those an earlier sentence started with: it is held until it ends, as it may be a
+        loop's next copy that does not repeat to the end ("The document provides X. The document
+        also provides X. The document also ..." loops with a period that cuts after "also")."""
+        if not self.starts or _ends_sentence(self.words[-1]):
+            return None
+        start = self.starts[-1]
+        head = self.words[start:start + 2]
+        if any(self.words[earlier:earlier + len(head)] == head for earlier in self.starts[:-1]):
+            return start
+        return None
 
     def finish(self) -> str:
         """What is still held, once the answer has ended (nothing after a loop or a turn)."""
@@ -293,11 +318,16 @@ class AnswerText:
         text = text.strip()  # an answer neither starts nor ends with white space (a last line break is held)
         end = _sentences_end(text) if whole else -1
         if end >= len(self.shown) and (end > 0 or not last):  # a loop of one broken sentence keeps its first copy
-            text = text[:end]
+            text = text[:end].rstrip()  # a cut at a line break leaves no white space at the end
         piece = text[len(self.shown):]
         if piece:
             self.shown = text
         return piece
+
+
+def _ends_sentence(word: str | int) -> bool:
+    """Whether a token's text (less its white space) ends a sentence, as `_sentences_end` sees one."""
+    return isinstance(word, str) and re.search(r"[.!?:;][\"')\]`*]*$", word) is not None
 
 
 def _sentences_end(text: str) -> int:
