@@ -295,6 +295,20 @@ def test_several_documents_give_one_review_each_and_jsonl_names_the_document(cli
     assert text.stdout.count("4 clauses, ") == 2
 
 
+def test_each_documents_prefill_is_reported_in_a_review_of_several(cli, contract, tmp_path, monkeypatch):
+    """A log of `review A B -v` follows the second document's prefill too (it was taken for
+    questions appended after the first document's, and neither drew a bar nor wrote a line)."""
+    from kvpage_cli.cli import progress
+
+    monkeypatch.setattr(progress, "PROGRESS_LINE_S", 0.0)  # a progress line at every event
+    other = tmp_path / "other.txt"
+    other.write_text(CONTRACT + "\n\n12. Notices. Notices are given in writing.\n", encoding="utf-8")
+    result = cli("review", contract, other, "-v", "--format", "text")
+    assert result.exit_code == 0, result.stderr
+    ends = [line for line in result.stderr.splitlines() if re.match(r"kvpage: prefill (\S+)/\1 tok", line)]
+    assert len(ends) == 2 and ends[0] != ends[1], result.stderr
+
+
 def test_shard_reviews_every_nth_document_of_a_folder(cli, tmp_path):
     folder = tmp_path / "dataroom"
     folder.mkdir()

@@ -73,6 +73,12 @@ class Reporter:
     def __exit__(self, *exc) -> None:
         self.stop_bars()
 
+    def next_document(self) -> None:
+        """A run's next document (a review of several): its prefill is the document's again, not
+        questions appended after the last one, and its bars and lines start afresh."""
+        self._finished.clear()
+        self._line_at.clear()
+
     def stop_bars(self) -> None:
         """Ends the live display (before data is streamed to the same terminal)."""
         if self._progress is not None:

@@ -125,6 +125,7 @@ def review(
 
 def _review_one(session: Session, engine, doc, path: str, book: Playbook, fmt: str, sink: Sink, opts: Options,
                 batch: int, all_clauses: bool, explain: bool) -> ReviewResult:
+    session.reporter.next_document()
     clause_bar = _ClauseBarAfterPrefill(session)
     try:
         reviewer = Reviewer(engine, doc, playbook=book, max_batch=batch, explain=explain, include_all=all_clauses,
