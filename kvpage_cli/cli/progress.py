@@ -75,7 +75,7 @@ class Reporter:
 
     def next_document(self) -> None:
         """A run's next document (a review of several): its prefill is the document's again, not
-        questions appended after the last one, and its bars and lines start afresh."""
+        questions appended after the last one: the prefill bar and -v lines follow it."""
         self._finished.clear()
         self._line_at.clear()
 
