@@ -127,7 +127,7 @@ class Reporter:
                 elapsed_s: float | None = None) -> None:
         if self._progress is None:
             if elapsed_s is not None:
-                self._line(name, done >= total if total is not None else False, count, rate, elapsed_s)
+                self._line(name, total is not None and done >= total, count, rate, elapsed_s)
             return
         if name not in self._tasks:
             self._tasks[name] = self._progress.add_task(name, total=total, count=count, rate=rate)
