@@ -79,7 +79,7 @@ def worker_transformers(model: str, prefix: int, batch: int, new_tokens: int, dt
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
     from kvpage_cli.engine.home import default_home
-    from kvpage_cli.engine.weights import resolve_folder
+    from kvpage_cli.engine.model.weights import resolve_folder
 
     folder = resolve_folder(model, Path(home) if home else default_home())
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -40,7 +40,7 @@ def main() -> None:
     import torch
 
     from kvpage_cli.engine import Engine, EngineConfig
-    from kvpage_cli.engine.quant import QuantLinear
+    from kvpage_cli.engine.model.quant import QuantLinear
 
     engine = Engine.load(args.model, EngineConfig(device="cpu"))
     runner = engine.runner
@@ -79,7 +79,7 @@ def main() -> None:
     systems = [("kvpage rows' path (" + "/".join(formats) + ")", native, False)]
     if tiles:
         systems.append(("kvpage AMX tiles (" + "/".join(formats) + ")", native, True))
-    from kvpage_cli.engine.quant import _ONEDNN_LINEAR
+    from kvpage_cli.engine.model.quant import _ONEDNN_LINEAR
 
     systems.append((f"kvpage dequantized, {'oneDNN' if _ONEDNN_LINEAR is not None else 'MKL'}", dequantized, False))
     systems += [("torch float32", torch_products(floats, head_float, torch.float32), None),

@@ -26,8 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (bench_device, peak_device_mib, peak_rss_mib, prompt_ids, read_bandwidth_gbs, run_worker,  # noqa: E402
-                    sync, table)
+from common import bench_device, peak_device_mib, peak_rss_mib, prompt_ids, read_bandwidth_gbs, run_worker, sync, table  # noqa: E402
 
 DEFAULT_CONTEXTS = {"smollm2": [1024, 4096, 8192], "gemma3-270m": [8192, 16384, 32768]}
 
@@ -82,7 +81,7 @@ def worker_transformers(model: str, length: int, new_tokens: int, dtype: str, ho
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
     from kvpage_cli.engine.home import default_home
-    from kvpage_cli.engine.weights import resolve_folder
+    from kvpage_cli.engine.model.weights import resolve_folder
 
     folder = resolve_folder(model, Path(home) if home else default_home())
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -132,9 +131,10 @@ def worker_llamacpp(model: str, length: int, new_tokens: int, home: str | None) 
         return {"system": "llama.cpp", "error": "no GGUF file for this model"}
     gguf = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     llm = Llama(model_path=str(gguf), n_ctx=length + new_tokens + 8, n_threads=2, n_batch=256, verbose=False)
-    from kvpage_cli.engine.home import default_home
-    from kvpage_cli.engine.weights import resolve_folder
     from transformers import AutoTokenizer
+
+    from kvpage_cli.engine.home import default_home
+    from kvpage_cli.engine.model.weights import resolve_folder
 
     ids = prompt_ids(AutoTokenizer.from_pretrained(resolve_folder(model, Path(home) if home else default_home())), length - new_tokens)
     started = time.perf_counter()

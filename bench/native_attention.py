@@ -49,10 +49,10 @@ def main() -> None:
     import torch
 
     from kvpage_cli.engine import BLOCK_TOKENS, native
+    from kvpage_cli.engine.attention.backend import DecodePlan, LayerBlocks, NativeBackend
     from kvpage_cli.engine.config import TILE_RUN_BLOCKS
-    from kvpage_cli.engine.backend import DecodePlan, LayerBlocks, NativeBackend
     from kvpage_cli.engine.home import default_home
-    from kvpage_cli.engine.store import decode_rows, encode_rows, head_addresses, row_scales, stored_block_shape
+    from kvpage_cli.engine.kv.store import decode_rows, encode_rows, head_addresses, row_scales, stored_block_shape
 
     if args.threads:
         torch.set_num_threads(args.threads)

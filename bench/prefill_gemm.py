@@ -35,7 +35,7 @@ def main() -> None:
 
     import torch
 
-    from kvpage_cli.engine.quant import _ONEDNN_LINEAR
+    from kvpage_cli.engine.model.quant import _ONEDNN_LINEAR
 
     if not torch.backends.mkldnn.is_available():
         raise SystemExit("this torch has no oneDNN: nothing to compare")

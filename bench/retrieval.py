@@ -22,7 +22,7 @@ Parts (the first argument):
   windows    the window size and overlap retrieval indexes with: each document's first --prefix
              tokens indexed (every block attended in place), the next --continuation scored;
              their extra negative log-likelihood against an exact prefill, and indexing speed
-             (three corpus contracts not in the question set, two Python standard library modules)
+             (three corpus contracts not in the question set, two Python standard index modules)
   select     no answers: retrieval mode's selection alone, for each set of `--signals` (lexical,
              bounds, keys and their combinations): how often the selected blocks hold the
              question's evidence, the selection's time and the K/V it read
@@ -263,7 +263,7 @@ def retrieval_answer(engine, doc, question: str, state: dict, settings: RunSetti
     if asker.retriever is None:
         state["retriever"] = asker.index()
         index_s = time.perf_counter() - started
-        indexed = state["retriever"].library.computed_tokens
+        indexed = state["retriever"].index.computed_tokens
     with counting_kv_reads(engine) as kv:
         pieces, first = [], None
         for _, piece in asker.answers():
@@ -272,7 +272,7 @@ def retrieval_answer(engine, doc, question: str, state: dict, settings: RunSetti
             pieces.append(piece)
     selection = asker.selections[0]
     retriever = asker.retriever
-    attended = len(retriever.library.head.tokens) + 64 * len(selection.blocks) + len(asker.question_ids[0])
+    attended = len(retriever.index.head.tokens) + 64 * len(selection.blocks) + len(asker.question_ids[0])
     ranges = [retriever.char_spans[i] for i in selection.blocks]
     return Answer("".join(pieces), first if first is not None else time.perf_counter() - started,
                   time.perf_counter() - started, attended, kv["bytes"], [s["where"] for s in asker.sources[0]],
@@ -570,34 +570,34 @@ def signal_recall(engine, doc, questions: list[dict], settings: RunSettings, sig
     retriever = asker.index()
     index_s = time.perf_counter() - started
     budget = asker.budget()
-    library = retriever.library
+    index = retriever.index
     rows = []
     for q, ids in zip(questions, asker.question_ids):
         asked = retriever.tail + ids
         for signals in signal_sets:
             candidates = len(retriever.units) if signals == ("keys",) else None
             read = []
-            original = library._kv
+            original = index._kv
 
             def counted(group, pos, chosen, values=True, original=original, read=read):
                 read.append(len(chosen) * group.block_bytes_per_layer // (1 if values else 2))
                 return original(group, pos, chosen, values)
 
-            library._kv = counted
+            index._kv = counted
             began = time.perf_counter()
             try:
                 selection = retriever.select(q["question"], asked, budget, signals=signals, candidates=candidates)
             finally:
-                library._kv = original
+                index._kv = original
             row = {"id": q["id"], "source": q["source"], "signals": "+".join(signals),
                    "select_s": time.perf_counter() - began, "kv_read_bytes": sum(read),
-                   "bounds_read_bytes": 2 * library.kmin.nbytes if "bounds" in signals else 0,
+                   "bounds_read_bytes": 2 * index.kmin.nbytes if "bounds" in signals else 0,
                    "blocks": len(selection.blocks), "total_blocks": selection.total, "index_s": index_s,
                    "evidence_attended": evidence_attended(q["evidence_ranges"],
                                                           [retriever.char_spans[i] for i in selection.blocks])}
             rows.append(row)
             log({"system": row["signals"], **row})
-    library.release()
+    index.release()
     return rows
 
 
@@ -613,7 +613,7 @@ def window_loss(engine, paths: list[Path], windows: list[int], overlaps: list[fl
     `continuation` tokens of the document are scored (teacher-forced); their mean negative
     log-likelihood is compared with the same tokens after an exact prefill of the same prefix.
     Also the indexing throughput."""
-    from kvpage_cli.engine.library import Library
+    from kvpage_cli.engine.index import RetrievalIndex
     from kvpage_cli.ingest import load
     from kvpage_cli.tasks import Asker
 
@@ -633,12 +633,12 @@ def window_loss(engine, paths: list[Path], windows: list[int], overlaps: list[fl
             for share in overlaps:
                 overlap = int(window * share) // 64 * 64
                 began = time.perf_counter()
-                library = Library.build(engine, head, body[:prefix], window, overlap, use_cache=False)
+                index = RetrievalIndex.build(engine, head, body[:prefix], window, overlap, use_cache=False)
                 index_s = time.perf_counter() - began
-                ctx = engine.append(library.assemble(list(range(library.num_blocks))), library.rest)
+                ctx = engine.append(index.assemble(list(range(index.num_blocks))), index.rest)
                 nll = -mean(engine.score(ctx, target))
                 engine.release(ctx)
-                library.release()
+                index.release()
                 row = {"document": path.parent.name if path.name == "contract.txt" else path.name,
                        "path": str(path), "window": window, "overlap": overlap, "nll": nll, "exact_nll": exact,
                        "extra_nll": nll - exact, "index_s": index_s, "index_tok_s": prefix / index_s}

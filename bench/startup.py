@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
     from kvpage_cli.engine.home import default_home
-    from kvpage_cli.engine.weights import ALIASES, gguf_file
+    from kvpage_cli.engine.model.weights import ALIASES, gguf_file
 
     home = Path(args.home) if args.home else default_home()
     env = {**os.environ, "KVPAGE_HOME": str(home)}

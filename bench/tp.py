@@ -2,7 +2,7 @@
 
 The same prompt token ids (contract text, bench/common.prompt_ids) go through SmolLM2 in exact
 mode: one process (`--tp 1`, 2 threads) and two ranks joined by gloo (`--tp 2`, 1 thread each,
-started by kvpage_cli.engine.parallel.spawn, as `kvpage --tp 2` starts them). Prefill and decode
+started by kvpage_cli.engine.model.parallel.spawn, as `kvpage --tp 2` starts them). Prefill and decode
 are timed around whole runs after a warm-up; each rank also measures the time it spends in the
 collectives (the all-reduces after attention and the MLP, the vocabulary's all-gather, waiting for
 the slower rank included: SmolLM2's 3 KV heads split 2 and 1). On two cores little gain is
@@ -71,7 +71,7 @@ def main() -> None:
         if tp == "1":
             print(json.dumps(measure(model, int(length), int(new_tokens), 1, 2)))
         else:
-            from kvpage_cli.engine.parallel import spawn
+            from kvpage_cli.engine.model.parallel import spawn
 
             with tempfile.TemporaryDirectory() as folder:
                 out = str(Path(folder) / "rank")

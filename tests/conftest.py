@@ -123,7 +123,7 @@ def tiny_cli_model(tmp_path_factory, kv_home) -> Path:
     the same model factory users use, in seconds."""
     import shutil
 
-    from kvpage_cli.engine.weights import resolve_folder
+    from kvpage_cli.engine.model.weights import resolve_folder
     from kvpage_cli.errors import ModelError
 
     try:

@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from kvpage_cli.engine.card import Tokenizer, card_path, read_card
-from kvpage_cli.engine.gguf import cached_folder_for, file_key
-from kvpage_cli.engine.weights import _from_folder, gguf_file, load_weights
+from kvpage_cli.engine.model.card import Tokenizer, card_path, read_card
+from kvpage_cli.engine.model.gguf import cached_folder_for, file_key
+from kvpage_cli.engine.model.weights import _from_folder, gguf_file, load_weights
 
 from .conftest import CORPUS
 from .test_untrusted_prompts import GEMMA_ATTACK, SMOLLM2_ATTACK

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvpage_cli.cli.app import app
-from kvpage_cli.engine.weights import resolve_folder
+from kvpage_cli.engine.model.weights import resolve_folder
 from kvpage_cli.errors import ModelError
 from kvpage_cli.ingest import load as load_document
 from kvpage_cli.ingest import split_clauses

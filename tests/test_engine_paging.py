@@ -290,7 +290,7 @@ def test_int8_kv_keeps_each_row_with_its_scale(backend, kv_path, kv_home):
     """--kv-dtype int8: layer 0's blocks are the fp32 engine's rows rounded to int8 with one scale
     each (largest magnitude / 127), kept in the block; the store takes the bytes that says, and the
     answers stay close to fp32's (a small pool: blocks and their scales go through the slots)."""
-    from kvpage_cli.engine.store import decode_rows, encode_rows, row_scales
+    from kvpage_cli.engine.kv.store import decode_rows, encode_rows, row_scales
 
     model, prompt = tiny_model("llama"), random_prompt(3 * BLOCK_TOKENS + 5, seed=3)
     engines = [Engine.load(model, EngineConfig(home=str(kv_home), backend=backend, kv_path=kv_path, pool_mib=0.05,
@@ -335,7 +335,7 @@ def test_the_native_row_writer_stores_the_bits_torch_stores(kind, kv_home):
     blocks in one call: every row at its block and offset, and the bits torch's conversion gives
     (bfloat16: to nearest, ties to even, NaN kept; int8: store.encode_rows with its scales)."""
     from kvpage_cli.engine import native
-    from kvpage_cli.engine.store import encode_rows, head_addresses, row_scales, stored_block_shape
+    from kvpage_cli.engine.kv.store import encode_rows, head_addresses, row_scales, stored_block_shape
 
     lib = _native_lib(kv_home)
     heads, dim, blocks = 2, 64, 5
@@ -366,7 +366,7 @@ def test_the_native_row_writer_stores_the_bits_torch_stores(kind, kv_home):
 
 def _int8_kv(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """K/V values [2, n, Hkv, 64, D] as int8 blocks with their rows' scales, and those blocks' values."""
-    from kvpage_cli.engine.store import decode_rows, encode_rows, row_scales, stored_block_shape
+    from kvpage_cli.engine.kv.store import decode_rows, encode_rows, row_scales, stored_block_shape
 
     stored = torch.zeros(*values.shape[:2], *stored_block_shape(values.shape[2], values.shape[-1], torch.int8),
                          dtype=torch.int8)
@@ -381,8 +381,8 @@ def test_native_kernel_reads_int8_blocks_as_their_decoded_values(head_dim, group
     """The native decode kernel over int8 blocks computes what it computes over fp32 blocks holding
     the rows times their scales: the same bits (AVX-512 paths for head sizes 64 and 128, the
     portable path for 16), and what the torch reference computes from those values."""
-    from kvpage_cli.engine.backend import DecodePlan, LayerBlocks, NativeBackend, TorchBackend
-    from kvpage_cli.engine.store import head_addresses
+    from kvpage_cli.engine.attention.backend import DecodePlan, LayerBlocks, NativeBackend, TorchBackend
+    from kvpage_cli.engine.kv.store import head_addresses
 
     lib = _native_lib(kv_home)
     gen = torch.Generator().manual_seed(21)
@@ -424,8 +424,8 @@ def test_native_kernel_gives_a_query_the_bits_it_gets_alone_when_others_share_it
     queries or more), within 1e-5 of their scale of what it gets alone (fp32 products): a block at
     a time (tiles 1), or up to 8 consecutive blocks that the same queries read whole in one pass."""
     from kvpage_cli.engine import native
-    from kvpage_cli.engine.backend import DecodePlan, LayerBlocks, NativeBackend, TorchBackend
-    from kvpage_cli.engine.store import head_addresses
+    from kvpage_cli.engine.attention.backend import DecodePlan, LayerBlocks, NativeBackend, TorchBackend
+    from kvpage_cli.engine.kv.store import head_addresses
 
     lib = _native_lib(kv_home)
     if native.prefill_amx(lib, tiles > 0) != (tiles > 0):
@@ -438,8 +438,8 @@ def test_native_kernel_gives_a_query_the_bits_it_gets_alone_when_others_share_it
 
 
 def _shared_blocks_case(lib, head_dim: int, group: int, kind: str, tiles: int) -> None:
-    from kvpage_cli.engine.backend import DecodePlan, LayerBlocks, NativeBackend, TorchBackend
-    from kvpage_cli.engine.store import head_addresses
+    from kvpage_cli.engine.attention.backend import DecodePlan, LayerBlocks, NativeBackend, TorchBackend
+    from kvpage_cli.engine.kv.store import head_addresses
 
     gen = torch.Generator().manual_seed(22)
     num_kv_heads, blocks = 2, 7
@@ -559,7 +559,7 @@ def test_native_store_prefill_over_bf16_kv_agrees_with_the_torch_backend(kv_home
     document's blocks, then its own), through prefill.c in one causal call, with and without a
     window, is the torch backend's fp32 result to 1e-4, and the fp32-KV native backend still runs
     torch's kernel."""
-    from kvpage_cli.engine.backend import NativeBackend, TorchBackend
+    from kvpage_cli.engine.attention.backend import NativeBackend, TorchBackend
 
     lib = _native_lib(kv_home)
     _bf16_prefill_or_skip(lib)

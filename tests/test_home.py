@@ -7,8 +7,8 @@ import subprocess
 import sys
 import time
 
-from kvpage_cli.engine.gguf import ensure_converted
 from kvpage_cli.engine.home import STALE_SECONDS, private_dir, sweep_leftovers
+from kvpage_cli.engine.model.gguf import ensure_converted
 
 
 def dead_pid() -> int:

@@ -618,7 +618,7 @@ def shared_pool(num_slots, num_kv_heads, head_dim, dtype, seed, invalid=()):
 
 def shared_plan(lists, positions):
     """A DecodePlan whose ids are slots: lists[j] = [(slot, logical block index), ...] of query j."""
-    from kvpage_cli.engine.backend import DecodePlan
+    from kvpage_cli.engine.attention.backend import DecodePlan
 
     blocks = [(torch.tensor([s for s, _ in entries], dtype=torch.int32),
                torch.tensor([b for _, b in entries], dtype=torch.int32)) for entries in lists]
@@ -705,7 +705,7 @@ def test_merge_ragged_states_matches_reference(device):
 def test_triton_backend_shared_decode_equals_torch(device, window):
     """TritonBackend's states and merge against TorchBackend's on one plan, in two pool passes
     (the plan on the CPU, as the engine builds it; the pool and the queries on the device)."""
-    from kvpage_cli.engine.backend import LayerBlocks, TorchBackend, TritonBackend
+    from kvpage_cli.engine.attention.backend import LayerBlocks, TorchBackend, TritonBackend
 
     num_kv_heads, group, head_dim, scale = 1, 3, 64, 0.125
     k_slots, v_slots, valid = (t.to(device) for t in shared_pool(5, num_kv_heads, head_dim, torch.float32, seed=13))
@@ -779,7 +779,7 @@ def test_device_auto_is_the_cpu_for_what_runs_only_there(monkeypatch):
     """With a GPU in sight, device auto is CUDA, except for the native kernels and the store path,
     which run on the CPU alone: asking for them picks the CPU instead of failing."""
     from kvpage_cli.engine import EngineConfig
-    from kvpage_cli.engine.engine import _resolve_device
+    from kvpage_cli.engine.load import _resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert _resolve_device(EngineConfig()).type == "cuda"
@@ -792,7 +792,7 @@ def test_engine_triton_backend_batches_and_retrieves_like_torch(kv_home):
     """Batched decoding over forks, and a retrieval assembly, through the Triton kernels (interpreter)."""
     from kvpage_cli.engine import Engine, EngineConfig
     from kvpage_cli.engine.engine import Request
-    from kvpage_cli.engine.library import Library
+    from kvpage_cli.engine.index import RetrievalIndex
 
     from .conftest import random_prompt, tiny_model
 
@@ -804,8 +804,8 @@ def test_engine_triton_backend_batches_and_retrieves_like_torch(kv_home):
         doc = engine.prefill(random_prompt(130, seed=62))
         requests = [Request(engine.fork(doc), random_prompt(n, seed=63 + n), 3, stop=()) for n in (2, 5, 9)]
         list(engine.run(requests, max_batch=3))
-        library = Library.build(engine, random_prompt(40, seed=70), random_prompt(400, seed=71), window=128, overlap=64)
-        ctx = library.assemble([1, 4])
-        answer = list(engine.generate(ctx, library.rest + [5, 6], max_new_tokens=3, stop=()))
+        index = RetrievalIndex.build(engine, random_prompt(40, seed=70), random_prompt(400, seed=71), window=128, overlap=64)
+        ctx = index.assemble([1, 4])
+        answer = list(engine.generate(ctx, index.rest + [5, 6], max_new_tokens=3, stop=()))
         results[backend] = ([r.generated for r in requests], answer)
     assert results["triton"] == results["torch"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kvpage_cli.engine import BLOCK_TOKENS, Engine, EngineConfig, EngineWarning, PrefillProgress
-from kvpage_cli.engine.kvcache import KVCache
+from kvpage_cli.engine.kv.saved.disk import KVCache
 
 from .conftest import random_prompt, tiny_model
 
@@ -120,7 +120,7 @@ def test_a_damaged_or_foreign_file_is_discarded_and_recomputed(damage, llama, tm
     cache = engine.kv_cache
     entry = cache.list_entries()[0]
     assert entry.tokens == 6 * SEGMENT and entry.segments == 6
-    from kvpage_cli.engine.kvcache import chain_keys
+    from kvpage_cli.engine.kv.saved.keys import chain_keys
 
     keys = chain_keys(engine.cache_seed, ids, SEGMENT)
     victim = cache.path(keys[3])
@@ -364,7 +364,7 @@ class _FullDisk:
 def test_a_full_disk_is_one_warning_no_more_writes_and_no_partial_file_read(llama, tmp_path, monkeypatch):
     import types
 
-    from kvpage_cli.engine import kvcache
+    from kvpage_cli.engine.kv.saved import disk as kvcache
 
     opened = []
 
@@ -395,7 +395,7 @@ def test_a_stuck_lock_holder_means_a_wait_with_a_message_then_no_cache(llama, tm
     import subprocess
     import sys
 
-    from kvpage_cli.engine import kvcache
+    from kvpage_cli.engine.kv.saved import disk as kvcache
 
     saved = random_prompt(2 * SEGMENT + 10, seed=16)
     engine = load(llama, tmp_path)
@@ -447,7 +447,7 @@ def _ask_in_child(home: str, seed: int, barrier, cleared, results) -> None:
 def test_two_processes_and_a_clear_in_the_middle_answer_right_and_leave_it_consistent(llama, tmp_path):
     import time
 
-    from kvpage_cli.engine.kvcache import BadSegment
+    from kvpage_cli.engine.kv.saved.disk import BadSegment
 
     spawn = multiprocessing.get_context("spawn")
     barrier, cleared, results = spawn.Barrier(3), spawn.Event(), spawn.Queue()

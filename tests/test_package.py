@@ -139,7 +139,7 @@ def test_the_distribution_declares_what_the_code_imports_and_nothing_else():
     import re
     import tomllib
 
-    from kvpage_cli.engine.weights import ALIASES
+    from kvpage_cli.engine.model.weights import ALIASES
 
     def normal(name: str) -> str:
         return re.sub(r"[-_.]+", "-", name).lower()

@@ -115,7 +115,7 @@ def test_a_question_is_barred_where_every_sentence_that_could_answer_it_holds_an
     review read "A party may terminate without cause on only thirty (30) days notice". Over the
     CUAD training split, the words of breach and cause took no clause of the category its yes
     (161 of 161 kept it) while 254 of the 2,790 other clauses that could say yes no longer could;
-    with a stated event too, read in a clause's text without its heading (Reviewer._admits), 158
+    with a stated event too, read in a clause's text without its heading (candidates.admits), 158
     of 161 and 478 of 2,790."""
     play = Playbook.default().categories["Termination For Convenience"]
     assert not play.may_say_yes("without_cause", "5.1 Termination for Cause. Either Party may terminate this Agreement "

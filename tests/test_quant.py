@@ -12,9 +12,26 @@ import pytest
 import torch
 
 from kvpage_cli.engine import BLOCK_TOKENS, Engine, EngineConfig, native
-from kvpage_cli.engine.quant import (BF16, BLOCKS, F16, F32, I8_ROW, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
-                                     DeviceMatrix, QuantMatrix, UnsupportedFormat, quantize)
-from kvpage_cli.engine.rope import rope_cos_sin
+from kvpage_cli.engine.model.quant import (
+    BF16,
+    BLOCKS,
+    F16,
+    F32,
+    I8_ROW,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    DeviceMatrix,
+    QuantMatrix,
+    UnsupportedFormat,
+    quantize,
+)
+from kvpage_cli.engine.model.rope import rope_cos_sin
 from kvpage_cli.errors import ModelError, UsageError
 
 from .conftest import TINY_ARCHS, random_prompt, tiny_config, tiny_model
@@ -569,8 +586,8 @@ def test_the_gguf_header_reads_the_shipped_files_as_the_gguf_package_does(model,
     same scalar metadata, as gguf.GGUFReader."""
     from gguf import GGUFReader
 
-    from kvpage_cli.engine.gguf import GGUFHeader
-    from kvpage_cli.engine.weights import gguf_file
+    from kvpage_cli.engine.model.gguf import GGUFHeader
+    from kvpage_cli.engine.model.weights import gguf_file
 
     path = gguf_file(model, kv_home)
     ours, theirs = GGUFHeader(path), GGUFReader(str(path))
@@ -592,7 +609,7 @@ def test_gguf_tensors_are_named_as_the_transformers_model_names_them(arch, overr
     that model's state dict, biases and norms included."""
     from transformers import AutoModelForCausalLM
 
-    from kvpage_cli.engine.spec import spec_from_config
+    from kvpage_cli.engine.model.spec import spec_from_config
 
     config = tiny_config(arch, **overrides)
     with torch.device("meta"):
@@ -618,7 +635,7 @@ def test_loading_the_default_model_leaves_transformers_model_code_and_triton_uni
 def test_a_damaged_gguf_file_is_one_clear_error(tmp_path, kv_home):
     """A file cut short, and one that is not GGUF at all: with either weight format, one ModelError
     naming the file and saying what is wrong with it, not a numpy or struct message."""
-    from kvpage_cli.engine.weights import gguf_file
+    from kvpage_cli.engine.model.weights import gguf_file
 
     whole = gguf_file("smollm2", kv_home).read_bytes()
     cases = {"cut-in-header.gguf": (whole[:5000], "header ends early"),

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kvpage_cli.engine import Engine, EngineConfig, ModelLoading
+from kvpage_cli.engine.model.weights import resolve_folder
 from kvpage_cli.errors import ModelError
-from kvpage_cli.engine.weights import resolve_folder
 
 from .conftest import CORPUS
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvpage_cli.engine import BLOCK_TOKENS, Engine, EngineConfig
-from kvpage_cli.engine.library import Library
+from kvpage_cli.engine.index import RetrievalIndex
 from kvpage_cli.ingest import load
 from kvpage_cli.tasks import Asker
 from kvpage_cli.tasks.ask import READ_AGAIN_TOKENS, read_again, reading_order
@@ -28,11 +28,11 @@ def test_a_document_past_the_context_is_answered_from_its_blocks(short_engine):
     assert asker.mode == "retrieval"
     list(asker.answers())
     assert all(asker.complete)
-    library = asker.retriever.library
-    covered = sorted(t for b in library.blocks for t in range(b.first, b.first + BLOCK_TOKENS))
-    assert covered == list(range(len(library.tokens)))  # every document token in exactly one kept block
-    assert len(library.rest) < BLOCK_TOKENS and library.tokens + library.rest == asker.prefix_ids[
-        len(library.head.tokens):len(library.head.tokens) + len(library.tokens) + len(library.rest)]
+    index = asker.retriever.index
+    covered = sorted(t for b in index.blocks for t in range(b.first, b.first + BLOCK_TOKENS))
+    assert covered == list(range(len(index.tokens)))  # every document token in exactly one kept block
+    assert len(index.rest) < BLOCK_TOKENS and index.tokens + index.rest == asker.prefix_ids[
+        len(index.head.tokens):len(index.head.tokens) + len(index.tokens) + len(index.rest)]
     budget = asker.budget()
     for selection, sources in zip(asker.selections, asker.sources):
         assert 0 < len(selection.blocks) <= budget < selection.total
@@ -56,12 +56,12 @@ def test_every_block_assembled_in_place_gives_the_exact_prefill(arch, kv_home):
     model = tiny_model(arch)
     engine = Engine.load(model, EngineConfig(home=str(kv_home), backend="native"))
     head, doc, question = random_prompt(100, seed=1), random_prompt(700, seed=2), random_prompt(20, seed=3)
-    library = Library.build(engine, head, doc, window=1024, overlap=0)  # one window: every block where it was
-    ctx = engine.append(library.assemble(list(range(library.num_blocks))), library.rest)
+    index = RetrievalIndex.build(engine, head, doc, window=1024, overlap=0)  # one window: every block where it was
+    ctx = engine.append(index.assemble(list(range(index.num_blocks))), index.rest)
     assert ctx.tokens == head + doc
-    align = len(library.head.tokens) - len(head)
-    exact = engine.append(engine.prefill(head + doc[:align]), doc[align:len(doc) - len(library.rest)])  # same chunks
-    exact = engine.append(exact, library.rest)
+    align = len(index.head.tokens) - len(head)
+    exact = engine.append(engine.prefill(head + doc[:align]), doc[align:len(doc) - len(index.rest)])  # same chunks
+    exact = engine.append(exact, index.rest)
     a = engine.logits(engine.append(ctx, question)).clone()
     b = engine.logits(engine.append(exact, question)).clone()
     if arch == "llama":
@@ -73,22 +73,22 @@ def test_every_block_assembled_in_place_gives_the_exact_prefill(arch, kv_home):
 def test_windows_overlap_and_blocks_move_to_consecutive_places(kv_home):
     engine = Engine.load(tiny_model("llama"), EngineConfig(home=str(kv_home), backend="native"))
     head, doc = random_prompt(70, seed=4), random_prompt(1000, seed=5)
-    library = Library.build(engine, head, doc, window=256, overlap=128)
+    index = RetrievalIndex.build(engine, head, doc, window=256, overlap=128)
     align = -len(head) % BLOCK_TOKENS
-    assert len(library.head.tokens) == len(head) + align
-    assert library.tokens + library.rest == doc[align:] and len(library.tokens) % BLOCK_TOKENS == 0
-    base = len(library.head.tokens) // BLOCK_TOKENS
+    assert len(index.head.tokens) == len(head) + align
+    assert index.tokens + index.rest == doc[align:] and len(index.tokens) % BLOCK_TOKENS == 0
+    base = len(index.head.tokens) // BLOCK_TOKENS
     # the first window's blocks follow the head; later windows' own tokens start after their overlap
-    assert [b.position for b in library.blocks[:4]] == [base, base + 1, base + 2, base + 3]
-    assert [b.position for b in library.blocks[4:8]] == [base + 2, base + 3, base + 4, base + 5]
-    ctx = library.assemble([2, 9, 5])  # in the order given
-    assert ctx.num_cached == len(library.head.tokens) + 3 * BLOCK_TOKENS
-    assert ctx.tokens[-3 * BLOCK_TOKENS:] == [t for b in (2, 9, 5) for t in library.tokens[b * BLOCK_TOKENS:(b + 1) * BLOCK_TOKENS]]
+    assert [b.position for b in index.blocks[:4]] == [base, base + 1, base + 2, base + 3]
+    assert [b.position for b in index.blocks[4:8]] == [base + 2, base + 3, base + 4, base + 5]
+    ctx = index.assemble([2, 9, 5])  # in the order given
+    assert ctx.num_cached == len(index.head.tokens) + 3 * BLOCK_TOKENS
+    assert ctx.tokens[-3 * BLOCK_TOKENS:] == [t for b in (2, 9, 5) for t in index.tokens[b * BLOCK_TOKENS:(b + 1) * BLOCK_TOKENS]]
     with pytest.raises(ValueError, match="twice"):
-        library.assemble([2, 2])
+        index.assemble([2, 2])
     list(engine.generate(ctx, [7, 8, 9], max_new_tokens=3, stop=()))
     before = engine.store.bytes_used
-    library.release()
+    index.release()
     engine.release(ctx)
     assert engine.store.bytes_used < before
 
@@ -105,9 +105,9 @@ def test_an_index_is_saved_and_a_second_run_maps_it_reading_only_what_it_uses(kv
     head, doc, question = random_prompt(90, seed=6), random_prompt(1600, seed=7), random_prompt(12, seed=8)
 
     def ask(engine, chosen):
-        library = Library.build(engine, head, doc, window=256, overlap=64)
-        ctx = engine.append(library.assemble(chosen), library.rest + question)
-        return library, engine.logits(ctx).clone()
+        index = RetrievalIndex.build(engine, head, doc, window=256, overlap=64)
+        ctx = engine.append(index.assemble(chosen), index.rest + question)
+        return index, engine.logits(ctx).clone()
 
     first_engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True, kv_dtype=kv_dtype))
     first, expected = ask(first_engine, [3, 11, 20])
@@ -131,7 +131,7 @@ def test_an_index_is_saved_and_a_second_run_maps_it_reading_only_what_it_uses(kv
     path.write_bytes(bytes(data))
     third_engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True, kv_dtype=kv_dtype))
     events = []
-    third = Library.build(third_engine, head, doc, window=256, overlap=64, on_event=events.append)
+    third = RetrievalIndex.build(third_engine, head, doc, window=256, overlap=64, on_event=events.append)
     ctx = third_engine.append(third.assemble([3, 11, 20]), third.rest + question)
     assert torch.equal(third_engine.logits(ctx), expected)
     assert any("checksum" in getattr(e, "message", "") for e in events)
@@ -143,32 +143,32 @@ def _holds(path, mapped) -> bool:
 
 def test_an_unsaved_index_is_kept_in_files_of_its_own_then_removed(tmp_path):
     """Past the saved-KV cache's limit (or without the cache) a long document's index still leaves
-    memory window by window: its files live in the home's tmp folder until the library is released."""
+    memory window by window: its files live in the home's tmp folder until the index is released."""
     model = tiny_model("llama")
     head, doc, question = random_prompt(90, seed=6), random_prompt(1600, seed=7), random_prompt(12, seed=8)
 
     def ask(engine, **build):
-        library = Library.build(engine, head, doc, window=256, overlap=64, **build)
-        ctx = engine.append(library.assemble([3, 11, 20]), library.rest + question)
+        index = RetrievalIndex.build(engine, head, doc, window=256, overlap=64, **build)
+        ctx = engine.append(index.assemble([3, 11, 20]), index.rest + question)
         logits = engine.logits(ctx).clone()
         engine.release(ctx)
-        return library, logits
+        return index, logits
 
     saved_engine = Engine.load(model, EngineConfig(home=str(tmp_path / "saved"), backend="native", kv_cache=True))
     _, expected = ask(saved_engine)
     engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True, cache_mib=0.01))
     events = []
-    library, logits = ask(engine, on_event=events.append)
+    index, logits = ask(engine, on_event=events.append)
     assert any("not saved" in getattr(e, "message", "") for e in events)  # past --cache-mib
     assert not list((tmp_path / "kv" / "segments").glob("*/*.kvb"))
     scratch = list((tmp_path / "tmp").glob("index-*"))
     assert len(scratch) == 1 and list(scratch[0].glob("segments/*/*.kvb"))
-    assert all(m is not None for m in library.mapped) and engine.store.bytes_used < library.index_bytes
+    assert all(m is not None for m in index.mapped) and engine.store.bytes_used < index.index_bytes
     assert torch.equal(logits, expected)
-    library.release()
-    assert not list((tmp_path / "tmp").glob("index-*"))  # removed with the library
+    index.release()
+    assert not list((tmp_path / "tmp").glob("index-*"))  # removed with the index
     # and with --no-cache the same
-    library, logits = ask(engine, use_cache=False)
+    index, logits = ask(engine, use_cache=False)
     assert len(list((tmp_path / "tmp").glob("index-*"))) == 1 and torch.equal(logits, expected)
 
 
@@ -177,33 +177,33 @@ def test_key_bounds_hold_every_key_and_are_saved_with_the_index(kv_dtype, tmp_pa
     """The bounds signal's per-block key min/max: true bounds of every key (bfloat16 rounded
     outward), so the bound of each block is at least its largest q.k; saved with the windows and
     read back without reading any block; recomputed from the keys when damaged on disk."""
-    from kvpage_cli.engine.policy import key_bound
+    from kvpage_cli.engine.attention.policy import key_bound
 
     model = tiny_model("llama")
     head, doc, question = random_prompt(90, seed=6), random_prompt(1600, seed=7), random_prompt(12, seed=8)
     engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True, kv_dtype=kv_dtype))
-    library = Library.build(engine, head, doc, window=256, overlap=64)
-    assert bool(library.has_bounds.all())  # computed as the windows were
-    everything = list(range(library.num_blocks))
-    queries = engine.queries_after(library.head, question)
-    for f, layer in enumerate(library.bound_layers):
-        k, v = library._kv(engine.store.group_of(layer), engine.store.layer_pos[layer], everything, values=False)
+    index = RetrievalIndex.build(engine, head, doc, window=256, overlap=64)
+    assert bool(index.has_bounds.all())  # computed as the windows were
+    everything = list(range(index.num_blocks))
+    queries = engine.queries_after(index.head, question)
+    for f, layer in enumerate(index.bound_layers):
+        k, v = index._kv(engine.store.group_of(layer), engine.store.layer_pos[layer], everything, values=False)
         assert v is None
-        low, high = library.kmin[:, f, :, None, :].float(), library.kmax[:, f, :, None, :].float()
+        low, high = index.kmin[:, f, :, None, :].float(), index.kmax[:, f, :, None, :].float()
         assert bool((low <= k).all()) and bool((k <= high).all())
         true_min = k.amin(dim=2)
-        assert bool(((true_min - library.kmin[:, f].float()).abs() <= true_min.abs() * 2**-7).all())  # a bf16 step
-        moved = library._moved_queries(queries, layer, everything)  # [C, Hkv, G*t, D]
+        assert bool(((true_min - index.kmin[:, f].float()).abs() <= true_min.abs() * 2**-7).all())  # a bf16 step
+        moved = index._moved_queries(queries, layer, everything)  # [C, Hkv, G*t, D]
         largest = torch.matmul(moved, k.float().transpose(-1, -2)).amax(dim=-1)
-        assert bool((key_bound(moved, library.kmin[:, f], library.kmax[:, f]) >= largest - 1e-4).all())
-    expected = library.bound_scores(queries)
-    assert expected.shape == (library.num_blocks,) and torch.isfinite(expected).all()
+        assert bool((key_bound(moved, index.kmin[:, f], index.kmax[:, f]) >= largest - 1e-4).all())
+    expected = index.bound_scores(queries)
+    assert expected.shape == (index.num_blocks,) and torch.isfinite(expected).all()
 
     again = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True, kv_dtype=kv_dtype))
-    mapped = Library.build(again, head, doc, window=256, overlap=64)
+    mapped = RetrievalIndex.build(again, head, doc, window=256, overlap=64)
     assert mapped.loaded_windows == len(mapped.windows) and not bool(mapped.has_bounds.any())
     assert torch.equal(mapped.bound_scores(queries), expected)  # read from the files
-    assert torch.equal(mapped.kmin, library.kmin) and torch.equal(mapped.kmax, library.kmax)
+    assert torch.equal(mapped.kmin, index.kmin) and torch.equal(mapped.kmax, index.kmax)
     assert not any(isinstance(j, int) for m, _ in mapped.mapped for j in m.checked)  # no block was read
 
     # damaged bounds on disk: noticed, computed again from the keys, the same values
@@ -214,7 +214,7 @@ def test_key_bounds_hold_every_key_and_are_saved_with_the_index(kv_dtype, tmp_pa
     path.write_bytes(bytes(data))
     third = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True, kv_dtype=kv_dtype))
     events = []
-    rebuilt = Library.build(third, head, doc, window=256, overlap=64, on_event=events.append)
+    rebuilt = RetrievalIndex.build(third, head, doc, window=256, overlap=64, on_event=events.append)
     assert torch.equal(rebuilt.bound_scores(queries), expected)
     assert any("key bounds" in getattr(e, "message", "") for e in events)
 
@@ -243,14 +243,14 @@ def test_the_budget_follows_the_pool_where_blocks_are_read_through_it(tiny_cli_m
                                                                kv_path="pool", pool_mib=pool_mib))
         asker = Asker(engine, doc, "Which law governs the agreement?", max_new_tokens=4)
         asker.index()
-        fixed = len(asker.retriever.library.head.tokens) + len(asker.retriever.tail) + len(asker.question_ids[0]) + 4
+        fixed = len(asker.retriever.index.head.tokens) + len(asker.retriever.tail) + len(asker.question_ids[0]) + 4
         budgets[pool_mib] = asker.budget()
         assert budgets[pool_mib] == min(engine.pool.num_slots * BLOCK_TOKENS - fixed,
                                         2048 - fixed, engine.config.retrieval_tokens) // BLOCK_TOKENS
         selection = asker.retriever.select(asker.questions[0], asker.retriever.tail + asker.question_ids[0],
                                            budgets[pool_mib])
         assert len(selection.blocks) <= budgets[pool_mib]
-        asker.retriever.library.release()
+        asker.retriever.index.release()
     assert budgets[0.3] < budgets[0.5] < budgets[64.0]
 
 
@@ -298,7 +298,7 @@ def test_a_sliding_window_model_reads_its_best_passages_again_right_before_the_q
     assert asker.mode == "retrieval"
     [request] = asker._retrieval_requests(short_gemma.stop_ids)
     selection, retriever = asker.selections[0], asker.retriever
-    library = retriever.library
+    index = retriever.index
     law = doc.text.index("laws of the State of Delaware")
     best = selection.best[0]
     assert retriever.char_spans[best[0]][0] <= law < retriever.char_spans[best[-1]][1]
@@ -307,9 +307,9 @@ def test_a_sliding_window_model_reads_its_best_passages_again_right_before_the_q
     assert len(chosen_best) < len(selection.best)  # here the budget leaves one of the four out: it is not read
     assert sorted(again) == sorted(b for p in chosen_best for b in p) and again[-len(best):] == list(best)
     read_again_tokens = [t for b in again
-                         for t in library.tokens[library.blocks[b].first:library.blocks[b].first + BLOCK_TOKENS]]
+                         for t in index.tokens[index.blocks[b].first:index.blocks[b].first + BLOCK_TOKENS]]
     assert request.token_ids == read_again_tokens + retriever.tail + asker.question_ids[0]
-    assert len(request.ctx.tokens) == len(library.head.tokens) + BLOCK_TOKENS * (len(selection.blocks) - len(again))
+    assert len(request.ctx.tokens) == len(index.head.tokens) + BLOCK_TOKENS * (len(selection.blocks) - len(again))
     assert set(again) <= set(selection.blocks)  # still reported among the blocks the question read
     short_gemma.release(request.ctx)
     list(asker.answers())
@@ -319,11 +319,11 @@ def test_a_sliding_window_model_reads_its_best_passages_again_right_before_the_q
     [request] = plain._retrieval_requests(short_engine.stop_ids)
     assert request.token_ids == plain.retriever.tail + plain.question_ids[0]
     # ... in document order, the best passage last (right before the question)
-    chosen, library = plain.selections[0], plain.retriever.library
+    chosen, index = plain.selections[0], plain.retriever.index
     order = reading_order(chosen, [])
     assert sorted(order) == chosen.blocks and order[-len(chosen.best[0]):] == list(chosen.best[0])
     assert request.ctx.tokens[-len(order) * BLOCK_TOKENS:] == [
-        t for b in order for t in library.tokens[library.blocks[b].first:library.blocks[b].first + BLOCK_TOKENS]]
+        t for b in order for t in index.tokens[index.blocks[b].first:index.blocks[b].first + BLOCK_TOKENS]]
     short_engine.release(request.ctx)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvpage_cli.engine.rope import apply_rope, rope_cos_sin, rope_params_from_config, rotate
+from kvpage_cli.engine.model.rope import apply_rope, rope_cos_sin, rope_params_from_config, rotate
 
 from .conftest import tiny_config
 

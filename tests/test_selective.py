@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvpage_cli.engine import BLOCK_TOKENS, Engine, EngineConfig
-from kvpage_cli.engine.policy import QuestPolicy, always_kept, choose
+from kvpage_cli.engine.attention.policy import QuestPolicy, always_kept, choose
 
 from .conftest import random_prompt, tiny_model
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from kvpage_cli.engine import Engine, EngineConfig
-from kvpage_cli.engine.parallel import Shard, spawn
+from kvpage_cli.engine.model.parallel import Shard, spawn
 from kvpage_cli.errors import ModelError, UsageError
 
 from .conftest import TINY_ARCHS, random_prompt, tiny_model, with_native_library
@@ -186,7 +186,7 @@ def test_saved_kv_is_restored_only_where_every_rank_has_it(tmp_path, kv_home, na
     """Each rank saves its own heads' KV in its own files, and the document is one entry of the
     cache; a second run restores the prefix on both ranks; when one rank's files are gone, neither
     restores it. The tokens are the same every time; `kvpage cache rm` removes every rank's files."""
-    from kvpage_cli.engine.kvcache import KVCache
+    from kvpage_cli.engine.kv.saved.disk import KVCache
 
     folder = tmp_path / "model"
     tiny_model("llama").save_pretrained(folder, safe_serialization=True)
@@ -211,7 +211,7 @@ def test_saved_kv_is_restored_only_where_every_rank_has_it(tmp_path, kv_home, na
 
 
 def test_a_model_that_does_not_divide_is_refused():
-    from kvpage_cli.engine.spec import spec_from_config
+    from kvpage_cli.engine.model.spec import spec_from_config
 
     from .conftest import tiny_config
 

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..engine import KVCache
 from ..engine.config import DEFAULT_CACHE_MIB
-from ..engine.kvcache import MIN_KEY_PREFIX
+from ..engine.kv.saved.disk import MIN_KEY_PREFIX
 from ..errors import KvpageError
 from .options import OUTPUT, RUN, Options, shared_options
 from .output import Sink, check_out_path, choose_format

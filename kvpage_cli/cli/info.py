@@ -6,7 +6,7 @@ import json
 
 from ..engine import ALIASES, BLOCK_TOKENS, Engine
 from ..engine.config import SMALL_ROWS
-from ..engine.spec import KV_ELEMENT_BYTES
+from ..engine.model.spec import KV_ELEMENT_BYTES
 from ..tasks.retrieval import budget_bounds, question_budget
 from . import ranks
 from .options import MODEL, OUTPUT, RUN, Options, shared_options
@@ -134,7 +134,7 @@ def _tile_products(engine: Engine) -> list[str]:
     if engine.backend.name != "native" or lib is None:
         return []
     from ..engine import native
-    from ..engine.quant import NAMES, TILE_FORMATS
+    from ..engine.model.quant import NAMES, TILE_FORMATS
 
     if not native.qgemm_tiles(lib):
         return []

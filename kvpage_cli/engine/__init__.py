@@ -8,13 +8,13 @@
 """
 
 from .config import BLOCK_TOKENS, EngineConfig
-from .context import Context
 from .engine import Engine
 from .events import BlocksMoved, DecodeProgress, EngineWarning, Event, ModelLoading, PrefillProgress
-from .kvcache import CacheEntry, KVCache
+from .kv.context import Context
+from .kv.saved.disk import CacheEntry, KVCache
 from .metrics import EngineStats
-from .spec import SUPPORTED_ARCHITECTURES, ModelSpec
-from .weights import ALIASES, DEFAULT_MODEL
+from .model.spec import SUPPORTED_ARCHITECTURES, ModelSpec
+from .model.weights import ALIASES, DEFAULT_MODEL
 
 __all__ = [
     "ALIASES",

@@ -1,4 +1,4 @@
-"""Engine configuration: one frozen dataclass, built by the CLI or a library user."""
+"""Engine configuration: one frozen dataclass, built by the CLI or a index user."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class EngineConfig:
         It does not depend on the context length.
     mode: "exact" (every block takes part in every step), "selective" (the policy's blocks plus
         the always-kept ones), "retrieval" (a document longer than the context is indexed window
-        by window and each question reads the blocks chosen for it; see library.py) or "auto"
+        by window and each question reads the blocks chosen for it; see index.py) or "auto"
         (exact when the prompt fits the model's context, retrieval when it does not). The engine
         attends exactly in all but selective mode; the tasks build retrieval on it.
     dtype: "float32" or "bfloat16" for weights, activations and KV.
@@ -97,7 +97,7 @@ class EngineConfig:
         memory-mapped files under `home/tmp` (removed when the process ends) and are read back on
         demand. Values are the same bits wherever a block lives.
     kv_cache: save documents' blocks after a prefill under `home/kv/` and reuse them when a later
-        prompt starts with the same tokens (see `kvcache.KVCache`).
+        prompt starts with the same tokens (see `kv/saved/`).
     cache_mib: size limit of that cache; least recently used entries are evicted beyond it.
     max_batch: the most sequences `Engine.run` advances in one forward pass (continuous batching).
     retrieval_tokens: retrieval mode's budget: the most document tokens a question attends (also

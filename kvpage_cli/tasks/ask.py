@@ -142,13 +142,13 @@ class Asker:
         if self.retriever is None:
             self.retriever = Retriever.build(self.engine, self.doc, self.prefix_ids, self._chars, self.on_event,
                                              self.label)
-            self.cached_tokens = self.retriever.library.head.cached_prefix
+            self.cached_tokens = self.retriever.index.head.cached_prefix
         return self.retriever
 
     def budget(self) -> int:
         """Blocks a question may read (retrieval.question_budget)."""
         longest = max(len(ids) for ids in self.question_ids) + len(self.retriever.tail)
-        fixed = len(self.retriever.library.head.tokens) + longest + self.max_new_tokens
+        fixed = len(self.retriever.index.head.tokens) + longest + self.max_new_tokens
         return question_budget(self.engine, fixed, self.retrieval_tokens)
 
     def _retrieval_requests(self, stop) -> list[Request]:
@@ -161,9 +161,9 @@ class Asker:
             self.selections[i] = selection
             self.sources[i] = retriever.sources(selection)
             again = self._read_again(selection)
-            library = retriever.library
-            ctx = library.assemble(reading_order(selection, again))
-            tokens = [t for b in again for t in library.tokens[library.blocks[b].first:library.blocks[b].first + BLOCK_TOKENS]]
+            index = retriever.index
+            ctx = index.assemble(reading_order(selection, again))
+            tokens = [t for b in again for t in index.tokens[index.blocks[b].first:index.blocks[b].first + BLOCK_TOKENS]]
             requests.append(Request(ctx, tokens + asked, self.max_new_tokens, self.temperature, stop=stop, tag=i))
         return requests
 

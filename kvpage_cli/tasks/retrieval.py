@@ -1,6 +1,6 @@
 """Retrieval mode: a document longer than the model's context, indexed once, asked many times.
 
-The document is indexed into a library of blocks (engine/library.py). For each question the
+The document is indexed into blocks (engine/index.py). For each question the
 blocks that matter are chosen (`Retriever.select`), always with the head (the instructions and
 the document's first tokens) kept, then assembled right after the head in document order, the
 best passage last (`tasks.ask.reading_order`), and the question is asked of that context.
@@ -25,7 +25,7 @@ import torch
 
 from ..engine import Engine
 from ..engine.config import BLOCK_TOKENS
-from ..engine.library import Library
+from ..engine.index import RetrievalIndex
 from ..ingest import Document
 
 _WORD = re.compile(r"[A-Za-z0-9]+")
@@ -48,11 +48,11 @@ def lexical_terms(text: str, stopwords: frozenset[str] = frozenset()) -> list[st
 
 @dataclass(frozen=True)
 class Selection:
-    """The blocks a question reads: indices into the library's blocks, in document order; and the
+    """The blocks a question reads: indices into the index's blocks, in document order; and the
     passages that matched the question best, best first (each a tuple of blocks)."""
 
     blocks: list[int]
-    total: int  # blocks in the library
+    total: int  # blocks in the index
     best: tuple[tuple[int, ...], ...] = ()
 
     @property
@@ -71,26 +71,26 @@ BEST = 4  # passages a Selection names as the best (Asker reads some of them aga
 
 
 class Retriever:
-    """The library of one document and what selects its blocks.
+    """The index of one document and what selects its blocks.
 
     Blocks are chosen by passages of UNIT_BLOCKS consecutive blocks (a model reads a passage
     better than scattered 64-token pieces). The lexical signal ranks every passage; the keys
     signal ranks the lexical signal's best CANDIDATES x budget passages (reading their keys costs
     memory traffic); the ranks are fused (reciprocal rank fusion)."""
 
-    def __init__(self, engine: Engine, library: Library, doc: Document, char_spans: list[tuple[int, int]],
+    def __init__(self, engine: Engine, index: RetrievalIndex, doc: Document, char_spans: list[tuple[int, int]],
                  unit_blocks: int = UNIT_BLOCKS) -> None:
-        """char_spans: per library block, the characters of doc.text it holds."""
+        """char_spans: per index block, the characters of doc.text it holds."""
         import bm25s  # imported here: it loads tqdm, which no engine or task module may bring in at import
         from bm25s.stopwords import STOPWORDS_EN
 
         self.engine = engine
-        self.library = library
+        self.index = index
         self.doc = doc
         self.char_spans = char_spans
         self.unit_blocks = unit_blocks
-        self.units = [list(range(i, min(i + unit_blocks, library.num_blocks)))
-                      for i in range(0, library.num_blocks, unit_blocks)]
+        self.units = [list(range(i, min(i + unit_blocks, index.num_blocks)))
+                      for i in range(0, index.num_blocks, unit_blocks)]
         self.tail: list[int] = []  # tokens read before every question (the document's last, the template's end)
         self.stopwords = frozenset(STOPWORDS_EN)
         self.bm25 = bm25s.BM25()
@@ -107,9 +107,9 @@ class Retriever:
         first = next(i for i, c in enumerate(chars) if c is not None)
         last = max(i for i, c in enumerate(chars) if c is not None) + 1
         window, overlap = default_window(engine.max_context)
-        library = Library.build(engine, prefix_ids[:first], prefix_ids[first:last], window, overlap, on_event, label)
-        retriever = cls(engine, library, doc, block_char_spans(library, chars, len(library.head.tokens)))
-        retriever.tail = library.rest + prefix_ids[last:]
+        index = RetrievalIndex.build(engine, prefix_ids[:first], prefix_ids[first:last], window, overlap, on_event, label)
+        retriever = cls(engine, index, doc, block_char_spans(index, chars, len(index.head.tokens)))
+        retriever.tail = index.rest + prefix_ids[last:]
         return retriever
 
     def select(self, question: str, question_ids: list[int], budget: int, signals: tuple[str, ...] = DEFAULT_SIGNALS,
@@ -122,7 +122,7 @@ class Retriever:
         unknown = set(signals) - set(SIGNALS)
         if unknown or not signals:
             raise ValueError(f"signals must be some of {', '.join(SIGNALS)}; got {', '.join(signals) or 'none'}")
-        total = self.library.num_blocks
+        total = self.index.num_blocks
         if total <= budget:  # every block is read; the lexically best passages are still named
             return Selection(list(range(total)), total, self._best(_rank(self._lexical_scores(question))))
         count = len(self.units)
@@ -133,14 +133,14 @@ class Retriever:
             ranks.append(_rank(self._lexical_scores(question)))
         if "bounds" in signals:
             queries = self._question_queries(question_ids)
-            ranks.append(_rank(self._per_unit(self.library.bound_scores(queries), range(count))))
+            ranks.append(_rank(self._per_unit(self.index.bound_scores(queries), range(count))))
         if "keys" in signals:
             pool = list(range(count))
             limit = candidates if candidates is not None else CANDIDATES * wanted
             if ranks and limit < count:
                 pool = sorted(torch.argsort(_fuse(ranks), descending=True, stable=True)[:limit].tolist())
             queries = queries if queries is not None else self._question_queries(question_ids)
-            per_block = self.library.attention_scores(queries, [b for u in pool for b in self.units[u]])
+            per_block = self.index.attention_scores(queries, [b for u in pool for b in self.units[u]])
             ranks.append(_rank(self._per_unit(per_block, pool)))
         fused = _fuse(ranks)
         chosen = torch.argsort(fused, descending=True, stable=True)[:wanted].tolist()
@@ -167,7 +167,7 @@ class Retriever:
 
     def _question_queries(self, question_ids: list[int]) -> dict[int, tuple[torch.Tensor, int]]:
         """The question's last tokens' queries per layer, asked right after the head."""
-        return self.engine.queries_after(self.library.head, question_ids)
+        return self.engine.queries_after(self.index.head, question_ids)
 
     def sources(self, selection: Selection) -> list[dict]:
         """Where the selected blocks' text is: consecutive blocks joined, each with its span."""
@@ -194,13 +194,13 @@ def _rank(scores: torch.Tensor) -> torch.Tensor:
     return rank.float()
 
 
-def block_char_spans(library: Library, token_chars: list[tuple[int, int] | None], head_tokens: int) -> list[tuple[int, int]]:  # noqa: E501
-    """Per library block, the characters of the document its tokens came from.
+def block_char_spans(index: RetrievalIndex, token_chars: list[tuple[int, int] | None], head_tokens: int) -> list[tuple[int, int]]:  # noqa: E501
+    """Per index block, the characters of the document its tokens came from.
 
-    token_chars: per prompt token, its characters in the document (None outside it); the library's
+    token_chars: per prompt token, its characters in the document (None outside it); the index's
     tokens are the prompt's tokens after the first `head_tokens`."""
     spans = []
-    for block in library.blocks:
+    for block in index.blocks:
         chars = [c for c in token_chars[head_tokens + block.first:head_tokens + block.first + BLOCK_TOKENS] if c]
         spans.append((chars[0][0], chars[-1][1]) if chars else (0, 0))
     return spans

@@ -24,18 +24,18 @@ gives the same findings.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 
 from ..engine import Engine
 from ..engine.config import BLOCK_TOKENS
-from ..engine.context import Context
 from ..engine.events import EventCallback, emit
+from ..engine.kv.context import Context
 from ..errors import ContextTooLongError
 from ..ingest import Clause, Document, split_clauses
 from .ask import loop_start
+from .candidates import Candidate, choose_candidates, heading_span
 from .chat import PromptBuilder
 from .classifier import ClauseHead, lexical_head
 from .events import ReviewProgress
@@ -45,42 +45,15 @@ from .prompts import render
 from .retrieval import Retriever, question_budget
 from .schema import Assessment, Finding, Term, Value
 from .taxonomy import ALL_CATEGORIES
-from .values import FEES_OVER_A_PERIOD, amount, in_unit, sentences, words_pattern
+from .values import FEES_OVER_A_PERIOD, amount, in_unit, sentences
 from .zero_shot import shorten
 
 MAX_CLAUSE_CHARS = 2400  # a clause longer than this is shown to the model cut at a sentence end
 QUOTE_CHARS = 400
-HEADING_REACH = 120  # characters before a clause's heading that may still be numbering or an article title
 MAX_CANDIDATES = 8  # candidate spans scored per value, the first in the clause
 VALUE_ANSWERS = 2  # a "party" value keeps this many (a contract has two sides); others keep one
 EXPLAIN_TOKENS = 48
 _DEFINITIONS = re.compile(r"\bdefinitions?\b|\bdefined terms\b|\binterpretation\b", re.IGNORECASE)
-
-
-@dataclass
-class _Item:
-    """One (clause, category) the model is asked about."""
-
-    clause: int
-    play: CategoryPlay
-    probability: float | None  # the head's; None for a category no head scores (taxonomy.EXTRA_CATEGORIES)
-    answers: dict[str, bool] = field(default_factory=dict)
-    answer_scores: dict[str, float] = field(default_factory=dict)
-    values: dict[str, list[Value]] = field(default_factory=dict)
-    found_at: tuple[int, int] | None = None  # the sentence whose found_by phrase put the clause to the questions
-
-    @property
-    def holds(self) -> bool:
-        """A category the head found holds; one found by its values' words, or by its `found_by`
-        phrases, holds when the model answered each of its questions yes."""
-        return self.probability is not None or all(self.answers.get(q, False) for q in self.play.questions)
-
-    @property
-    def confidence(self) -> float:
-        """Ranks the items of one category: the head's probability, else the least sure yes."""
-        if self.probability is not None:
-            return self.probability
-        return min(self.answer_scores.values(), default=0.0)
 
 
 class Reviewer:
@@ -172,30 +145,7 @@ class Reviewer:
         """Decides the categories, asks the playbook's questions, and yields the findings in
         document order as their clauses are done (a group of clauses per batch); `terms` is set
         at the end."""
-        probabilities = self.head.probabilities([c.text for c in self.clauses])
-        present = self.head.present(probabilities)
-        chosen: dict[int, list[_Item]] = {}
-        for i in range(len(self.clauses)):
-            for j in sorted(present[i].nonzero()[0].tolist(), key=lambda j: -probabilities[i, j]):
-                play = self.playbook.categories.get(self.head.categories[j])
-                if play is not None and self._admits(play, self.clauses[i]):
-                    chosen.setdefault(i, []).append(_Item(i, play, float(probabilities[i, j])))
-        for play in self.playbook.categories.values():
-            scored = play.category in self.head.categories
-            if scored and not play.found_by:
-                continue
-            for i, clause in enumerate(self.clauses):
-                if not self._admits(play, clause):
-                    continue
-                if scored:  # passed over by the head: a sentence with the category's phrases puts it to the questions
-                    at = None if any(it.play is play for it in chosen.get(i, [])) else self._found_at(play, clause)
-                    if at is not None:
-                        chosen.setdefault(i, []).append(_Item(i, play, None, found_at=at))
-                elif (at := self._found_at(play, clause) if play.found_by else None) is not None:
-                    chosen.setdefault(i, []).append(_Item(i, play, None, found_at=at))  # no head: by its phrases
-                elif not play.found_by and any(spec.candidates(self.doc.text, clause.start, clause.end)
-                                               for spec in play.values.values()):
-                    chosen.setdefault(i, []).append(_Item(i, play, None))  # no head scores it: found by its values
+        chosen = choose_candidates(self.doc.text, self.clauses, self.head, self.playbook)
         asked = [i for i in sorted(chosen) if any(it.play.questions or it.play.values for it in chosen[i])]
         total = len(self.clauses)
         emit(self.on_event, ReviewProgress(0, total, ""))
@@ -234,7 +184,7 @@ class Reviewer:
         """The findings, worst first (document order within a level)."""
         return sorted(self.review(), key=lambda f: LEVELS.index(f.risk) if f.risk in LEVELS else len(LEVELS))
 
-    def _ask(self, items: list[_Item]) -> None:
+    def _ask(self, items: list[Candidate]) -> None:
         """Every question and value of `items`, batched stage by stage."""
         engine = self.engine
         asked = sorted({it.clause for it in items})
@@ -272,7 +222,7 @@ class Reviewer:
             self.engine.release(fork)
         return out
 
-    def _values(self, items: list[_Item], clause_ctx: dict[int, Context], null: Context) -> None:
+    def _values(self, items: list[Candidate], clause_ctx: dict[int, Context], null: Context) -> None:
         engine, text = self.engine, self.doc.text
         asks = []  # (item, value spec, candidates)
         for it in items:
@@ -357,7 +307,7 @@ class Reviewer:
             picked = set(retriever.select(clause.text, question, rest, signals=("lexical",)).blocks) if rest > 0 else set()
             blocks = sorted(fixed | picked)
             self.attended_blocks = max(self.attended_blocks or 0, len(blocks))
-            contexts.append(retriever.library.assemble(blocks))
+            contexts.append(retriever.index.assemble(blocks))
         return contexts
 
     def _lead(self) -> list[int]:
@@ -368,7 +318,7 @@ class Reviewer:
 
     def _budget(self, retriever: Retriever) -> int:
         """Blocks a clause's questions may read (retrieval.question_budget)."""
-        fixed = len(retriever.library.head.tokens) + len(self._lead()) + self._longest_question() + BLOCK_TOKENS
+        fixed = len(retriever.index.head.tokens) + len(self._lead()) + self._longest_question() + BLOCK_TOKENS
         return question_budget(self.engine, fixed)
 
     def _null_context(self) -> Context:
@@ -376,7 +326,7 @@ class Reviewer:
         if self._null is not None:
             return self._null
         engine = self.engine
-        ctx = engine.fork(self._index().library.head if self.mode == "retrieval" else self._document())
+        ctx = engine.fork(self._index().index.head if self.mode == "retrieval" else self._document())
         engine.append(ctx, self._lead() + self._clause_ids(None))
         self._null = ctx
         return ctx
@@ -394,27 +344,7 @@ class Reviewer:
                                              self.label)
         return self.retriever
 
-    def _heading_span(self, clause: Clause) -> tuple[int, int]:
-        """Where the clause's own heading starts and ends in its text, after the headings above it
-        that the clause's text holds ("4. TERM AND RENEWAL 4.1 Initial Term."); (start, start) if
-        it has none."""
-        near_start = min(clause.end, clause.start + len(clause.heading) + HEADING_REACH)
-        at = self.doc.text.find(clause.heading, clause.start, near_start) if clause.heading else -1
-        return (at, at + len(clause.heading)) if at >= 0 else (clause.start, clause.start)
-
-    def _admits(self, play: CategoryPlay, clause: Clause) -> bool:
-        """Whether the clause may hold the category, whatever the head and the model say: its own
-        heading or its text (not the article headings above it: "4. TERM AND RENEWAL" over "4.1
-        Initial Term") holds a word the category requires, and each question with `unless` or
-        `needs_with` words may still be answered yes in a sentence of the clause's text, its
-        headings aside (a termination clause that speaks only of breach or of an event is no
-        termination for convenience; its heading, "Termination by NCM.", is no sentence that grants
-        a right), so that a clause that cannot is never put to the model."""
-        heading, body = self._heading_span(clause)
-        return play.admits(self.doc.text[heading:clause.end]) \
-            and all(play.may_say_yes(q, self.doc.text[body:clause.end]) for q in play.by_sentence)
-
-    def _allowed_at(self, item: _Item, clause: Clause) -> tuple[int, int] | None:
+    def _allowed_at(self, item: Candidate, clause: Clause) -> tuple[int, int] | None:
         """For a clause whose `optional` question was answered yes, the first sentence of its text
         (headings aside) that allows that yes ("Provider may assign this Agreement ... without
         Customer's consent"), not a restriction beside it; None otherwise."""
@@ -422,25 +352,9 @@ class Reviewer:
         asked = [q for q in play.optional if item.answers.get(q)]
         if not asked:
             return None
-        body = self._heading_span(clause)[1]
+        body = heading_span(self.doc.text, clause)[1]
         return next(((s, e) for s, e in sentences(self.doc.text, body, clause.end)
                      if all(play.may_say_yes(q, self.doc.text[s:e]) for q in asked)), None)
-
-    def _found_at(self, play: CategoryPlay, clause: Clause) -> tuple[int, int] | None:
-        """The first sentence of the clause that holds one of the category's found_by phrases and
-        the words its questions need (`CategoryPlay.may_say_yes`), with no negation before those
-        words ("Customer may not terminate this Agreement ... for convenience"), if any."""
-        text = self.doc.text
-        words = tuple(w for q in play.questions for w in play.needs.get(q, ()))
-        needed = words_pattern(words) if words else None
-        for s, e in sentences(text, clause.start, clause.end):
-            sentence = text[s:e]
-            if not play.found_in(sentence) or not all(play.may_say_yes(q, sentence) for q in play.questions):
-                continue
-            need = needed.search(sentence) if needed else None
-            if not _NEGATION.search(sentence, 0, need.start() if need else len(sentence)):
-                return s, e
-        return None
 
     def _blocks_of(self, retriever: Retriever, start: int, end: int) -> list[int]:
         return [b for b, (s, e) in enumerate(retriever.char_spans) if e > start and s < end]
@@ -457,7 +371,7 @@ class Reviewer:
 
     @property
     def total_blocks(self) -> int | None:
-        return self.retriever.library.num_blocks if self.retriever is not None else None
+        return self.retriever.index.num_blocks if self.retriever is not None else None
 
     # -- prompts ---------------------------------------------------------------------------------
 
@@ -477,7 +391,7 @@ class Reviewer:
 
     # -- judgement -------------------------------------------------------------------------------
 
-    def _assess(self, it: _Item) -> Assessment:
+    def _assess(self, it: Candidate) -> Assessment:
         play = it.play
         level, reason = play.level, play.reason
         found = {name: values[0].text if len(values) == 1 else " and ".join(v.text for v in values)
@@ -492,7 +406,7 @@ class Reviewer:
                           dict(it.answer_scores), {k: list(v) for k, v in it.values.items()})
 
     @staticmethod
-    def _holds(cond: Condition, it: _Item, play: CategoryPlay) -> bool:
+    def _holds(cond: Condition, it: Candidate, play: CategoryPlay) -> bool:
         if cond.name in play.questions:
             answer = it.answers.get(cond.name, False)
             return answer != cond.negated
@@ -513,7 +427,7 @@ class Reviewer:
         return {"<": number < cond.number, "<=": number <= cond.number, ">": number > cond.number,
                 ">=": number >= cond.number, "==": number == cond.number}[cond.op]
 
-    def _finding(self, clause: Clause, items: list[_Item]) -> Finding | None:
+    def _finding(self, clause: Clause, items: list[Candidate]) -> Finding | None:
         if not items:
             if not self.include_all:
                 return None
@@ -531,7 +445,7 @@ class Reviewer:
                        self.doc.where(start, end), start, end, categories=[a.category for a in assessments],
                        assessments=assessments, document=self.doc.source)
 
-    def _terms(self, chosen: dict[int, list[_Item]]) -> list[Term]:
+    def _terms(self, chosen: dict[int, list[Candidate]]) -> list[Term]:
         """The playbook's key terms, each from the clause of its category most likely to be one that has the value."""
         terms = []
         for label, (category, value) in self.playbook.terms.items():
@@ -558,7 +472,7 @@ class Reviewer:
         def long_sentences(start: int) -> list[tuple[int, int]]:
             return [(s, e) for s, e in sentences(text, start, clause.end) if len(text[s:e].split()) >= 5]
 
-        spans = long_sentences(self._heading_span(clause)[1]) or long_sentences(clause.start) \
+        spans = long_sentences(heading_span(self.doc.text, clause)[1]) or long_sentences(clause.start) \
             or [(clause.start, clause.end)]
         best = spans[0]
         holding = [(s, e) for s, e in spans if any(s <= v.start and v.end <= e for v in values)]
@@ -634,10 +548,3 @@ def _passes(text: str, clause: str, finding: Finding) -> bool:
         topic |= _content_words(c.name + " " + c.description)
     stems = {w[:5] for w in topic}
     return any(w[:5] in stems for w in own)
-
-
-# A sentence of a found_by phrase that says this before the words its questions need denies the
-# category: of the 444 training contracts' sentences that hold a termination for convenience
-# phrase of the default playbook and a word of termination, 2 of the 41 with it lie in the
-# experts' spans of the category, 103 of the 293 without it.
-_NEGATION = re.compile(r"(?i)\b(?:not|no|never|cannot|neither|nor)\b")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from .policy import DraftPolicy, Policy, always_kept, choose
-from .spec import ModelSpec
-from .store import BlockStore
+from ..model.spec import ModelSpec
+from ..kv.store import BlockStore
 
 
 class Selector:

@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from ..errors import ModelError
-from .events import EventCallback, ModelLoading, emit
+from ...errors import ModelError
+from ..events import EventCallback, ModelLoading, emit
 from .card import read_card, write_card
 from .gguf import cached_folder_for, ensure_converted, file_key
-from .home import private_dir, sweep_leftovers
+from ..home import private_dir, sweep_leftovers
 from .rope import RopeParams, rope_params_from_config
 from .spec import ModelSpec, spec_from_config
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from .config import BLOCK_TOKENS
+from ..config import BLOCK_TOKENS
 
 _flash_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 

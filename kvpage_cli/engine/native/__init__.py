@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from .home import private_dir
+from ..home import private_dir
 
-from .config import BLOCK_TOKENS, TILE_MIN_ROWS
+from ..config import BLOCK_TOKENS, TILE_MIN_ROWS
 
 _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
           "-ffp-contract=off",  # no fused multiply-adds the source does not ask for: torch's bits
@@ -93,7 +93,7 @@ def load(home: Path) -> ctypes.CDLL:
 
 
 def sources() -> dict[str, bytes]:
-    folder = resources.files("kvpage_cli.engine").joinpath("native")
+    folder = resources.files("kvpage_cli.engine.native")
     return {name: folder.joinpath(name).read_bytes() for name in _SOURCES}
 
 

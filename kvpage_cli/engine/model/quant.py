@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import ModelError
-from . import native
+from ...errors import ModelError
+from .. import native
 
 WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8", "int4", "gguf")
 

@@ -26,9 +26,9 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from ..errors import ModelError, UsageError
-from . import native
-from .config import SMALL_ROWS
+from ...errors import ModelError, UsageError
+from .. import native
+from ..config import SMALL_ROWS
 from .parallel import Shard
 from .quant import FLOAT_FORMATS, DeviceMatrix, QuantLinear, QuantMatrix, matmul_nt, quantize
 from .rope import RopeParams, apply_rope, rope_cos_sin

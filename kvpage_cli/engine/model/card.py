@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from .home import private_dir
+from ..home import private_dir
 from .rope import RopeParams
 from .spec import LayerSpec, ModelSpec
 

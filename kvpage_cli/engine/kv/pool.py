@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import BLOCK_TOKENS
-from .events import BlocksMoved
+from ..config import BLOCK_TOKENS
+from ..events import BlocksMoved
 from .store import block_bytes_per_layer, decode_rows, head_addresses, stored_block_shape
 
 

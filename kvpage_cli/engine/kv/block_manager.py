@@ -15,8 +15,8 @@ from typing import Callable, Iterable, Protocol
 
 import torch
 
-from .config import BLOCK_TOKENS
-from . import native
+from ..config import BLOCK_TOKENS
+from .. import native
 from .context import BlockTable
 from .store import BlockStore, encode_rows, row_scales
 
@@ -149,7 +149,7 @@ class BlockManager:
             table.changed()
 
     def _copy_moved(self, group, target: list[int], deltas: list[int], rope: dict, layer_specs, read) -> None:
-        from .rope import rotate
+        from ..model.rope import rotate
 
         delta = torch.tensor(deltas, dtype=torch.int64).repeat_interleave(BLOCK_TOKENS)  # [n*64]
         num_kv_heads, _, head_dim = group.block_shape

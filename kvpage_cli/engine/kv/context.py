@@ -6,7 +6,7 @@ import itertools
 
 import torch
 
-from .config import BLOCK_TOKENS
+from ..config import BLOCK_TOKENS
 
 _ids = itertools.count(1)
 

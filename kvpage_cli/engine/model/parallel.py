@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from ..errors import ModelError, UsageError
+from ...errors import ModelError, UsageError
 from .spec import ModelSpec
 
 

@@ -46,7 +46,7 @@ def rope_params_from_config(config, arch: str, rope_keys: set[str], home: Path |
         return _computed(config, arch, rope_keys)
     import transformers
 
-    from .home import private_dir
+    from ..home import private_dir
 
     key = hashlib.sha256(json.dumps([config.to_json_string(use_diff=False), arch, sorted(rope_keys),
                                      transformers.__version__]).encode()).hexdigest()[:24]

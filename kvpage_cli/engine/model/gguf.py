@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ModelError
-from .events import EventCallback, ModelLoading, emit
-from .home import private_dir, sweep_leftovers
+from ...errors import ModelError
+from ..events import EventCallback, ModelLoading, emit
+from ..home import private_dir, sweep_leftovers
 
 CACHE_FORMAT = 1
 _TMP_PREFIX = ".tmp-"  # a conversion in progress: .tmp-<pid>-<random> beside its target

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import attention as reference
+from . import reference
 from .backend import DecodePlan, LayerBlocks
-from .config import BLOCK_TOKENS, SMALL_ROWS, TILE_RUN_BLOCKS
-from .context import Context
-from .pool import SlotPool
-from .spec import ModelSpec
-from .store import BlockStore, copy_rows
+from ..config import BLOCK_TOKENS, SMALL_ROWS, TILE_RUN_BLOCKS
+from ..kv.context import Context
+from ..kv.pool import SlotPool
+from ..model.spec import ModelSpec
+from ..kv.store import BlockStore, copy_rows
 
 SCORE_QUERY_TOKENS = 16  # a prompt's final tokens whose queries rank blocks ("scores" policy, retrieval)
 

@@ -1,4 +1,4 @@
-"""A library: a document longer than the model's context, indexed once into blocks.
+"""The retrieval index: a document longer than the model's context, indexed once into blocks.
 
 Indexing (README, "The modes": retrieval): the prompt's head (the instructions and the document's
 first tokens, up to a block boundary) is prefilled once. The rest of the document is cut into
@@ -14,7 +14,7 @@ the head and the window's tokens; a later run maps the saved windows from disk i
 computing them and reads only the blocks its questions use (each checked against its own
 checksum when first read; a damaged window is computed again). A saved window's blocks leave the
 store for its file. An index that is not saved (no cache, or larger than its limit) goes to files
-of its own in the same way, removed when the library is released, so indexing holds only the
+of its own in the same way, removed when the index is released, so indexing holds only the
 windows in flight in memory whatever the document's length.
 
 Assembly: a question's selected blocks are put, in the order asked for (ask: document order, the
@@ -39,18 +39,18 @@ import torch
 
 from ..errors import KvpageError
 from .config import BLOCK_TOKENS
-from .context import BlockTable, Context
+from .kv.context import BlockTable, Context
 from .events import EngineWarning, EventCallback, IndexProgress, emit
 from .home import private_dir, sweep_leftovers
-from .kvcache import BadSegment, KVCache, MappedBlocks
-from .policy import key_bound
-from .rope import rotate
-from .store import decode_rows
+from .kv.saved.disk import BadSegment, KVCache, MappedBlocks
+from .attention.policy import key_bound
+from .model.rope import rotate
+from .kv.store import decode_rows
 
 
 @dataclass(frozen=True)
 class IndexedBlock:
-    """One kept block: the 64 document tokens it holds (Library.tokens[first:first+64]), the
+    """One kept block: the 64 document tokens it holds (RetrievalIndex.tokens[first:first+64]), the
     logical block index its K was baked at, and the window it came from."""
 
     first: int
@@ -71,8 +71,8 @@ class Window:
 WINDOWS_IN_FLIGHT = 2  # windows prefilled together while the ones before are saved
 
 
-class Library:
-    """A document indexed window by window (see the module docstring). Build with `Library.build`."""
+class RetrievalIndex:
+    """A document indexed window by window (see the module docstring). Build with `RetrievalIndex.build`."""
 
     def __init__(self, engine, head: Context, tokens: list[int], rest: list[int], window: int, overlap: int) -> None:
         self.engine = engine
@@ -117,7 +117,7 @@ class Library:
     @classmethod
     def build(cls, engine, head_ids: list[int], doc_ids: list[int], window: int, overlap: int,
               on_event: EventCallback | None = None, label: str | None = None, max_batch: int | None = None,
-              use_cache: bool = True) -> "Library":
+              use_cache: bool = True) -> "RetrievalIndex":
         """Indexes `doc_ids` after the prompt head `head_ids`. window, overlap: tokens (multiples of 64).
 
         max_batch: windows prefilled together (default WINDOWS_IN_FLIGHT): a window's prefill
@@ -126,32 +126,32 @@ class Library:
         align = min(-len(head_ids) % BLOCK_TOKENS, len(doc_ids))
         head = engine.prefill(head_ids + doc_ids[:align], on_event, label=label, use_cache=use_cache)
         whole = (len(doc_ids) - align) // BLOCK_TOKENS * BLOCK_TOKENS
-        library = cls(engine, head, doc_ids[align:align + whole], doc_ids[align + whole:], window, overlap)
-        library.on_event = on_event
+        index = cls(engine, head, doc_ids[align:align + whole], doc_ids[align + whole:], window, overlap)
+        index.on_event = on_event
         cache = engine._open_cache(on_event) if use_cache else None
-        if cache is not None and library.index_bytes > cache.limit_bytes:
+        if cache is not None and index.index_bytes > cache.limit_bytes:
             emit(on_event, EngineWarning(
-                f"the document's index ({library.index_bytes / 2**30:.1f} GiB) is larger than the saved-KV cache's "
+                f"the document's index ({index.index_bytes / 2**30:.1f} GiB) is larger than the saved-KV cache's "
                 f"limit ({cache.limit_bytes / 2**30:.1f} GiB): it is not saved (raise --cache-mib to keep it)"))
             cache = None
         if cache is None:
             # not saved: its windows still go to files as they are computed (removed afterwards), so
             # memory holds only the windows in flight, whatever the document's length
-            cache = _scratch_cache(engine.home / "tmp", library.index_bytes)
-            library._remove_scratch = weakref.finalize(library, _remove_scratch, cache)
-        library._cache = cache
+            cache = _scratch_cache(engine.home / "tmp", index.index_bytes)
+            index._remove_scratch = weakref.finalize(index, _remove_scratch, cache)
+        index._cache = cache
         free = shutil.disk_usage(cache.folder).free
-        if library.index_bytes > free:
-            library.release()
+        if index.index_bytes > free:
+            index.release()
             raise KvpageError(
-                f"indexing this document needs {library.index_bytes / 2**30:.1f} GiB of disk for its KV and "
+                f"indexing this document needs {index.index_bytes / 2**30:.1f} GiB of disk for its KV and "
                 f"{cache.folder} has {free / 2**30:.1f} GiB free: free some space, set KVPAGE_HOME to a larger "
                 "disk, or use --kv-dtype bfloat16 (half the bytes)")
-        library._seed = hashlib.sha256(f"{engine.cache_seed}|library|{window}|{overlap}|".encode()
+        index._seed = hashlib.sha256(f"{engine.cache_seed}|library|{window}|{overlap}|".encode()
                                        + np.asarray(head.tokens, dtype="<i4").tobytes()).hexdigest()
-        todo = library._map_saved(cache, on_event)
-        library._compute(todo, cache, on_event, label, max_batch or WINDOWS_IN_FLIGHT)
-        return library
+        todo = index._map_saved(cache, on_event)
+        index._compute(todo, cache, on_event, label, max_batch or WINDOWS_IN_FLIGHT)
+        return index
 
     # -- indexing ----------------------------------------------------------------------------------
 
