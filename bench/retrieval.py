@@ -22,7 +22,7 @@ Parts (the first argument):
   windows    the window size and overlap retrieval indexes with: each document's first --prefix
              tokens indexed (every block attended in place), the next --continuation scored;
              their extra negative log-likelihood against an exact prefill, and indexing speed
-             (three corpus contracts not in the question set, two Python standard index modules)
+             (three corpus contracts not in the question set, two Python standard library modules)
   select     no answers: retrieval mode's selection alone, for each set of `--signals` (lexical,
              bounds, keys and their combinations): how often the selected blocks hold the
              question's evidence, the selection's time and the K/V it read

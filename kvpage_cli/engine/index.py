@@ -38,14 +38,14 @@ import numpy as np
 import torch
 
 from ..errors import KvpageError
+from .attention.policy import key_bound
 from .config import BLOCK_TOKENS
-from .kv.context import BlockTable, Context
 from .events import EngineWarning, EventCallback, IndexProgress, emit
 from .home import private_dir, sweep_leftovers
+from .kv.context import BlockTable, Context
 from .kv.saved.disk import BadSegment, KVCache, MappedBlocks
-from .attention.policy import key_bound
-from .model.rope import rotate
 from .kv.store import decode_rows
+from .model.rope import rotate
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import reference
 from .. import native
 from ..config import BLOCK_TOKENS
+from . import reference
 
 
 @dataclass(frozen=True)

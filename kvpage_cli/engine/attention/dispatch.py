@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import reference
-from .backend import DecodePlan, LayerBlocks
 from ..config import BLOCK_TOKENS, SMALL_ROWS, TILE_RUN_BLOCKS
 from ..kv.context import Context
 from ..kv.pool import SlotPool
-from ..model.spec import ModelSpec
 from ..kv.store import BlockStore, copy_rows
+from ..model.spec import ModelSpec
+from . import reference
+from .backend import DecodePlan, LayerBlocks
 
 SCORE_QUERY_TOKENS = 16  # a prompt's final tokens whose queries rank blocks ("scores" policy, retrieval)
 

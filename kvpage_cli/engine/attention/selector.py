@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from .policy import DraftPolicy, Policy, always_kept, choose
-from ..model.spec import ModelSpec
 from ..kv.store import BlockStore
+from ..model.spec import ModelSpec
+from .policy import DraftPolicy, Policy, always_kept, choose
 
 
 class Selector:

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from .blocks import BlockAllocator
 from ..config import BLOCK_TOKENS
+from .blocks import BlockAllocator
 
 MIN_ARENA_BLOCKS = 16
 SCALE_BYTES = 4  # one float32 scale per int8 row

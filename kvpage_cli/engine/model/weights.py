@@ -14,9 +14,9 @@ import torch
 
 from ...errors import ModelError
 from ..events import EventCallback, ModelLoading, emit
+from ..home import private_dir, sweep_leftovers
 from .card import read_card, write_card
 from .gguf import cached_folder_for, ensure_converted, file_key
-from ..home import private_dir, sweep_leftovers
 from .rope import RopeParams, rope_params_from_config
 from .spec import ModelSpec, spec_from_config
 

@@ -24,9 +24,8 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from ..home import private_dir
-
 from ..config import BLOCK_TOKENS, TILE_MIN_ROWS
+from ..home import private_dir
 
 _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
           "-ffp-contract=off",  # no fused multiply-adds the source does not ask for: torch's bits
