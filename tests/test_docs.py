@@ -4,6 +4,7 @@ resolves (a #anchor to a heading of its page), and the README keeps the commands
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import subprocess
 import sys
@@ -83,6 +84,29 @@ def test_the_cli_reference_is_what_help_prints_now():
     result = subprocess.run([sys.executable, str(REPO / "docs" / "make_cli.py"), "--check"], capture_output=True,
                             text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr
+
+
+def test_with_other_library_versions_the_check_compares_the_words():
+    """A fresh machine may get newer typer or rich, which draw the same help otherwise: the check
+    then passes on the same words in other boxes and wrapping, and still fails on a changed word."""
+    spec = importlib.util.spec_from_file_location("make_cli", REPO / "docs" / "make_cli.py")
+    make_cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_cli)
+    page = ("Rendered with typer 0.29.2, rich 15.0.0, click 8.5.1.\n\n```text\n"
+            "╭─ Review ──────────────────────────────────────╮\n"
+            "│ --batch   <int range>  Clause questions run     │\n"
+            "│                        together. [default: 16] │\n"
+            "╰───────────────────────────────────────────────╯\n```\n")
+    newer = ("Rendered with typer 0.30.0, rich 15.1.0, click 8.5.1.\n\n```text\n"
+             "+- Review -------------------------------------------------+\n"
+             "| --batch  INTEGER RANGE  Clause questions run together.    |\n"
+             "|                         [default: 16]                     |\n```\n")
+    assert make_cli.check(page, page) is None
+    assert make_cli.check(page, newer.replace("INTEGER RANGE", "<integer range>")) is None
+    assert make_cli.check(page, newer) is not None  # a label written as words is a change of words
+    assert make_cli.check(page, newer.replace("<integer range>", "").replace("16]", "8]")) is not None
+    same_versions = page.replace("run     │\n│                        together.", "run together.")
+    assert make_cli.check(page, same_versions) is not None  # the same versions: the same text exactly
 
 
 def test_the_cli_reference_covers_every_command():
