@@ -542,10 +542,10 @@ def _same_where_clear(reference, ref_ctx, other, other_ctx, *, steps: int, bound
 @pytest.mark.real_model
 def test_smollm2_keeps_bfloat16_kv_by_default_and_picks_float32_kvs_clear_tokens(smollm2, kv_home):
     """auto: bfloat16 KV beside quantized weights (half the memory; the choice measured in
-    bench/engine.py and the README), float32 KV where asked. Over the sample contract (2.7K
+    bench/engine.py and docs/models.md), float32 KV where asked. Over the sample contract (2.7K
     tokens), then 24 tokens fed to both: logits within 1% of their largest, and the same top token
     wherever float32 KV's top two are further apart than twice that step's difference (a near-tie
-    may go either way: bfloat16 KV does change some answers, and the README says how many)."""
+    may go either way: bfloat16 KV does change some answers; docs/exactness.md says what it changes)."""
     assert (smollm2.runner.weights, smollm2.kv_dtype_name) == ("gguf", "bfloat16")
     full = Engine.load("smollm2", EngineConfig(home=str(kv_home), pool_mib=16, kv_dtype="float32"))
     assert smollm2.kv_bytes_per_token() * 2 == full.kv_bytes_per_token()

@@ -1,4 +1,4 @@
-"""Engine configuration: one frozen dataclass, built by the CLI or a index user."""
+"""Engine configuration: one frozen dataclass, built by the CLI or a library user."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class EngineConfig:
         int8 with its own float32 scale (largest magnitude / 127), carried in the block: about a
         quarter of fp32's bytes; attention computes in fp32 from the rows times their scales.
         "auto": bfloat16 where the weights are kept quantized (any `weights` but float32) and the
-        backend is not Triton, else `dtype`. Chosen by measurement (README, Models and Benchmarks):
+        backend is not Triton, else `dtype`. Chosen by measurement (docs/models.md):
         beside 4-bit weights bfloat16 KV changed no greedy token in 128 at 1K-8K, no pass key at 8K
         and no finding of the sample review, and halves the memory KV takes. "float32" keeps
         every row as computed: the engine's logits then match transformers' fp32 ones (tests).

@@ -1,6 +1,6 @@
 """The retrieval index: a document longer than the model's context, indexed once into blocks.
 
-Indexing (README, "The modes": retrieval): the prompt's head (the instructions and the document's
+Indexing (docs/modes.md, Retrieval): the prompt's head (the instructions and the document's
 first tokens, up to a block boundary) is prefilled once. The rest of the document is cut into
 windows of `window` tokens (but its last tokens, less than a block, which every question reads
 again); each window is prefilled on a fork of the head, after the `overlap` tokens before it

@@ -9,7 +9,7 @@ One interface, chosen once when the engine loads:
 | triton | `shared_decode_states` over pool slots (each block read once for its queries) | `merge_ragged_states`, in logical order | `paged_prefill_attention` over pool slots |
 
 Dispatch only decides which blocks a step reads and from where; every attention computation is
-behind this interface. What is bit-identical (README, "Exactness, precisely"): every backend
+behind this interface. What is bit-identical (docs/exactness.md): every backend
 computes each (block, query) state on its own and merges a query's states in logical block order,
 so results do not depend on which slots or passes held the blocks. With the native and Triton
 backends a decode query's state also does not depend on the other queries of its step: batched

@@ -4,7 +4,7 @@ Every block is attended on its own: its scores, its softmax max and sum, and its
 normalised by that sum, kept as (output, log-sum-exp) in fp32. The states of all blocks are
 then merged in logical block order. Because no arithmetic crosses a block boundary before the
 merge, the result does not depend on how blocks were grouped into passes through the pool or
-which slots held them (README, "Exactness, precisely").
+which slots held them (docs/exactness.md).
 
 Rows: the T query tokens of Hq = Hkv * G heads are arranged per KV head as R = T * G rows,
 row r = t * G + g, so grouped-query attention needs no repeated K/V.

@@ -50,7 +50,7 @@ def _onednn_linear():
     """oneDNN's fp32 linear op where torch has it and the CPU runs AVX-512, else None (MKL then).
     On an AMD EPYC Zen 5 (AVX-512) oneDNN multiplied SmolLM2's prefill shapes 1.5-2.3x faster than
     MKL; on a Zen 3 (AVX2 only) oneDNN took 0.80-0.94x MKL's speed at 1,024 and 4,096 rows (at 64,
-    0.93-1.14x) (`python bench/prefill_gemm.py`, two threads, both machines; README, Benchmarks)."""
+    0.93-1.14x) (`python bench/prefill_gemm.py`, two threads, both machines; docs/benchmarks.md)."""
     try:
         if not torch.backends.mkldnn.is_available() or not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
             return None
