@@ -71,7 +71,7 @@ part 120 "engine: kvpage beside transformers on $dev" python bench/engine.py --d
   --contexts "$contexts" --kv-paths auto --weights float32,gguf --systems kvpage,transformers --new-tokens "$new" \
   --pool-mib 64 --json "$out/engine.json"
 part 90 "where a decode step's time goes on $dev" python bench/profile_decode.py --device "$dev" --model "$model" \
-  --context 1024 --batch 16 --steps 8
+  --context 1024 --batch 16 --steps 8 --json "$out/profile.json"
 part 150 "batch: decode over a shared document on $dev" python bench/batch.py --device "$dev" --model "$model" \
   --prefixes "$prefixes" --batches "$batches" --new-tokens 32 --transformers-max-tokens 600000 --json "$out/batch.json"
 part 60 "engine tests on the Triton backend" python -m pytest tests/test_quant.py tests/test_batch.py -q -p no:cacheprovider \
