@@ -167,14 +167,20 @@ def cpu_info() -> dict:
     flags = fields.get("flags", fields.get("Features"))
     vendor, model = fields.get("vendor_id"), fields.get("model name") or platform.processor() or None
     family, number = (int(fields[k]) if fields.get(k, "").isdigit() else None for k in ("cpu family", "model"))
-    tag = next((name for first, last, name in MICROARCHS.get((vendor, family), []) if first <= (number or 0) <= last),
-               None)
-    if tag is None:
-        words = re.sub(r"\((r|tm)\)|\bcpu\b|\bprocessor\b|@.*", " ", (model or "").lower())
-        tag = "-".join(re.findall(r"[a-z0-9]+", words)[:3]) or "cpu"
-    return {"model": model, "vendor": vendor, "family": family, "model_number": number, "tag": tag,
+    return {"model": model, "vendor": vendor, "family": family, "model_number": number,
+            "tag": cpu_tag(vendor, family, number, model),
             "flags": None if flags is None else {f: f in flags.split() for f in CPU_FLAGS},
             "torch_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def cpu_tag(vendor: str | None, family: int | None, model_number: int | None, model: str | None) -> str:
+    """The microarchitecture MICROARCHS gives this vendor, family and model, else the first words of
+    the model's name ("AMD EPYC 9R14 96-Core Processor" -> "epyc-9r14"), else "cpu"."""
+    for first, last, name in MICROARCHS.get((vendor, family), []):
+        if model_number is not None and first <= model_number <= last:
+            return name
+    words = re.sub(r"\((r|tm)\)|\b(intel|amd|cpu|processor|\d+-core)\b|@.*", " ", (model or "").lower())
+    return "-".join(re.findall(r"[a-z0-9]+", words)[:3]) or "cpu"
 
 
 def _git(*args: str) -> str | None:
@@ -185,13 +191,25 @@ def _git(*args: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def stamp(args) -> dict:
-    """What a result was measured with: the commit and whether the tree differed from it (files
-    under bench/results aside), the date (UTC), the CPU, the logical CPUs this process may use and
-    torch's threads, the GPUs torch sees, library versions, the command line and its parsed
-    arguments."""
+def _checkout() -> tuple[str | None, bool | None]:
+    """The commit checked out and whether the tree differs from it (files under bench/results
+    aside); None where git or the repository is not there."""
     commit = (_git("rev-parse", "HEAD") or "").strip() or None
     status = _git("status", "--porcelain", "--", ".", ":(exclude)bench/results") if commit else None
+    return commit, None if status is None else bool(status.strip())
+
+
+# Taken when a benchmark starts (it imports this module first): a commit made while it runs is
+# not the code it measured.
+STARTED = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+COMMIT, DIRTY = _checkout()
+
+
+def stamp(args) -> dict:
+    """What a result was measured with: the commit and whether the tree differed from it (files
+    under bench/results aside) and the date (UTC), all three as the run started; the CPU, the
+    logical CPUs this process may use and torch's threads, the GPUs torch sees, library versions,
+    the command line and its parsed arguments."""
     versions = {"python": platform.python_version()}
     for name, distribution in VERSIONS.items():
         try:
@@ -205,9 +223,9 @@ def stamp(args) -> dict:
     command = [str(script.relative_to(REPO)) if script.is_relative_to(REPO) else sys.argv[0], *sys.argv[1:]]
     return {
         "migrated": False,
-        "commit": commit,
-        "dirty": None if status is None else bool(status.strip()),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": COMMIT,
+        "dirty": DIRTY,
+        "date": STARTED,
         "machine": None,  # a person's name for it; migrated results carry the README's
         "cpu": cpu_info(),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),

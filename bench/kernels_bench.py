@@ -250,7 +250,7 @@ def run(args: argparse.Namespace) -> dict:
         print("no CUDA: skipped")
         results = {"skipped": "no CUDA"}
     if args.json_path or "skipped" not in results:
-        write_result("kernels", args, results, args.json_path)
+        write_result("kernels_bench", args, results, args.json_path)
     return results
 
 
