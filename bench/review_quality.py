@@ -17,7 +17,7 @@ per-category and micro precision, recall and F1, for every method compared:
   number and unit as a duration in the answer, or containment).
 
     python bench/review_quality.py --reviews 10 --models smollm2,gemma3-270m \\
-        --features smollm2=/tmp/features-smollm2.npz --json bench/results/review_quality.json
+        --features smollm2=/tmp/features-smollm2.npz
 """
 
 from __future__ import annotations
