@@ -61,14 +61,19 @@ PARTS = {"check": check, "questions": questions, "recall": recall, "select": sel
          "passkey": passkey}
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: a subcommand per part, each with the options its module adds."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parts = parser.add_subparsers(dest="part", required=True, metavar="PART")
     for name, module in PARTS.items():
         part = parts.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(part)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     PARTS[args.part].run(args)
 
 

@@ -228,7 +228,7 @@ def kernels_bench(results: dict, stamp: dict) -> str:
 
 
 def profile_decode(results: dict, stamp: dict) -> str:
-    return (f"batch {results['batch']}, {tokens(results['context'])} document: {results['step_ms']:.1f} ms a step "
+    return (f"batch {results['batch']}, {tokens(results['context'])}-token document: {results['step_ms']:.1f} ms a step "
             f"({results['device']}, {results['path']})")
 
 
