@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import bench_device, corpus_text, peak_device_mib, peak_rss_mib, prompt_ids, run_worker, sync, table  # noqa: E402
+from common import (add_json_option, bench_device, corpus_text, peak_device_mib, peak_rss_mib,  # noqa: E402
+                    prompt_ids, run_worker, sync, table, write_result)
 
 QUESTION_TOKENS = 16
 
@@ -125,7 +126,7 @@ def main() -> None:
                         help="skip transformers where batch x prefix exceeds this (its KV per sequence)")
     parser.add_argument("--home", default=None)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="where both systems compute")
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = bench_device(args.device)
@@ -172,8 +173,7 @@ def main() -> None:
     print(f"{args.model}, {device}, {args.dtype}, {args.new_tokens} new tokens per sequence; decode tok/s over all sequences "
           "(measured); same seqs: sequences whose tokens equal transformers'")
     print(table(rows, columns))
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
+    write_result("batch", args, {"device": device, "rows": rows}, args.json_path)
 
 
 if __name__ == "__main__":

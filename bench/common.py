@@ -1,10 +1,17 @@
-"""Shared pieces of the benchmarks: prompts built from the corpus, workers in subprocesses, tables."""
+"""Shared pieces of the benchmarks: prompts built from the corpus, workers in subprocesses, tables,
+and the one way a benchmark writes its result (`write_result`: a JSON document stamped with the
+commit, machine and library versions it was measured with)."""
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
 import json
 import os
+import platform
+import re
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -15,6 +22,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 CUAD = REPO / "corpus" / "cuad"
+RESULTS = REPO / "bench" / "results"
+SCHEMA = 1  # the layout of a result file; raised when a field of the stamp changes its meaning
 
 
 def median_seconds(call, repeats: int) -> float:
@@ -120,3 +129,148 @@ def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+# -- results: one JSON document per run, stamped like llama-bench's rows --------------------------
+
+# The instruction sets kvpage's native kernels choose between (native/*.c, model/quant.py).
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+# Distributions whose versions a result records (None where one is not installed).
+VERSIONS = {"torch": "torch", "triton": "triton", "transformers": "transformers", "llama_cpp": "llama_cpp_python"}
+# (vendor, family) -> [(first model, last model, tag)]: the microarchitecture in a result's file name,
+# from the ranges Linux uses (arch/x86/kernel/cpu/amd.c bsp_init_amd, intel-family.h): a VM's
+# model name often says only "AMD EPYC".
+MICROARCHS = {
+    ("AuthenticAMD", 0x17): [(0x00, 0x2f, "zen"), (0x50, 0x5f, "zen"), (0x30, 0x4f, "zen2"), (0x60, 0x7f, "zen2"),
+                             (0x90, 0x91, "zen2"), (0xa0, 0xaf, "zen2")],
+    ("AuthenticAMD", 0x19): [(0x00, 0x0f, "zen3"), (0x20, 0x5f, "zen3"), (0x10, 0x1f, "zen4"), (0x60, 0xaf, "zen4")],
+    ("AuthenticAMD", 0x1a): [(0x00, 0x2f, "zen5"), (0x40, 0x4f, "zen5"), (0x60, 0x7f, "zen5"), (0x50, 0x5f, "zen6"),
+                             (0x80, 0xaf, "zen6"), (0xc0, 0xcf, "zen6")],
+    ("GenuineIntel", 6): [(0x55, 0x55, "skx"), (0x6a, 0x6c, "icx"), (0x8f, 0x8f, "spr"), (0xcf, 0xcf, "emr"),
+                          (0xad, 0xae, "gnr")],
+}
+
+
+def cpu_info() -> dict:
+    """The CPU as /proc/cpuinfo names it (its first processor), the short tag a result's file name
+    carries (MICROARCHS, else the model name's words), the CPU_FLAGS it has (None where they
+    cannot be read) and the kernels torch dispatches to on it."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip() and fields:
+                break  # the first processor's block
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    flags = fields.get("flags", fields.get("Features"))
+    vendor, model = fields.get("vendor_id"), fields.get("model name") or platform.processor() or None
+    family, number = (int(fields[k]) if fields.get(k, "").isdigit() else None for k in ("cpu family", "model"))
+    return {"model": model, "vendor": vendor, "family": family, "model_number": number,
+            "tag": cpu_tag(vendor, family, number, model),
+            "flags": None if flags is None else {f: f in flags.split() for f in CPU_FLAGS},
+            "torch_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def cpu_tag(vendor: str | None, family: int | None, model_number: int | None, model: str | None) -> str:
+    """The microarchitecture MICROARCHS gives this vendor, family and model, else the first words of
+    the model's name ("AMD EPYC 9R14 96-Core Processor" -> "epyc-9r14"), else "cpu"."""
+    for first, last, name in MICROARCHS.get((vendor, family), []):
+        if model_number is not None and first <= model_number <= last:
+            return name
+    words = re.sub(r"\((r|tm)\)|\b(intel|amd|cpu|processor|\d+-core)\b|@.*", " ", (model or "").lower())
+    return "-".join(re.findall(r"[a-z0-9]+", words)[:3]) or "cpu"
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _checkout() -> tuple[str | None, bool | None]:
+    """The commit checked out and whether the tree differs from it (files under bench/results
+    aside); None where git or the repository is not there."""
+    commit = (_git("rev-parse", "HEAD") or "").strip() or None
+    status = _git("status", "--porcelain", "--", ".", ":(exclude)bench/results") if commit else None
+    return commit, None if status is None else bool(status.strip())
+
+
+# Taken when a benchmark starts (it imports this module first): a commit made while it runs is
+# not the code it measured.
+STARTED = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+COMMIT, DIRTY = _checkout()
+
+
+def stamp(args) -> dict:
+    """What a result was measured with: the commit and whether the tree differed from it (files
+    under bench/results aside) and the date (UTC), all three as the run started; the CPU, the
+    logical CPUs this process may use and torch's threads, the GPUs torch sees, library versions,
+    the command line and its parsed arguments."""
+    versions = {"python": platform.python_version()}
+    for name, distribution in VERSIONS.items():
+        try:
+            versions[name] = importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    gpu = None
+    if torch.cuda.is_available():
+        gpu = {"name": torch.cuda.get_device_name(0), "count": torch.cuda.device_count()}
+    script = Path(sys.argv[0]).resolve()
+    command = [str(script.relative_to(REPO)) if script.is_relative_to(REPO) else sys.argv[0], *sys.argv[1:]]
+    return {
+        "migrated": False,
+        "commit": COMMIT,
+        "dirty": DIRTY,
+        "date": STARTED,
+        "machine": None,  # a person's name for it; migrated results carry the README's
+        "cpu": cpu_info(),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "gpu": gpu,
+        "versions": versions,
+        "command": shlex.join(["python", *command]),
+        "args": {k: v for k, v in vars(args).items() if k != "worker"} if args is not None else None,
+    }
+
+
+def result_path(bench: str, stamped: dict) -> Path:
+    """bench/results/<bench>/<date>-<cpu tag>[-<gpu>]-<commit7>[-dirty].json; a second result of
+    the same day, machine and commit gets -2, -3, ... rather than replacing the first."""
+    gpu = stamped["gpu"]
+    tag = stamped["cpu"]["tag"] + (f"-{gpu_tag(gpu['name'])}" if gpu else "")
+    name = f"{stamped['date'][:10]}-{tag}-{(stamped['commit'] or 'nocommit')[:7]}" + ("-dirty" if stamped["dirty"] else "")
+    path, count = RESULTS / bench / f"{name}.json", 1
+    while path.exists():
+        count += 1
+        path = RESULTS / bench / f"{name}-{count}.json"
+    return path
+
+
+def gpu_tag(name: str) -> str:
+    """The word of a GPU's name that has a digit in it: "NVIDIA H100 80GB HBM3" -> "h100"."""
+    words = re.findall(r"[a-z0-9]+", name.lower().replace("nvidia", "").replace("geforce", ""))
+    return next((w for w in words if re.search(r"\d", w)), "-".join(words[:2]) or "gpu")
+
+
+def add_json_option(parser) -> None:
+    """--json PATH: where write_result puts the result instead of bench/results/<bench>/."""
+    parser.add_argument("--json", dest="json_path", default=None, metavar="PATH",
+                        help="write the result (JSON, stamped) to PATH instead of bench/results/<bench>/")
+
+
+def write_result(bench: str, args, payload, path: str | Path | None = None) -> Path:
+    """Writes `payload` (the benchmark's rows, as it has always written them) as one JSON document
+    {"schema", "bench", "stamp": stamp(args), "results": payload} to `path` (a benchmark's --json)
+    or to result_path(); says where on stderr and returns the path."""
+    stamped = stamp(args)
+    target = Path(path) if path else result_path(bench, stamped)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    document = {"schema": SCHEMA, "bench": bench, "stamp": stamped, "results": payload}
+    target.write_text(json.dumps(document, indent=1, default=str) + "\n")
+    shown = target.resolve().relative_to(REPO) if target.resolve().is_relative_to(REPO) else target
+    print(f"wrote {shown}", file=sys.stderr)
+    return target

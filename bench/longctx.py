@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import corpus_text, table  # noqa: E402
+from common import add_json_option, corpus_text, table, write_result  # noqa: E402
 
 TASKS = ("passkey", "niah", "multikey", "multivalue", "vartrack")
 POLICIES = ("lru", "quest", "draft", "scores")
@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--home", default=None)
     parser.add_argument("--weights", default="auto", help="the engine's weight format (auto, float32, gguf, ...)")
     parser.add_argument("--activations", default="float32", help="the engine's activations (float32, int8)")
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     parser.add_argument("--log", default="longctx-cases.jsonl", help="per-case results; cases already there are skipped")
     args = parser.parse_args()
 
@@ -177,8 +177,7 @@ def main() -> None:
                        ("first_token_agree_pct", "1st decoded token = exact %"), ("cases", "cases")]))
     print(f"model {args.model}; tasks {args.tasks}; depths {args.depths}%; {args.new_tokens} new tokens; "
           f"wall {time.time() - started:.0f}s")
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    write_result("longctx", args, {"rows": rows}, args.json_path)
 
 
 if __name__ == "__main__":

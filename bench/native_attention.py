@@ -25,13 +25,12 @@ rather than from the cache the previous call filled; the time reported is per la
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import median_seconds  # noqa: E402
+from common import add_json_option, median_seconds, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -43,7 +42,7 @@ def main() -> None:
     parser.add_argument("--layout", choices=("pool", "store"), default="pool")
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     args = parser.parse_args()
 
     import torch
@@ -121,9 +120,7 @@ def main() -> None:
               f"{row['gbs']:>5.1f}  {row['vs_sdpa']:>6.2f}")
     print("x SDPA: SDPA's time / the kernel's (above 1: faster). GB/s: the K/V bytes read / the median time "
           "(the blocks' bytes once, however many queries read them).")
-    if args.json_path:
-        with open(args.json_path, "w") as handle:
-            json.dump(results, handle, indent=2)
+    write_result("native_attention", args, results, args.json_path)
 
 
 if __name__ == "__main__":

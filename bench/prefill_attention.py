@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import median_seconds, table  # noqa: E402
+from common import add_json_option, median_seconds, table, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--keys", default="1024,6500", help="keys every row sees")
     parser.add_argument("--heads", default="3,64", help="KV heads, head dim")
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     args = parser.parse_args()
 
     import torch
@@ -90,9 +90,7 @@ def main() -> None:
           + table(shown, columns))
     print("GFLOP/s: 4 R S D per KV head over the median time (computed). error: the largest difference from float64 "
           "attention over the largest output.")
-    if args.json_path:
-        with open(args.json_path, "w") as handle:
-            json.dump(rows_out, handle, indent=2)
+    write_result("prefill_attention", args, rows_out, args.json_path)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,12 @@ their own order).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import median_seconds  # noqa: E402
+from common import add_json_option, median_seconds, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -30,7 +29,7 @@ def main() -> None:
                         help="KxN: inputs x outputs of each weight matrix")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     args = parser.parse_args()
 
     import torch
@@ -65,9 +64,7 @@ def main() -> None:
               f"{r['torch_gflops']:>13.0f}  {r['onednn_gflops']:>14.0f}  {r['ratio_x']:>7.2f}  "
               f"{r['max_diff_rel']:>21.1e}")
     print("x MKL: MKL's time / oneDNN's (above 1: oneDNN faster).")
-    if args.json_path:
-        with open(args.json_path, "w") as handle:
-            json.dump(results, handle, indent=2)
+    write_result("prefill_gemm", args, results, args.json_path)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import bench_device, prompt_ids, sync  # noqa: E402
+from common import add_json_option, bench_device, prompt_ids, sync, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--pool-mib", type=float, default=64.0)
     parser.add_argument("--weights", default="auto")
     parser.add_argument("--rows", type=int, default=25, help="operators listed")
+    add_json_option(parser)
     args = parser.parse_args()
 
     from torch.profiler import ProfilerActivity, profile
@@ -57,25 +58,34 @@ def main() -> None:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=activities) as prof:
         profiled = decode(args.steps)
-    print(f"{args.model} on {device} ({engine.backend.name}/{engine.stats().kv_path}), {args.context}-token document, "
+    path = f"{engine.backend.name}/{engine.stats().kv_path}"
+    print(f"{args.model} on {device} ({path}), {args.context}-token document, "
           f"batch {args.batch}: {args.steps} steps in {plain:.3f} s unprofiled ({1000 * plain / args.steps:.1f} ms a "
           f"step, measured), {profiled:.3f} s profiled")
     events = prof.key_averages()
-    rows = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:args.rows]
+    operators = [{"operator": e.key, "calls_per_step": e.count / args.steps,
+                  "host_ms_per_step": e.self_cpu_time_total / 1000 / args.steps,
+                  "gpu_ms_per_step": getattr(e, "self_device_time_total", 0) / 1000 / args.steps if device == "cuda" else None}
+                 for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:args.rows]]
     print(f"{'operator':<48} {'calls/step':>10} {'host ms/step':>12}" + (f" {'GPU ms/step':>11}" if device == "cuda" else ""))
-    for e in rows:
-        line = f"{e.key[:48]:<48} {e.count / args.steps:>10.1f} {e.self_cpu_time_total / 1000 / args.steps:>12.2f}"
+    for op in operators:
+        line = f"{op['operator'][:48]:<48} {op['calls_per_step']:>10.1f} {op['host_ms_per_step']:>12.2f}"
         if device == "cuda":
-            line += f" {getattr(e, 'self_device_time_total', 0) / 1000 / args.steps:>11.2f}"
+            line += f" {op['gpu_ms_per_step']:>11.2f}"
         print(line)
+    result = {"device": device, "path": path, "context": args.context, "batch": args.batch, "steps": args.steps,
+              "unprofiled_s": plain, "step_ms": 1000 * plain / args.steps, "profiled_s": profiled, "operators": operators}
     if device == "cuda":
+        result["calls_per_step"] = {}
         for name in ("cudaStreamSynchronize", "cudaMemcpyAsync", "cudaLaunchKernel", "cuLaunchKernel", "aten::item",
                      "aten::_local_scalar_dense"):
             match = [e for e in events if e.key == name]
             if match:
+                result["calls_per_step"][name] = match[0].count / args.steps
                 print(f"{name}: {match[0].count / args.steps:.1f} a step")
-        total_gpu = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1000 / args.steps
-        print(f"GPU busy {total_gpu:.2f} ms a step of {1000 * profiled / args.steps:.1f} ms (profiled)")
+        result["gpu_busy_ms_per_step"] = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1000 / args.steps
+        print(f"GPU busy {result['gpu_busy_ms_per_step']:.2f} ms a step of {1000 * profiled / args.steps:.1f} ms (profiled)")
+    write_result("profile_decode", args, result, args.json_path)
 
 
 if __name__ == "__main__":

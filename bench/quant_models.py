@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import peak_rss_mib, run_worker, table  # noqa: E402
+from common import add_json_option, peak_rss_mib, run_worker, table, write_result  # noqa: E402
 
 SHAPES = {
     "135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, rope_base=100000.0, tied=True),
@@ -200,7 +200,7 @@ def main() -> None:
     parser.add_argument("--tokenizer-only", type=Path, default=None, metavar="OUT",
                         help="write SmolLM2's tokenizer alone as a GGUF to OUT (for --tokenizer-from elsewhere) and stop")
     parser.add_argument("--write-only", action="store_true", help="write the files, measure nothing")
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     folder = Path(args.folder)
@@ -253,8 +253,7 @@ def main() -> None:
     print(table(rows, columns))
     print(f"Random weights (speed and memory only); {args.prompt_tokens}-token prompt; decode over "
           f"{args.new_tokens} greedy tokens; peak RSS is the process's VmHWM (file pages read count).")
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"rows": rows}, indent=1))
+    write_result("quant_models", args, {"rows": rows}, args.json_path)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import table  # noqa: E402
+from common import add_json_option, table, write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--explain", action="store_true", help="also run every batch size with --explain")
     parser.add_argument("--only-explain", action="store_true", help="run every batch size with --explain only")
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     args = parser.parse_args()
 
     rows = []
@@ -68,8 +68,7 @@ def main() -> None:
     print(table(rows, [("explain", "--explain"), ("batch", "--batch"), ("seconds", "wall s"),
                        ("ratio_x", "x batch 1"), ("same", "same findings"), ("findings", "findings"),
                        ("prefill_tokens", "prefill tok"), ("decode_tokens", "decode tok"), ("uptime", "load (1 min)")]))
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(rows, indent=1))
+    write_result("review_batch", args, rows, args.json_path)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ per-category and micro precision, recall and F1, for every method compared:
   number and unit as a duration in the answer, or containment).
 
     python bench/review_quality.py --reviews 10 --models smollm2,gemma3-270m \\
-        --features smollm2=/tmp/features-smollm2.npz --json bench/results/review_quality.json
+        --features smollm2=/tmp/features-smollm2.npz
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cuad  # noqa: E402
-from common import table  # noqa: E402
+from common import add_json_option, table, write_result  # noqa: E402
 
 from kvpage_cli.tasks.taxonomy import CATEGORIES  # noqa: E402
 from kvpage_cli.tasks.values import duration_parts, in_unit  # noqa: E402
@@ -238,7 +238,7 @@ def main() -> None:
     parser.add_argument("--features", action="append", default=[], help="MODEL=PATH of bench/clause_features.py")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--contracts", default=None)
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads of each model's engine")
     parser.add_argument("--log", default=None,
                         help="append each full review to this file (JSON lines) and take the ones already there "
@@ -318,9 +318,7 @@ def main() -> None:
     per = [{"category": g, **{f"{m} F1": f'{report["methods"][m]["per_category"][g]["f1"]:.2f}' for m in report["methods"]}}
            for g in GROUPS]
     print(table(per, [("category", "category")] + [(f"{m} F1", f"{m} F1") for m in report["methods"]]))
-    if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(report, indent=1))
+    write_result("review_quality", args, report, args.json_path)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CUAD, REPO, table  # noqa: E402
+from common import CUAD, REPO, add_json_option, table, write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 
@@ -255,7 +255,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     parser.add_argument("--home", default=None, help="KVPAGE_HOME, kept (default: a temporary folder, removed)")
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     args = parser.parse_args()
     home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="kvpage-soak-"))
     folder = Path(tempfile.mkdtemp(prefix="kvpage-soak-docs-"))
@@ -320,9 +320,8 @@ def main() -> None:
         reasons.append(f"{len(result['errors'])} errors")
     if forks["violations"]:
         reasons.append(f"{len(forks['violations'])} fork operations left store bytes in use")
-    if args.json_path:
-        result["verdict"] = reasons
-        Path(args.json_path).write_text(json.dumps(result, indent=1))
+    result["verdict"] = reasons
+    write_result("soak", args, result, args.json_path)
     print("soak: PASS" if not reasons else f"soak: FAIL ({'; '.join(reasons)})")
     sys.exit(1 if reasons else 0)
 

@@ -6,13 +6,12 @@ folder through transformers, as every load did before cards, and writes the card
 its card (every later run). Beside them, llama.cpp (llama-cpp-python, where installed) answering
 the same prompt from the same GGUF file in a new process. Medians of --repeats runs each.
 
-    python bench/startup.py --repeats 5 --json bench/results/startup.json
+    python bench/startup.py --repeats 5
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -20,6 +19,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import add_json_option, write_result  # noqa: E402
 
 QUESTION = "Where did the cat sit?"
 TEXT = "The cat sat on the mat.\n"
@@ -52,7 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--home", default=None, help="KVPAGE_HOME (default: the engine's)")
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     args = parser.parse_args()
     from kvpage_cli.engine.home import default_home
     from kvpage_cli.engine.model.weights import ALIASES, gguf_file
@@ -83,8 +86,7 @@ def main() -> None:
     for name, row in rows.items():
         print(f"  {name:28s} {row['wall_s']:6.2f} s  {row['peak_rss_mib']:7.1f} MiB peak RSS"
               + ("" if row is base else f"   {row['wall_s'] / base['wall_s']:.2f}x the time with the card"))
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"repeats": args.repeats, "rows": rows}, indent=2))
+    write_result("startup", args, {"repeats": args.repeats, "rows": rows}, args.json_path)
 
 
 if __name__ == "__main__":

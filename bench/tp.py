@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import peak_rss_mib, prompt_ids, run_worker, table  # noqa: E402
+from common import add_json_option, peak_rss_mib, prompt_ids, run_worker, table, write_result  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--contexts", default="1024,8192")
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
@@ -102,8 +102,7 @@ def main() -> None:
                        ("decode_ratio", "ratio"), ("comm_prefill", "comm % prefill r0/r1"),
                        ("comm_decode", "comm % decode r0/r1"), ("same_tokens", "same tokens"),
                        ("weights", "weights MiB 1 | r0+r1"), ("rss", "peak RSS MiB 1 | r0+r1")]))
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(rows, indent=1))
+    write_result("tp", args, rows, args.json_path)
 
 
 if __name__ == "__main__":

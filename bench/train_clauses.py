@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cuad  # noqa: E402
+from common import add_json_option, write_result  # noqa: E402
 
 from kvpage_cli.tasks.classifier import HEAD_FORMAT, LEXICAL_HEAD, terms  # noqa: E402
 from kvpage_cli.tasks.taxonomy import CATEGORIES  # noqa: E402
@@ -163,7 +164,7 @@ def main() -> None:
     parser.add_argument("--min-df", type=int, default=3)
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--variants", action="store_true", help="also fit and report the other settings on dev")
-    parser.add_argument("--json", dest="json_path", default=None)
+    add_json_option(parser)
     args = parser.parse_args()
 
     started = time.time()
@@ -199,8 +200,7 @@ def main() -> None:
     write(Path(args.out), vec, models, thresholds, meta, [dev_set[0][i] for i in check],
           [[round(float(p), 6) for p in result["probs"][i]] for i in check])
     print(f"wrote {args.out} ({Path(args.out).stat().st_size / 1024:.0f} KiB)", file=sys.stderr)
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"variants": report, "per_category": result["per_category"]}, indent=1))
+    write_result("train_clauses", args, {"variants": report, "per_category": result["per_category"]}, args.json_path)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,12 @@ from .conftest import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 
-import retrieval  # noqa: E402
+from retrieval_parts.sources import evidence_ranges, fetch_source, is_right, load_question_set  # noqa: E402
+from retrieval_parts.systems import BM25Chunks  # noqa: E402
 
-QUESTION_SET = retrieval.load_question_set()
+from kvpage_cli.tasks.retrieval import lexical_terms  # noqa: E402
+
+QUESTION_SET = load_question_set()
 QUESTIONS = QUESTION_SET["questions"]
 SOURCES = QUESTION_SET["sources"]
 HELD_OUT = {"requests", "click"}  # kept apart for independent evaluation
@@ -37,8 +40,8 @@ def test_question_is_well_formed(question):
     for rx in question["regexes"]:
         re.compile(rx)
     # the reference answer scores as right, a non-answer does not
-    assert retrieval.is_right(question["answer"], question["regexes"])
-    assert not retrieval.is_right("The document does not say.", question["regexes"])
+    assert is_right(question["answer"], question["regexes"])
+    assert not is_right("The document does not say.", question["regexes"])
     assert question["evidence"]
     for ev in question["evidence"]:
         assert isinstance(ev["file"], str) and ev["file"]
@@ -76,7 +79,7 @@ def test_evidence_in_the_corpus_contracts_is_on_its_line():
             continue
         doc = load(str(REPO / spec["path"]))
         for question in (q for q in QUESTIONS if q["source"] == source_id):
-            ranges = retrieval.evidence_ranges(doc, question["evidence"])
+            ranges = evidence_ranges(doc, question["evidence"])
             assert all(doc.text[a:b] == ev["quote"] for (a, b), ev in zip(ranges, question["evidence"]))
             checked += 1
     assert checked >= 10
@@ -106,11 +109,11 @@ def test_a_file_is_taken_from_a_debian_package_checked_by_its_hash(tmp_path):
     spec = {"kind": "deb", "url": "http://deb.debian.org/debian/pool/main/t/tool/tool-doc_1.0_all.deb",
             "sha256": hashlib.sha256(package).hexdigest(), "member": "./usr/share/doc/tool/manual.pdf",
             "file": "manual.pdf"}
-    path = retrieval.fetch_source("tool", spec, tmp_path)
+    path = fetch_source("tool", spec, tmp_path)
     assert path == folder / "manual.pdf" and path.read_bytes() == content
     (folder / "manual.pdf").unlink()
     with pytest.raises(SystemExit, match="does not have the recorded sha256"):
-        retrieval.fetch_source("tool", {**spec, "sha256": "0" * 64}, tmp_path)
+        fetch_source("tool", {**spec, "sha256": "0" * 64}, tmp_path)
 
 
 @pytest.mark.parametrize("order", ["best-last", "document"])
@@ -121,9 +124,9 @@ def test_the_text_baseline_packs_its_chunks_in_the_order_retrieval_mode_reads_th
 
     doc = load(str(REPO / "corpus" / "cuad" / "10-collaboration-long" / "contract.txt"))
     tokenizer, question = smollm2.tokenizer, "Which State's laws govern this agreement?"
-    index = retrieval.BM25Chunks(doc, tokenizer, 256)
+    index = BM25Chunks(doc, tokenizer, 256)
     text, chosen = index.pack(doc, tokenizer, question, 1024, order)
-    scores = index.index.get_scores(retrieval.lexical_terms(question, index.stopwords))
+    scores = index.index.get_scores(lexical_terms(question, index.stopwords))
     best = index.chunks[max(range(len(index.chunks)), key=lambda i: scores[i])]
     starts = [c.start for c in chosen]
     assert len(chosen) > 2 and best in chosen
