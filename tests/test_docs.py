@@ -16,9 +16,6 @@ from markdown_it import MarkdownIt
 from .conftest import REPO
 
 README = REPO / "README.md"
-# Written from bench/results by the benchmarks' own generator, on another branch of issue 45: until
-# that branch is merged, links to it name a page that is not in the tree yet. Remove the entry then.
-MADE_ELSEWHERE = {"docs/benchmarks.md"}
 _HTML_LINK = re.compile(r"""<(?:a|img)\b[^>]*?\b(?:href|src)\s*=\s*["']([^"']+)["']""", re.IGNORECASE)
 
 
@@ -70,9 +67,6 @@ def broken_links(page: Path, root: Path) -> list[str]:
         if parts.scheme or parts.netloc:
             continue  # a web address: not checked offline
         path = (page.parent / unquote(parts.path)).resolve() if parts.path else page
-        if not path.exists() and root.resolve() in path.parents \
-                and path.relative_to(root.resolve()).as_posix() in MADE_ELSEWHERE:
-            continue
         if not path.exists() or root.resolve() not in path.parents and path != root.resolve():
             broken.append(f"{page.name}: {target} (no such file)")
         elif parts.fragment and path.suffix == ".md" and parts.fragment not in anchors(path):
