@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import io
-import re
 import zipfile
 
 import docx
@@ -24,9 +23,10 @@ from docx.text.paragraph import Paragraph
 from docx.text.run import Run
 from lxml import etree
 
-from ...ingest import Document, split_clauses
+from ...ingest import Document
 from ..schema import Finding, ReviewResult
 from . import FormatError
+from .paragraphs import paragraphs
 from .quotes import find_all, nth_place
 from .wording import counts, finding_note, term_value
 
@@ -38,7 +38,6 @@ _MC = "http://schemas.openxmlformats.org/markup-compatibility/2006"
 _SKIPPED = {qn("w:del"), qn("w:moveFrom"), qn("w:pPr"), qn("w:rPr"), f"{{{_MC}}}AlternateContent"}
 _CONTAINERS = {qn("w:ins"), qn("w:moveTo"), qn("w:hyperlink"), qn("w:smartTag"), qn("w:customXml"),
                qn("w:fldSimple"), qn("w:sdtContent"), qn("w:bdo"), qn("w:dir")}
-_BLANK_LINE = re.compile(r"\n[ \t]*\n\s*")
 
 
 def commented_docx(result: ReviewResult, doc: Document, source: bytes | None = None) -> bytes:
@@ -49,6 +48,18 @@ def commented_docx(result: ReviewResult, doc: Document, source: bytes | None = N
             raise FormatError(f"{doc.source}: a commented copy needs the DOCX file itself")
         return _Copy(result, doc, source).write()
     return _NewDocument(result, doc).write()
+
+
+def check_source(source: bytes, doc: Document) -> None:
+    """Raises FormatError, before any review work, when `source` cannot be copied with comments."""
+    _open(source, doc.source)
+
+
+def _open(source: bytes, display: str) -> WordDocument:
+    try:
+        return docx.Document(io.BytesIO(source))
+    except (ValueError, KeyError, zipfile.BadZipFile, etree.XMLSyntaxError) as exc:
+        raise FormatError(f"{display} cannot be copied with comments: {_short(exc)}") from None
 
 
 def comment_text(f: Finding) -> str:
@@ -81,10 +92,7 @@ class _Copy:
     def __init__(self, result: ReviewResult, doc: Document, source: bytes) -> None:
         self.result = result
         self.doc = doc
-        try:
-            self.word = docx.Document(io.BytesIO(source))
-        except (ValueError, KeyError, zipfile.BadZipFile, etree.XMLSyntaxError) as exc:
-            raise FormatError(f"{doc.source} cannot be copied with comments: {_short(exc)}") from None
+        self.word = _open(source, doc.source)
         self.paragraphs = list(self.word.element.iter(qn("w:p")))
         self.body = self.word._body
 
@@ -294,9 +302,9 @@ def _short(exc: Exception) -> str:
 # -- a new DOCX of any contract's text -----------------------------------------------------------
 
 class _NewDocument:
-    """The contract's text in Word paragraphs: one or more per clause, each section title line a
-    heading; PDF lines joined (they are the page's line wraps), a text file's single line breaks
-    kept. Runs are cut at every quote's ends, so comments anchor exactly."""
+    """The contract's text in Word paragraphs (formats/paragraphs.py: a PDF's wrapped lines joined,
+    a text file's line breaks kept), section titles as headings. Runs are cut at every quote's
+    ends, so comments anchor exactly."""
 
     def __init__(self, result: ReviewResult, doc: Document) -> None:
         self.result = result
@@ -313,8 +321,9 @@ class _NewDocument:
             cuts.update((f.start, f.end))
         runs: list[tuple[int, int, Run]] = []  # (start, end, run) in document order
         first: list[Run] = []  # the first paragraph's runs: the summary comment's anchor
-        for start, end, heading in self._paragraphs():
-            paragraph = self.word.add_paragraph(style="Heading 2" if heading else None)
+        for block in paragraphs(self.doc):
+            start, end = block.start, block.end
+            paragraph = self.word.add_paragraph(style="Heading 2" if block.heading else None)
             points = sorted(c for c in cuts if start < c < end)
             for a, b in zip([start] + points, points + [end]):
                 runs.append((a, b, self._add(paragraph, text[a:b])))
@@ -338,52 +347,3 @@ class _NewDocument:
             run.add_break()
             run.add_text(line)
         return run
-
-    def _paragraphs(self):
-        """(start, end, is a heading) of each paragraph, in order: clause starts and blank lines
-        break paragraphs, and the section title lines a clause opens with ("4. TERM AND RENEWAL")
-        are headings of their own."""
-        text = self.doc.text
-        clauses = sorted(split_clauses(self.doc), key=lambda c: c.start)
-        bounds = [(0, clauses[0].start if clauses else len(text), "")]
-        bounds += [(c.start, c.end, c.heading) for c in clauses]
-        for start, end, heading in bounds:
-            pos = start
-            for a, b in _title_lines(text, start, end, heading):
-                yield from self._blocks(pos, a, False)
-                yield from _trimmed(text, a, b, True)
-                pos = b
-            yield from self._blocks(pos, end, False)
-
-    def _blocks(self, start: int, end: int, heading: bool):
-        text = self.doc.text
-        pos = start
-        for m in _BLANK_LINE.finditer(text, start, end):
-            yield from _trimmed(text, pos, m.start(), heading)
-            pos = m.end()
-        yield from _trimmed(text, pos, end, heading)
-
-
-def _title_lines(text: str, start: int, end: int, heading: str, most: int = 4):
-    """The title lines a clause opens with, before the line its own text starts on."""
-    for n, m in enumerate(re.finditer(r"[^\n]+", text[start:end])):
-        line = m.group().strip()
-        if n >= most or (heading and heading in line and line != heading):
-            return
-        if line and (line == heading or _is_title(line)):
-            yield start + m.start(), start + m.end()
-
-
-def _trimmed(text: str, start: int, end: int, heading: bool):
-    while start < end and text[start].isspace():
-        start += 1
-    while end > start and text[end - 1].isspace():
-        end -= 1
-    if start < end:
-        yield start, end, heading
-
-
-def _is_title(line: str) -> bool:
-    """A section title line: short, with letters and none of them lower case ("4. TERM AND RENEWAL")."""
-    letters = [c for c in line if c.isalpha()]
-    return 0 < len(line) <= 80 and len(letters) >= 3 and not any(c.islower() for c in letters)

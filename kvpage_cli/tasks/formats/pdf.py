@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 
+import pypdf
 from pypdf import PdfReader, PdfWriter
 from pypdf.annotations import Highlight
 from pypdf.errors import PdfReadError
@@ -25,7 +26,7 @@ from pypdf.generic import ArrayObject, ContentStream, DecodedStreamObject, Dicti
 from ...ingest import Document
 from ..schema import Finding, ReviewResult
 from . import FormatError
-from .pdf_glyphs import Glyph, page_glyphs
+from .pdf_glyphs import Font, Glyph, page_glyphs
 from .quotes import find_all, nth_place
 from .text_pages import Line, font_resources, lay_out
 from .wording import (
@@ -55,12 +56,11 @@ class Placement:
     pages: tuple[tuple[int, tuple[tuple[float, ...], ...]], ...]
 
 
-def highlighted_pdf(result: ReviewResult, doc: Document, source: bytes, password: str | None = None) -> HighlightedPdf:
+def highlighted_pdf(result: ReviewResult, doc: Document, source: bytes) -> HighlightedPdf:
     """A copy of the PDF `doc` was read from (`source`, its bytes) with the review's highlights and
     its summary pages."""
-    if doc.kind != "pdf":
-        raise FormatError(f"{doc.source} is not a PDF: highlights need one (use --format docx or html)")
-    reader = _open(source, doc.source, password)
+    check_source(source, doc)
+    reader = _open(source, doc.source)
     locator = Locator(reader, doc)
     placements = {id(f): locator.place(f.start, f.end) for f in result.findings}
     writer = PdfWriter(reader, incremental=True)
@@ -79,7 +79,16 @@ def highlighted_pdf(result: ReviewResult, doc: Document, source: bytes, password
     return HighlightedPdf(out.getvalue(), placed, unplaced)
 
 
-def _open(source: bytes, display: str, password: str | None) -> PdfReader:
+def check_source(source: bytes, doc: Document) -> None:
+    """Raises FormatError, before any review work, when `source` cannot be copied with highlights."""
+    if doc.kind != "pdf":
+        raise FormatError(f"{doc.source} is not a PDF: highlights need one (use --format docx or html)")
+    _open(source, doc.source)
+    if Font is None:
+        raise FormatError(f"--format pdf needs pypdf 7 (this is pypdf {pypdf.__version__}): pip install 'pypdf>=7'")
+
+
+def _open(source: bytes, display: str) -> PdfReader:
     try:
         reader = PdfReader(io.BytesIO(source), strict=False)
         if reader.is_encrypted:

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pypdf import PageObject
 from pypdf.generic import ArrayObject, DictionaryObject, NameObject, NumberObject, FloatObject
 
-try:  # pypdf 7: the font model of its text extraction (widths, encodings, ToUnicode maps)
+try:  # pypdf 7: the font model of its text extraction (widths, encodings, ToUnicode maps); pdf.py checks
     from pypdf.generic._font import Font
-except ImportError:  # pragma: no cover - pyproject requires pypdf 7
+except ImportError:  # another pypdf, where it lives elsewhere (pyproject asks for 7)
     Font = None
 
 IDENTITY = (1.0, 0.0, 0.0, 1.0, 0.0, 0.0)
