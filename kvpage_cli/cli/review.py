@@ -146,7 +146,9 @@ def review(
                     failed.append((path, str(exc)))
                     continue
                 if out_dir is not None:
-                    write_file(out_dir / names[path], output if isinstance(output, bytes) else output.encode("utf-8"))
+                    target = out_dir / names[path]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    write_file(target, output if isinstance(output, bytes) else output.encode("utf-8"))
                     written.append((result, names[path]))
                 elif isinstance(output, bytes):
                     sink.write_bytes(output)

@@ -191,25 +191,19 @@ class _Runs:
         return seen
 
     def find(self, text: str, span, lo: int, hi: int) -> _Place | None:
-        """Where text[lo:hi] (inside `span`) is among the runs; None where it is not there."""
+        """Where text[lo:hi] (inside `span`) is among the runs; None where it is not there. What
+        ingest put in the span's text around the runs' own (an automatic number such as "2.1" in
+        front, " |" after a table cell) is left out."""
         own = "".join(c for c, *_ in self.chars)
+        begins, ends = self._own_range(text, span, own)
+        lo, hi = max(lo, begins), min(hi, ends)
         part = text[lo:hi]
-        paragraph = Document(source="", kind="text", text=own, spans=[])
-        place = paragraph.find_quote(part)
-        if place is None and lo == span.start:
-            # a paragraph's automatic number ("2.1") is in ingest's text but in no run
-            words = part.split(maxsplit=1)
-            if len(words) == 2:
-                place = paragraph.find_quote(words[1])
+        if not part.strip():
+            return None
+        place = nth_place(own, part, len(find_all(text[begins:hi], part)) - 1, len(find_all(text[begins:ends], part)))
         if place is None:
             return None
         a, b = place
-        if len(find_all(own, part)) > 1:  # which of them: the one the quote is in ingest's text
-            place = nth_place(own, part, len(find_all(text[span.start:hi], part)) - 1,
-                              len(find_all(text[span.start:span.end], part)))
-            if place is None:
-                return None
-            a, b = place
         while a < b and self.chars[a][0].isspace():
             a += 1
         while b > a and self.chars[b - 1][0].isspace():
@@ -217,6 +211,19 @@ class _Runs:
         if a >= b:
             return None
         return _Place(self.chars[a][1:], self.chars[b - 1][1:])
+
+    @staticmethod
+    def _own_range(text: str, span, own: str) -> tuple[int, int]:
+        """The part of the span's text that the runs hold: after a list label, before a cell's " |"."""
+        begins, ends = span.start, span.end
+        if text[begins:ends].endswith(" |"):
+            ends -= 2
+        head = own.strip()[:48]
+        if head:
+            found = find_all(text[begins:ends], head)
+            if found:
+                begins += found[0][0]
+        return begins, ends
 
     def _walk(self, element) -> None:
         for child in element:

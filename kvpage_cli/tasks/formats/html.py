@@ -98,7 +98,7 @@ def _terms(result: ReviewResult) -> str:
     if not result.terms:
         return '<section id="terms"><h2>Key terms</h2><p class="none">No key term was found.</p></section>'
     rows = "\n".join(f'<tr><th scope="row">{esc(t.label)}</th><td class="value">{esc(term_value(t))}</td>'
-                     f'<td data-label="clause">{esc(t.clause_id)}</td><td data-label="source">{esc(term_source(t))}</td>'
+                     f'<td data-label="clause">{esc(t.clause_id)}</td><td class="where">{esc(term_source(t))}</td>'
                      "</tr>" for t in result.terms)
     return ('<section id="terms"><h2>Key terms</h2><table class="terms"><thead><tr><th scope="col">Term</th>'
             '<th scope="col">Value (exact words)</th><th scope="col">Clause</th><th scope="col">Source</th></tr>'
