@@ -284,23 +284,30 @@ def test_the_pdf_copy_highlights_each_quote_on_its_page_and_keeps_every_page(pdf
     # the original file is the copy's first bytes; the update redefines no page content stream
     assert highlighted.data.startswith(source)
     original, copy = pypdf.PdfReader(io.BytesIO(source)), pypdf.PdfReader(path)
-    streams = {page["/Contents"].idnum for page in original.pages}
+    streams = set()
+    for page in original.pages:
+        contents = page.raw_get("/Contents")
+        streams.update(ref.idnum for ref in (contents if isinstance(contents, list) else [contents]))
     redefined = {int(n) for n in re.findall(rb"(?m)^(\d+) 0 obj", highlighted.data[len(source):])}
     assert not streams & redefined
     for before, after in zip(original.pages, copy.pages):
         assert after.get_contents().get_data() == before.get_contents().get_data()
-    # one highlight per finding, on the finding's page, over exactly its quote's words
+    # a highlight per finding and page it is on, on those pages, over exactly its quote's words
     annotations = [(number, a.get_object()) for number, page in enumerate(copy.pages, start=1)
                    for a in page.get("/Annots", [])]
-    assert len(annotations) == len(result.findings)
-    by_name = {a["/NM"]: (number, a) for number, a in annotations}
-    for i, f in enumerate(result.findings):
-        number, annotation = by_name[f"kvpage-{i + 1}-{f.clause_id}"]
+    parts = collections.defaultdict(list)
+    for number, annotation in annotations:
         assert annotation["/Subtype"] == "/Highlight" and annotation["/T"] == "kvpage"
-        assert f.source == f"page {number}"
-        assert f.rationale in annotation["/Contents"] and f.risk.upper() in annotation["/Contents"]
-        quads = [float(v) for v in annotation["/QuadPoints"]]
-        assert covered_words(bbox_words(path, number), quads) == f.quote.split(), f.clause_id
+        parts[re.match(r"kvpage-(\d+)-", annotation["/NM"]).group(1)].append((number, annotation))
+    assert len(parts) == len(result.findings)
+    for i, f in enumerate(result.findings):
+        pages = [number for number, _ in parts[str(i + 1)]]
+        assert f.source == (f"page {pages[0]}" if len(pages) == 1 else f"pages {pages[0]}-{pages[-1]}")
+        words = []
+        for number, annotation in parts[str(i + 1)]:
+            assert f.rationale in annotation["/Contents"] and f.risk.upper() in annotation["/Contents"]
+            words += covered_words(bbox_words(path, number), [float(v) for v in annotation["/QuadPoints"]])
+        assert words == f.quote.split(), f.clause_id
     # poppler reads and draws it; the summary pages follow the contract's
     assert len(copy.pages) > len(original.pages)
     summary = pdftotext(path, "-f", str(len(original.pages) + 1))

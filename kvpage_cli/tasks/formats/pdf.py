@@ -71,8 +71,9 @@ def highlighted_pdf(result: ReviewResult, doc: Document, source: bytes) -> Highl
             unplaced.append(f)
             continue
         placed.append(f)
-        for index, quads in placement.pages:
-            writer.add_annotation(index, _highlight(f, quads, number))
+        for part, (index, quads) in enumerate(placement.pages, start=1):
+            name = f"kvpage-{number + 1}-{f.clause_id}" + (f"-{part}" if len(placement.pages) > 1 else "")
+            writer.add_annotation(index, _highlight(f, quads, name))
     _append_summary(writer, reader, result, placements)
     out = io.BytesIO()
     writer.write(out)
@@ -220,7 +221,7 @@ def _ends_line(glyphs: list[Glyph], i: int) -> bool:
     return nxt.text[:1].islower()
 
 
-def _highlight(f: Finding, quads: tuple[tuple[float, ...], ...], number: int) -> Highlight:
+def _highlight(f: Finding, quads: tuple[tuple[float, ...], ...], name: str) -> Highlight:
     xs = [v for q in quads for v in q[0::2]]
     ys = [v for q in quads for v in q[1::2]]
     annotation = Highlight(rect=(min(xs) - 1, min(ys) - 1, max(xs) + 1, max(ys) + 1),
@@ -229,7 +230,7 @@ def _highlight(f: Finding, quads: tuple[tuple[float, ...], ...], number: int) ->
     annotation[NameObject("/Contents")] = TextStringObject("\n".join(finding_note(f)))
     annotation[NameObject("/T")] = TextStringObject(AUTHOR)
     annotation[NameObject("/Subj")] = TextStringObject(finding_title(f))
-    annotation[NameObject("/NM")] = TextStringObject(f"kvpage-{number + 1}-{f.clause_id}")
+    annotation[NameObject("/NM")] = TextStringObject(name)  # unique in the file: finding, clause, part
     return annotation
 
 

@@ -230,52 +230,55 @@ class _Walker:
     def _show(self, string, cm) -> None:
         state = self.state
         font = state.font
+        if font is None:  # no font: the pen cannot be moved; nothing shown can be placed
+            return
         raw = string.original_bytes if isinstance(string, str) and hasattr(string, "original_bytes") else string
         if isinstance(raw, str):
             raw = raw.encode("latin-1", "replace")
-        ctm = mult(tuple(cm), self.frames[-1].matrix)
-        if font is None:
-            # no font: the pen cannot be moved; nothing shown can be placed
-            return
         descriptor = font.font_descriptor
         ascent = (descriptor.ascent / 1000) if getattr(descriptor, "ascent", 0) else _ASCENT
         descent = (descriptor.descent / 1000) if getattr(descriptor, "descent", 0) else _DESCENT
         if ascent - descent < 0.5:
             ascent, descent = _ASCENT, _DESCENT
-        usable = font.sub_type not in ("Type3",) and getattr(font, "interpretable", True)
+        usable = font.sub_type != "Type3" and getattr(font, "interpretable", True)
         size, th = state.size, state.scale
+        # m maps text space at the pen's start to the page; each glyph moves the pen along m's x axis
+        m = mult(self.tm, mult(tuple(cm), self.frames[-1].matrix))
+        ux, uy, vx, vy = m[0], m[1], m[2], m[3]
+        low, high = descent * size + state.rise, ascent * size + state.rise
+        on_page = abs(size * (vy if abs(vy) > abs(vx) else vx)) or size
+        widths, default = font.character_widths, font.character_widths.get("default", 500)
+        character_map, dict_encoding = font.character_map, isinstance(font.encoding, dict)
+        pen = 0.0
         for code, char, single_space in _codes(raw, font):
-            known = char in font.character_widths or char == font.space_char
-            width = font.space_width if char == font.space_char else font.character_widths.get(
-                char, font.character_widths.get("default", 500))
-            text = font.character_map.get(char, char) if not isinstance(font.encoding, dict) else \
-                font.character_map.get(code, code)
-            advance = width / 1000 * size
-            m = mult(self.tm, ctm)
-            low, high = descent * size + state.rise, ascent * size + state.rise
-            ul, ur = apply(m, 0, high), apply(m, advance * th, high)
-            ll, lr = apply(m, 0, low), apply(m, advance * th, low)
-            self._place(Glyph(text, (*ul, *ur, *ll, *lr), 0, abs(size * (m[3] if abs(m[3]) > abs(m[2]) else m[2])) or size,
-                              known and usable))
-            tx = (advance + state.char_spacing + (state.word_spacing if single_space else 0.0)) * th
-            self.tm = mult((1, 0, 0, 1, tx, 0), self.tm)
+            is_space = char == font.space_char
+            width = font.space_width if is_space else widths.get(char, default)
+            text = character_map.get(code if dict_encoding else char, code if dict_encoding else char)
+            advance = width / 1000 * size * th
+            x, y = m[4] + pen * ux, m[5] + pen * uy
+            llx, lly, ulx, uly = x + low * vx, y + low * vy, x + high * vx, y + high * vy
+            dx, dy = advance * ux, advance * uy
+            self._place(text, (ulx, uly, ulx + dx, uly + dy, llx, lly, llx + dx, lly + dy), on_page,
+                        usable and (is_space or char in widths))
+            pen += advance + (state.char_spacing + (state.word_spacing if single_space else 0.0)) * th
+        self.tm = mult((1, 0, 0, 1, pen, 0), self.tm)
 
-    def _place(self, glyph: Glyph) -> None:
-        x, y = glyph.start
+    def _place(self, text: str, quad: tuple[float, ...], size: float, measured: bool) -> None:
+        x, y = (quad[0] + quad[4]) / 2, (quad[1] + quad[5]) / 2
         if self.pen is not None:
             dx, dy = x - self.pen[0], y - self.pen[1]
             ux, uy = self.direction
             along, across = dx * ux + dy * uy, -dx * uy + dy * ux
-            if abs(across) > 0.3 * glyph.size or along < -glyph.size:
+            if abs(across) > 0.3 * size or along < -size:
                 self.line += 1
         else:
             self.line += 1
-        ex, ey = glyph.end
+        ex, ey = (quad[2] + quad[6]) / 2, (quad[3] + quad[7]) / 2
         length = ((ex - x) ** 2 + (ey - y) ** 2) ** 0.5
         if length > 1e-6:
             self.direction = ((ex - x) / length, (ey - y) / length)
-        self.pen = glyph.end
-        self.glyphs.append(Glyph(glyph.text, glyph.quad, self.line, glyph.size, glyph.measured))
+        self.pen = (ex, ey)
+        self.glyphs.append(Glyph(text, quad, self.line, size, measured))
 
 
 def _codes(raw: bytes, font):
