@@ -81,7 +81,8 @@ def stamp(args: argparse.Namespace) -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return {"bench": "review_formats", "commit": commit.strip(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    return {"bench": "review_formats", "commit": commit.strip(),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "machine": {"cpu": cpu, "cores": os.cpu_count(), "load_1min_at_start": os.getloadavg()[0]},
             "versions": {n: version(n) for n in ("kvpage", "torch", "pypdf", "python-docx", "lxml")},
             "python": platform.python_version(), "args": vars(args)}

@@ -35,6 +35,7 @@ from kvpage_cli.tasks.schema import Finding, ReviewResult
 
 from .chromium import Browser
 from .conftest import CORPUS, SAMPLES, application
+from .test_cli import CONTRACT, one_error_line
 
 
 
@@ -420,8 +421,9 @@ def hostile_review() -> tuple[ReviewResult, Document]:
     doc = Document("hostile.txt", "text", HOSTILE, [Span(m.start(), m.end(), "hostile.txt", line=n + 1)
                                                     for n, m in enumerate(lines)])
     findings = []
-    for clause_id, quote in (("1", "This Agreement is governed by the laws of <script>"), ("2", "\u202eshtnom xis\u202c"),
-                             ("3", "A" * 300)):
+    quotes = (("1", "This Agreement is governed by the laws of <script>"), ("2", "\u202eshtnom xis\u202c"),
+              ("3", "A" * 300))
+    for clause_id, quote in quotes:
         start = HOSTILE.index(quote)
         findings.append(Finding(clause_id, "<b>Heading</b>", "governing law", "high", "A \"reason\" & <i>more</i>.",
                                 quote, doc.where(start, start + len(quote)), start, start + len(quote),
@@ -458,22 +460,6 @@ def test_the_html_report_of_a_contract_without_findings_says_so(tmp_path):
 
 # -- the command line, once per format (the tiny model) ------------------------------------------
 
-CONTRACT = """SERVICES AGREEMENT
-
-1. TERM
-
-1.1 Initial Term. This Agreement starts on April 1, 2025 and runs for three years.
-
-1.2 Renewal. This Agreement renews automatically for successive three-year terms unless Customer gives notice of non-renewal at least 180 days before the end of the term.
-
-2. LIABILITY
-
-2.1 Limitation of Liability. In no event shall Provider's aggregate liability arising out of this Agreement exceed the fees paid by Customer in the three months before the claim.
-
-3. GOVERNING LAW
-
-3.1 Law. This Agreement is governed by the laws of the State of Delaware.
-"""
 
 
 @pytest.fixture(scope="module")
@@ -494,15 +480,17 @@ def cli(kv_home, tiny_cli_model):
 
 
 def test_review_out_docx_writes_a_commented_copy(cli, small_contracts, office, tmp_path):
+    """The command end to end (what the comments say is checked on the real review above): a copy
+    with the document unchanged, a comment on each finding's sentence and one on the title."""
     out = tmp_path / "services.review.docx"
     result = cli(small_contracts["docx"], "--out", out)
     assert result.exit_code == 0, result.stderr
     assert result.stdout == ""
     comments = comments_and_anchors(out.read_bytes())
-    findings = json.loads(cli(small_contracts["docx"], "--json").stdout)["findings"]
-    assert findings and len(comments) == len(findings) + 1
-    for (_, _, covered), f in zip(comments, findings):
-        assert _words(covered) == _words(f["quote"])
+    assert len(comments) >= 2 and comments[-1][2] == "SERVICES AGREEMENT"
+    text = load(str(small_contracts["docx"])).text
+    for _, note, covered in comments[:-1]:
+        assert " ".join(covered.split()) in " ".join(text.split()) and "risk" in note
     assert_copy_keeps_the_document(small_contracts["docx"].read_bytes(), out.read_bytes())
     assert "Delaware" in pdftotext(soffice_to_pdf(out, office))
 
@@ -511,15 +499,16 @@ def test_review_format_pdf_writes_a_highlighted_copy(cli, small_contracts, tmp_p
     out = tmp_path / "services.review.pdf"
     result = cli(small_contracts["pdf"], "--format", "pdf", "--out", out)
     assert result.exit_code == 0, result.stderr
-    copy = pypdf.PdfReader(out)
-    findings = json.loads(cli(small_contracts["pdf"], "--json").stdout)["findings"]
-    highlights = [a.get_object() for p in copy.pages for a in p.get("/Annots", [])]
-    assert findings and len(highlights) == len(findings)
-    words = bbox_words(out, 1)
-    for f in findings:
-        annotation = next(a for a in highlights if f["rationale"] in a["/Contents"] and f["clause_id"] in a["/Subj"])
-        assert covered_words(words, [float(v) for v in annotation["/QuadPoints"]]) == f["quote"].split()
     assert out.read_bytes().startswith(small_contracts["pdf"].read_bytes())
+    copy = pypdf.PdfReader(out)
+    highlights = [a.get_object() for a in copy.pages[0].get("/Annots", [])]
+    assert highlights and all(a["/Subtype"] == "/Highlight" for a in highlights)
+    words = bbox_words(out, 1)
+    page = " ".join(w[4] for w in words)
+    for annotation in highlights:  # each covers a run of the page's words: a sentence of a clause
+        covered = covered_words(words, [float(v) for v in annotation["/QuadPoints"]])
+        assert len(covered) >= 5 and " ".join(covered) in page
+    assert "Key terms" in pdftotext(out, "-f", "2")
 
 
 def test_review_of_a_folder_writes_a_report_per_contract_and_an_index(cli, small_contracts, tmp_path):
@@ -554,8 +543,6 @@ def test_review_of_a_folder_writes_a_report_per_contract_and_an_index(cli, small
     (["-", "--format", "pdf", "--out", "{tmp}/x.pdf"], "name the file instead of -"),
 ])
 def test_a_format_that_cannot_be_written_is_one_usage_error_before_any_work(cli, small_contracts, tmp_path, args, says):
-    from .test_cli import one_error_line
-
     argv = [a.format(tmp=tmp_path, **{k: str(v) for k, v in small_contracts.items()}) for a in args]
     line = one_error_line(cli(*argv), exit_code=2)
     assert says in line
@@ -568,6 +555,7 @@ def test_index_page_lists_every_contract_with_parties_law_and_counts(tmp_path):
     path = tmp_path / "index.html"
     path.write_text(page, encoding="utf-8")
     with open_report(path, width=400) as browser:
-        cells = browser.evaluate("Array.from(document.querySelectorAll('table.index tbody td')).map(c => c.textContent)")
+        cells = browser.evaluate("Array.from(document.querySelectorAll('table.index tbody td'))"
+                                 ".map(c => c.textContent)")
         assert cells[0] == "hostile.txt" and cells[3:6] == ["3", "0", "0"]
         assert "broken.pdf: it is not a PDF file" in browser.evaluate("document.body.textContent")

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from ...ingest import Document, split_clauses
 
-_ITEM = re.compile(r"^\s*(?:\(?[a-z]{1,2}\)|\(?[ivxlc]{1,5}\)|\(?\d{1,3}(?:\.\d{1,3})*[.)]|[A-Z][.)]|[\u2022\u25cf\u25aa\-*])\s")
+_ITEM = re.compile(r"^\s*(?:\(?[a-z]{1,2}\)|\(?[ivxlc]{1,5}\)|\(?\d{1,3}(?:\.\d{1,3})*[.)]|[A-Z][.)]"
+                   r"|[\u2022\u25cf\u25aa\-*])\s")
 _SHORT_LINE = 0.75  # of the page's typical line length: a line that ends its paragraph
 
 
@@ -90,7 +91,8 @@ def _wrap_breaks(doc: Document) -> set[int]:
     text = doc.text
     breaks: set[int] = set()
     for span in doc.spans:
-        lines = [(m.start() + span.start, m.end() + span.start) for m in re.finditer(r"[^\n]+", text[span.start:span.end])]
+        lines = [(m.start() + span.start, m.end() + span.start)
+                 for m in re.finditer(r"[^\n]+", text[span.start:span.end])]
         lengths = [b - a for a, b in lines if b - a > 20]
         full = statistics.median(lengths) if lengths else 0
         for (a, b), nxt in zip(lines, lines[1:]):

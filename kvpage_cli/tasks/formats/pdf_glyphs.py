@@ -148,7 +148,7 @@ class _Walker:
         if len(operands) < 2:
             return
         fonts = self.frames[-1].resources.get("/Font")
-        font_dict = fonts.get_object().get(operands[0]) if isinstance(fonts, (DictionaryObject,)) or hasattr(fonts, "get_object") else None
+        font_dict = fonts.get_object().get(operands[0]) if fonts is not None else None
         self.state.font = self._font(font_dict.get_object()) if font_dict is not None else None
         self.state.size = _number(operands[1], self.state.size)
 
