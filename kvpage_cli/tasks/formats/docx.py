@@ -28,7 +28,7 @@ from ..schema import Finding, ReviewResult
 from . import FormatError
 from .paragraphs import paragraphs
 from .quotes import find_all, nth_place
-from .wording import counts, finding_note, term_value
+from .wording import by_risk, finding_note, term_value
 
 AUTHOR = "kvpage"
 INITIALS = "kv"
@@ -69,8 +69,9 @@ def comment_text(f: Finding) -> str:
 
 def summary_text(result: ReviewResult) -> str:
     """The comment on the title: one line of summary, then a line per key term."""
-    lines = [f"kvpage review: {counts(result)} in {result.clauses_total} clauses "
-             f"(model {result.model}, {result.mode} mode)."]
+    groups = ", ".join(f"{len(group)} {level}" for level, group in by_risk(result.findings))
+    lines = [f"kvpage review: {len(result.findings)} findings" + (f" ({groups})" if groups else "")
+             + f" in {result.clauses_total} clauses; model {result.model}, {result.mode} mode."]
     if not result.complete:
         lines[0] += f" Incomplete: {result.clauses_reviewed} of {result.clauses_total} clauses reviewed."
     lines += [f"{t.label}: {term_value(t)} (clause {t.clause_id})" for t in result.terms]
