@@ -91,6 +91,7 @@ class _Frame:
     resources: DictionaryObject
     matrix: tuple[float, ...]  # maps the stream's own user space (pypdf restarts its CTM at identity) to the page's
     saved: list = field(default_factory=list)  # text states saved by q
+    outer_state: _TextState | None = None  # a form's: the text state at its Do, given back after it
 
 
 class _Walker:
@@ -103,6 +104,7 @@ class _Walker:
         self.line = 0
         self.pen: tuple[float, float] | None = None  # where the last glyph ended (user space)
         self.direction: tuple[float, float] = (1.0, 0.0)
+        self.forms: list[bool] = []  # per Do being walked: whether it pushed a frame (a form XObject)
 
     # -- the visitor --------------------------------------------------------------------------
 
@@ -112,9 +114,8 @@ class _Walker:
             handler(self, operands, tuple(float(v) for v in cm))
 
     def after(self, op: bytes, operands: list, cm: list, tm: list) -> None:
-        if op == b"Do" and operands and getattr(self, "_form_pushed", []) and self._form_pushed.pop():
-            frame = self.frames.pop()
-            self.state = frame.saved_state
+        if op == b"Do" and self.forms and self.forms.pop():
+            self.state = self.frames.pop().outer_state
 
     # -- operators ----------------------------------------------------------------------------
 
@@ -193,22 +194,19 @@ class _Walker:
                 self._show(item, cm)
 
     def _do(self, operands, cm) -> None:
-        self._form_pushed = getattr(self, "_form_pushed", [])
         frame = self.frames[-1]
         xobjects = frame.resources.get("/XObject")
         form = xobjects.get_object().get(operands[0]) if xobjects is not None and operands else None
         form = form.get_object() if form is not None else None
         if form is None or form.get("/Subtype") != "/Form":
-            self._form_pushed.append(False)
+            self.forms.append(False)
             return
         matrix = _matrix(form.get("/Matrix", IDENTITY)) or IDENTITY
         resources = form.get("/Resources")
-        new = _Frame(resources.get_object() if resources is not None else frame.resources,
-                     mult(matrix, mult(cm, frame.matrix)))
-        new.saved_state = self.state
+        self.frames.append(_Frame(resources.get_object() if resources is not None else frame.resources,
+                                  mult(matrix, mult(cm, frame.matrix)), outer_state=self.state))
         self.state = self.state.copy()
-        self.frames.append(new)
-        self._form_pushed.append(True)
+        self.forms.append(True)
 
     HANDLERS = {
         b"q": _q, b"Q": _Q, b"BT": _bt, b"Tm": _tm, b"Td": _td, b"TD": _td_leading, b"T*": _t_star,
