@@ -70,8 +70,9 @@ def comment_text(f: Finding) -> str:
 def summary_text(result: ReviewResult) -> str:
     """The comment on the title: one line of summary, then a line per key term."""
     groups = ", ".join(f"{len(group)} {level}" for level, group in by_risk(result.findings))
-    lines = [f"kvpage review: {len(result.findings)} findings" + (f" ({groups})" if groups else "")
-             + f" in {result.clauses_total} clauses; model {result.model}, {result.mode} mode."]
+    n, clauses = len(result.findings), result.clauses_total
+    lines = [f"kvpage review: {n} finding{'s' * (n != 1)}" + (f" ({groups})" if groups else "")
+             + f" in {clauses} clause{'s' * (clauses != 1)}; model {result.model}, {result.mode} mode."]
     if not result.complete:
         lines[0] += f" Incomplete: {result.clauses_reviewed} of {result.clauses_total} clauses reviewed."
     lines += [f"{t.label}: {term_value(t)} (clause {t.clause_id})" for t in result.terms]
@@ -99,11 +100,13 @@ class _Copy:
 
     def write(self) -> bytes:
         for f in self.result.findings:
+            text = comment_text(f)
             anchor = self._anchor(f.start, f.end)
-            if anchor is None:  # a quote in a footnote or a text box: on the paragraph it belongs to
+            if anchor is None:  # a quote in a footnote, or not in the runs: on the paragraph it belongs to
                 anchor = self._paragraph_anchor(f.start)
+                text += f"\nOn the whole paragraph: the quote's words are not in its text here. The quote: {f.quote}"
             if anchor is not None:
-                _add_comment(self.word, *anchor, comment_text(f))
+                _add_comment(self.word, *anchor, text)
         title = next((s for s in self.doc.spans if s.xml_paragraph is not None), None)
         if title is not None:
             runs = _Runs(self.paragraphs[title.xml_paragraph]).runs()
