@@ -229,6 +229,20 @@ def test_comments_anchor_on_real_documents_with_tables_numbering_and_tracked_cha
     assert_copy_keeps_the_document(source, copy)
 
 
+def test_a_quote_in_a_footnote_is_commented_on_the_paragraph_that_refers_to_it():
+    path = CORPUS / "odd/docx/labrys.document.docx"
+    doc = load(str(path))
+    start = doc.text.rindex("[^1]")
+    end = len(doc.text)
+    finding = Finding("1", "Notes", "governing law", "low", "A footnote.", doc.text[start:end], doc.where(start, end),
+                      start, end)
+    copy = commented_docx(ReviewResult(str(path), "docx", "test", "exact", [finding], True, 1, 1), doc,
+                          path.read_bytes())
+    (_, note, covered), _ = comments_and_anchors(copy)
+    assert covered == "Paragraph with footnote"  # the footnote mark is a run of its own, with no text
+    assert "footnote to paragraph" in note and "The quote: [^1] The actual footnote" in note
+
+
 @pytest.mark.real_model
 @pytest.mark.slow
 def test_a_pdf_contract_becomes_a_new_docx_of_its_text_with_the_same_comments(pdf_review, office, tmp_path):
