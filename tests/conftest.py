@@ -153,3 +153,33 @@ def hostile_docx(tmp_path_factory) -> dict[str, Path]:
         paths[name] = folder / f"{name.replace(' ', '-')}.docx"
         paths[name].write_bytes(data)
     return paths
+
+
+# -- one real review, shared ---------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def sample_review(kv_home):
+    """`kvpage review samples/contract.pdf --json` with the real default model, run once per session
+    (a few minutes on a CPU): test_cli_e2e checks what it says, the format tests render it."""
+    from typer.testing import CliRunner
+
+    from kvpage_cli.cli.app import app
+    from kvpage_cli.engine.model.weights import resolve_folder
+    from kvpage_cli.errors import ModelError
+
+    try:
+        resolve_folder("smollm2", kv_home)
+    except ModelError as exc:
+        pytest.fail(f"the default model must be installed for this test: {exc}")
+    return CliRunner().invoke(app, ["review", str(SAMPLES / "contract.pdf"), "--json"],
+                              env={"KVPAGE_HOME": str(kv_home), "KVPAGE_MODEL": None, "KVPAGE_DEBUG": None})
+
+
+def application(name: str) -> str:
+    """The path of a program the output tests open their files with (LibreOffice, poppler); a test
+    that needs one fails where it is missing, never skips: .ci/run installs them."""
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: .ci/run installs it (apt-get install libreoffice-writer-nogui "
+                    "poppler-utils chromium)")
+    return found

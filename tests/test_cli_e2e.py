@@ -5,11 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
-
-from kvpage_cli.cli.app import app
-from kvpage_cli.engine.model.weights import resolve_folder
-from kvpage_cli.errors import ModelError
 from kvpage_cli.ingest import load as load_document
 from kvpage_cli.ingest import split_clauses
 from kvpage_cli.tasks import RISK_LEVELS, SCHEMA_VERSION
@@ -20,14 +15,9 @@ from .conftest import SAMPLES
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
 
-def test_review_of_the_sample_contract_with_the_default_model(kv_home):
-    try:
-        resolve_folder("smollm2", kv_home)
-    except ModelError as exc:
-        pytest.fail(f"the default model must be installed for this test: {exc}")
+def test_review_of_the_sample_contract_with_the_default_model(sample_review):
     pdf = SAMPLES / "contract.pdf"
-    result = CliRunner().invoke(app, ["review", str(pdf), "--json"],
-                                env={"KVPAGE_HOME": str(kv_home), "KVPAGE_MODEL": None, "KVPAGE_DEBUG": None})
+    result = sample_review  # `kvpage review samples/contract.pdf --json` (conftest)
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)  # stdout is one JSON document and nothing else
     assert data["schema_version"] == SCHEMA_VERSION

@@ -36,7 +36,7 @@ GENERATION = "Generation"
 OUTPUT = "Output"
 RUN = "Messages"
 
-Format = Literal["table", "text", "markdown", "json", "jsonl"]
+Format = Literal["table", "text", "markdown", "json", "jsonl", "html", "docx", "pdf"]
 
 PASSWORD_ENV = "KVPAGE_PDF_PASSWORD"
 Password = Annotated[str | None, typer.Option(
@@ -124,7 +124,8 @@ SHARED: tuple[Shared, ...] = (
            GENERATION),
     Shared("json_out", bool, False, _opt("--json", group=OUTPUT, help="Print one JSON document."), OUTPUT),
     Shared("fmt", Format | None, None, _opt("--format", "-f", group=OUTPUT,
-           help="Output format (default: table on a terminal, else text; with --out, from its suffix)."),
+           help="Output format (default: table on a terminal, else text; with --out, from its suffix). "
+                "review also writes html (one self-contained report), docx (Word comments) and pdf (highlights)."),
            OUTPUT),
     Shared("out", Path | None, None, _opt("--out", "-o", group=OUTPUT, dir_okay=False, metavar="FILE",
            help="Write the output to FILE, only once the run is complete (nothing on stdout)."), OUTPUT),

@@ -17,7 +17,8 @@ from rich.console import Console, RenderableType
 from ..engine.home import fsync_dir
 from ..errors import UsageError
 
-_SUFFIX_FORMATS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".md": "markdown", ".markdown": "markdown"}
+_SUFFIX_FORMATS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".md": "markdown", ".markdown": "markdown",
+                   ".html": "html", ".htm": "html", ".docx": "docx", ".pdf": "pdf"}
 OUT_WIDTH = 120  # columns of a table rendered into a file or a pipe
 
 
@@ -56,6 +57,28 @@ def check_out_path(out: Path | None) -> None:
         raise UsageError(f"--out {out}: the folder {parent} is not writable")
 
 
+def write_file(target: Path, data: bytes) -> None:
+    """Writes `target` all at once or not at all: a temp file in the same folder, flushed to disk,
+    then a rename. A file it replaces keeps its mode; a new one gets the mode the umask gives."""
+    folder = target.parent if str(target.parent) else Path(".")
+    tmp = folder / f".{target.name}.{secrets.token_hex(4)}.part"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the kernel applies the umask
+    try:
+        try:
+            os.fchmod(fd, target.stat().st_mode & 0o7777)
+        except FileNotFoundError:
+            pass
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the name points at it
+        os.replace(tmp, target)
+        fsync_dir(folder)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 class Sink:
     """Where data goes. Without --out: stdout, flushed after each write so pipes stream.
     With --out: a buffer, written to the file atomically by `commit()` and dropped otherwise."""
@@ -64,7 +87,17 @@ class Sink:
         self.out = out
         self.no_color = no_color
         self._buffer = io.StringIO() if out is not None else None
+        self._bytes: bytes | None = None  # a binary output (DOCX, PDF), written as it is
         self.written = False
+
+    def write_bytes(self, data: bytes) -> None:
+        """A whole binary file: to --out at commit(), or to stdout now."""
+        if self._buffer is not None:
+            self._bytes = data
+        else:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        self.written = True
 
     @property
     def stream(self):
@@ -99,31 +132,16 @@ class Sink:
             sys.stdout.flush()
 
     def commit(self) -> None:
-        """Writes --out (all of it, or nothing: a temp file in the same folder, flushed to disk, then
-        a rename). A file it replaces keeps its mode; a new one gets the mode the umask gives."""
+        """Writes --out (all of it, or nothing: see write_file)."""
         if self._buffer is None or self.out is None:
             return
-        target = self.out
-        folder = target.parent if str(target.parent) else Path(".")
-        tmp = folder / f".{target.name}.{secrets.token_hex(4)}.part"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the kernel applies the umask
-        try:
-            try:
-                os.fchmod(fd, target.stat().st_mode & 0o7777)
-            except FileNotFoundError:
-                pass
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(self._buffer.getvalue())
-                f.flush()
-                os.fsync(f.fileno())  # the data is on disk before the name points at it
-            os.replace(tmp, target)
-            fsync_dir(folder)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        data = self._bytes if self._bytes is not None else self._buffer.getvalue().encode("utf-8")
+        write_file(self.out, data)
         self._buffer = io.StringIO()
+        self._bytes = None
 
     def discard(self) -> None:
         if self._buffer is not None:
             self._buffer = io.StringIO()
+            self._bytes = None
 

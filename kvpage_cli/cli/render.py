@@ -3,94 +3,24 @@
 from __future__ import annotations
 
 import json
-from typing import Iterable
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..tasks import RISK_LEVELS, SCHEMA_VERSION, AskResult, Finding, ReviewResult
-from ..tasks.schema import Term
+from ..tasks import SCHEMA_VERSION, AskResult, Finding, ReviewResult
+from ..tasks.formats.wording import (  # noqa: F401 (mode_note, selective_decode: the commands' words too)
+    by_risk, categories, clauses_note, counts, mode_note, reasons, review_mode, selective_decode, shorten, term_source,
+    term_value,
+)
 
 RISK_STYLES = {"high": "bold red", "medium": "yellow", "low": "cyan", "none": "dim"}
-MODE_NOTES = {
-    "exact": "exact mode (every block attended: lossless)",
-    "selective": "selective mode (policy-chosen blocks: approximate)",
-    "retrieval": "retrieval mode (the blocks chosen for each question, the document being longer than the context)",
-}
 TABLE_QUOTE_CHARS = 160
 
 
-def mode_note(mode: str, attended: int | None = None, total: int | None = None, selective: bool = False,
-              each: str = "") -> str:
-    """How an output was made: "exact mode (...)", or for retrieval how much of the document was read
-    (`each`: said after the share, e.g. " each (on average)"; `selective`: the engine ran in selective
-    mode, so decode steps attended the policy's blocks of those)."""
-    if mode == "retrieval" and total:
-        return (f"retrieval mode: attended {attended:,} of {total:,} blocks, {100 * attended / total:.0f}% of the "
-                f"document{each}" + (SELECTIVE_DECODE if selective else ""))
-    return MODE_NOTES.get(mode, f"{mode} mode")
-
-
-def selective_decode(result: AskResult | ReviewResult) -> bool:
-    """Whether the engine that made `result` ran in selective mode (its stats say)."""
-    return result.stats.get("mode") == "selective"
-
-
-SELECTIVE_DECODE = "; decode steps attended the policy's blocks of those (selective: approximate)"
-
-
-def by_risk(findings: Iterable[Finding]) -> list[tuple[str, list[Finding]]]:
-    """Findings grouped high -> none, each group in document order; empty groups left out."""
-    findings = list(findings)
-    groups = [(level, [f for f in findings if f.risk == level]) for level in RISK_LEVELS]
-    others = [f for f in findings if f.risk not in RISK_LEVELS]
-    if others:
-        groups.append(("other", others))
-    return [(level, group) for level, group in groups if group]
-
-
-def shorten(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    if len(text) <= limit:
-        return text
-    cut = text.rfind(" ", 0, limit - 1)
-    return text[: cut if cut > limit // 2 else limit - 1] + "\u2026"
-
-
 def _summary(result: ReviewResult) -> str:
-    clauses = f"{result.clauses_reviewed} of {result.clauses_total} clauses" if not result.complete \
-        else f"{result.clauses_total} clauses"
-    mode = mode_note(result.mode, result.attended_blocks, result.total_blocks)
-    if result.mode == "retrieval" and result.total_blocks:
-        mode = (f"retrieval mode: each clause read at most {result.attended_blocks:,} of {result.total_blocks:,} "
-                f"blocks, {100 * result.attended_blocks / result.total_blocks:.0f}% of the document"
-                + (SELECTIVE_DECODE if selective_decode(result) else ""))
-    return (f"{result.document}: {clauses}, {len(result.findings)} findings, {result.document_tokens:,} tokens, "
-            f"model {result.model}, {mode}")
-
-
-def _counts(result: ReviewResult) -> str:
-    counts = ", ".join(f"{len(group)} {level}" for level, group in by_risk(result.findings))
-    return f"findings: {counts}" if counts else "findings: none"
-
-
-def _term_value(term: Term) -> str:
-    return "; ".join(" ".join(v.text.split()) for v in term.values)
-
-
-def _term_source(term: Term) -> str:
-    sources = list(dict.fromkeys(v.source for v in term.values))
-    return ", ".join(sources)
-
-
-def _categories(f: Finding) -> str:
-    return ", ".join(f.categories) if f.categories else f.category
-
-
-def _reasons(f: Finding) -> list[str]:
-    """One reason per category of the finding (the first sets the risk)."""
-    return [a.reason for a in f.assessments] if f.assessments else ([f.rationale] if f.rationale else [])
+    return (f"{result.document}: {clauses_note(result)}, {len(result.findings)} findings, "
+            f"{result.document_tokens:,} tokens, model {result.model}, {review_mode(result)}")
 
 
 # -- review ------------------------------------------------------------------------------------
@@ -105,7 +35,7 @@ def review_table(result: ReviewResult) -> RenderableType:
         terms.add_column("clause", no_wrap=True)
         terms.add_column("source", min_width=7, max_width=14)
         for t in result.terms:
-            terms.add_row(t.label, _term_value(t), t.clause_id, _term_source(t))
+            terms.add_row(t.label, term_value(t), t.clause_id, term_source(t))
         parts += [Text(""), terms]
     for level, group in by_risk(result.findings):
         style = RISK_STYLES.get(level, "")
@@ -118,14 +48,14 @@ def review_table(result: ReviewResult) -> RenderableType:
         table.add_column("quote", min_width=14)
         table.add_column("source", min_width=7, max_width=14)
         for f in group:
-            reason = Text("\n".join(_reasons(f)))
+            reason = Text("\n".join(reasons(f)))
             if f.commentary:
                 reason.append(f"\nmodel's commentary: {f.commentary}", style="italic dim")
-            table.add_row(f.clause_id, f.heading, _categories(f), reason,
+            table.add_row(f.clause_id, f.heading, categories(f), reason,
                           "\u201c" + shorten(f.quote, TABLE_QUOTE_CHARS) + "\u201d", f.source)
         parts.append(Text(""))
         parts.append(table)
-    parts.append(Text(f"\n{_counts(result)}", style="bold"))
+    parts.append(Text(f"\n{counts(result)}", style="bold"))
     return Group(*parts)
 
 
@@ -134,20 +64,20 @@ def review_markdown(result: ReviewResult) -> str:
              f"- Model: {result.model}",
              f"- Engine: {mode_note(result.mode, result.attended_blocks, result.total_blocks, selective_decode(result))}",
              f"- Document: {result.document_kind}, {result.document_tokens:,} tokens, {result.clauses_total} clauses",
-             f"- {_counts(result).capitalize()}"]
+             f"- {counts(result).capitalize()}"]
     if not result.complete:
         lines.append(f"- **Incomplete**: {result.clauses_reviewed} of {result.clauses_total} clauses reviewed")
     if result.terms:
         lines += ["", "## Key terms", "", "| term | value (exact words) | clause | source |", "|---|---|---|---|"]
-        lines += [f"| {t.label} | {_term_value(t)} | {t.clause_id} | {_term_source(t)} |" for t in result.terms]
+        lines += [f"| {t.label} | {term_value(t)} | {t.clause_id} | {term_source(t)} |" for t in result.terms]
     for level, group in by_risk(result.findings):
         lines += ["", f"## {level.capitalize()} risk ({len(group)})"]
         for f in group:
             quote = " ".join(f.quote.split())
             lines += ["", f"### {f.clause_id} {f.heading}".rstrip(), "",
-                      f"- **Category:** {_categories(f)}",
+                      f"- **Category:** {categories(f)}",
                       f"- **Risk:** {f.risk}"]
-            lines += [f"- **Reason:** {reason}" for reason in _reasons(f)]
+            lines += [f"- **Reason:** {reason}" for reason in reasons(f)]
             if f.commentary:
                 lines.append(f"- **Model's commentary:** _{f.commentary}_")
             lines += [f"- **Source:** {f.source}", "", f"> {quote}"]
@@ -157,9 +87,9 @@ def review_markdown(result: ReviewResult) -> str:
 def finding_text(f: Finding) -> str:
     quote = " ".join(f.quote.split())
     lines = [f"{f.clause_id} {f.heading}".rstrip(),
-             f"  category: {_categories(f)}",
+             f"  category: {categories(f)}",
              f"  risk:     {f.risk}"]
-    lines += [f"  reason:   {reason}" for reason in _reasons(f)]
+    lines += [f"  reason:   {reason}" for reason in reasons(f)]
     if f.commentary:
         lines.append(f"  model's commentary: {f.commentary}")
     lines += [f"  quote:    \"{quote}\"", f"  source:   {f.source}"]
@@ -171,10 +101,10 @@ def review_text(result: ReviewResult) -> str:
     blocks = [_summary(result) + "\n"]
     if result.terms:
         width = max(len(t.label) for t in result.terms)
-        blocks.append("Key terms\n" + "".join(f"  {t.label + ':':<{width + 1}} {_term_value(t)} "
-                                                f"(clause {t.clause_id}, {_term_source(t)})\n" for t in result.terms))
+        blocks.append("Key terms\n" + "".join(f"  {t.label + ':':<{width + 1}} {term_value(t)} "
+                                                f"(clause {t.clause_id}, {term_source(t)})\n" for t in result.terms))
     blocks += [finding_text(f) for f in result.findings]
-    blocks.append(_counts(result) + "\n")
+    blocks.append(counts(result) + "\n")
     return "\n".join(blocks)
 
 

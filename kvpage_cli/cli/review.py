@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -11,15 +12,24 @@ import typer
 from ..engine import PrefillProgress
 from ..engine.config import default
 from ..errors import KvpageError, ModelError, UsageError
+from ..ingest.document import read_source
 from ..ingest.loader import DOCX_SUFFIXES, TEXT_SUFFIXES
 from ..tasks import RISK_LEVELS, Finding, Reviewer, ReviewProgress, ReviewResult
+from ..tasks.formats import FormatError
+from ..tasks.formats import docx as docx_format
+from ..tasks.formats import pdf as pdf_format
+from ..tasks.formats.html import review_html
+from ..tasks.formats.html_index import index_html
 from ..tasks.playbook import Playbook
 from . import render
 from .options import GENERATION, MODEL, OUTPUT, RUN, Options, Password, shared_options
-from .output import Sink, check_out_path, choose_format
+from .output import Sink, check_out_path, choose_format, write_file
 from .session import Interrupted, Session, document_label, stats_dict
 
-FORMATS = ("table", "text", "markdown", "json", "jsonl")
+FORMATS = ("table", "text", "markdown", "json", "jsonl", "html", "docx", "pdf")
+FILE_FORMATS = {"html": ".html", "docx": ".docx", "pdf": ".pdf"}  # one file per contract; --out-dir writes them
+BINARY_FORMATS = ("docx", "pdf")
+INDEX = "index.html"
 EXIT_FAIL_ON = 3
 CONTRACT_SUFFIXES = {".pdf"} | DOCX_SUFFIXES | (TEXT_SUFFIXES - {".rst"})
 _SHARD = re.compile(r"^(\d+)/(\d+)$")
@@ -50,6 +60,10 @@ def review(
     shard: Annotated[str | None, typer.Option(
         "--shard", metavar="I/N", rich_help_panel="Review",
         help="Review only every N-th document from the I-th (0-based), for job arrays: --shard 0/4 ... 3/4.")] = None,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out-dir", metavar="DIR", file_okay=False, rich_help_panel=OUTPUT,
+        help="With --format html, docx or pdf: write one file per contract into DIR (made if missing), "
+             "CONTRACT.review.html|docx|pdf, and for html an index.html with a row per contract.")] = None,
     password: Password = None,
     *,
     opts: Options,
@@ -66,6 +80,14 @@ def review(
     governing law, liability cap). A contract longer than the model's context is reviewed
     whole in retrieval mode: each clause's questions read the blocks chosen for it.
 
+    Where lawyers work: --format docx writes a copy of a DOCX contract with a Word comment on
+    each finding's quote (category, risk, reason, values) and the key terms on its title (a PDF,
+    text or Markdown contract becomes a new DOCX of its text, with the same comments);
+    --format pdf writes a copy of a PDF with each quote highlighted (its note says why) and a
+    summary page; --format html writes one self-contained report (key terms, findings by risk
+    with filters, the full text with each quote highlighted and linked). The format follows
+    --out's suffix; several contracts need --out-dir.
+
     Examples:
 
     ```
@@ -76,32 +98,62 @@ def review(
     kvpage review contracts/ other.pdf --jsonl             # several documents; each line names its document
     kvpage review dataroom/ --shard 2/8 --jsonl            # the third of eight jobs of an array
     kvpage review contract.pdf --playbook ours.toml --explain
+    kvpage review contract.docx --out contract.review.docx    # Word comments on a copy
+    kvpage review contract.pdf --out contract.review.pdf      # highlights and a summary page
+    kvpage review contract.pdf --format html --out review.html
+    kvpage review dataroom/ --format html --out-dir reviews/  # a report per contract, reviews/index.html
     KVPAGE_PDF_PASSWORD=secret kvpage review locked.pdf   # or: asked for on a terminal
     ```
     """
     fmt = choose_format(opts.json_out, opts.fmt, opts.out, FORMATS, jsonl=jsonl)
     check_out_path(opts.out)
-    paths = _documents(files, shard)
+    paths, relative = _documents(files, shard)
+    names = _check_file_format(fmt, paths, relative, opts.out, out_dir)
     book = Playbook.load(playbook) if playbook is not None else Playbook.default()
     sink = Sink(opts.out, opts.no_color)
     results: list[ReviewResult] = []
-    failed = 0
+    written: list[tuple[ReviewResult, str]] = []  # --out-dir: each review and its file's name
+    failed: list[tuple[str, str]] = []
     with Session(opts) as session:
         engine = None
         for path in paths:
             try:
                 doc = session.read_document(path, password=password, allow_directory=False)
+                source = _source(fmt, path, doc)
             except KvpageError as exc:
                 if len(paths) == 1:
                     raise
                 session.reporter.stop_bars()
                 session.warn(f"{path} skipped: {exc}")
-                failed += 1
+                failed.append((path, str(exc)))
                 continue
             if engine is None:
                 engine = session.load_engine()
-            result = _review_one(session, engine, doc, path, book, fmt, sink, opts, batch, all_clauses, explain)
+            try:
+                result = _review_one(session, engine, doc, path, book, fmt, sink, opts, batch, all_clauses, explain)
+            except Interrupted as exc:
+                if written:
+                    exc.args = (f"{exc.args[0]}; {len(written)} review(s) written in {out_dir}",)
+                raise
             results.append(result)
+            if fmt in FILE_FORMATS:
+                try:
+                    output = _render_file(fmt, result, doc, source, session)
+                except FormatError as exc:
+                    if len(paths) == 1:
+                        raise
+                    session.warn(f"{path} not written: {exc}")
+                    failed.append((path, str(exc)))
+                    continue
+                if out_dir is not None:
+                    target = out_dir / names[path]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    write_file(target, output if isinstance(output, bytes) else output.encode("utf-8"))
+                    written.append((result, names[path]))
+                elif isinstance(output, bytes):
+                    sink.write_bytes(output)
+                else:
+                    sink.write(output)
         session.reporter.stop_bars()
         if not results:
             raise KvpageError(f"none of the {len(paths)} documents could be read")
@@ -114,13 +166,110 @@ def review(
                 sink.render(render.review_table(result))
         elif fmt == "text":
             sink.write("\n".join(render.review_text(r) for r in results))
+        if out_dir is not None and fmt == "html":
+            write_file(out_dir / INDEX, index_html(written, failed).encode("utf-8"))
         sink.commit()
+        if out_dir is not None:
+            session.say(f"{len(written)} review(s) written in {out_dir}" + (f", with {out_dir / INDEX}" if fmt == "html"
+                                                                              else ""))
         modes = sorted({r.mode for r in results})
         session.print_stats(engine, " and ".join(modes) + " mode")
         if failed:
-            raise KvpageError(f"{failed} of {len(paths)} documents could not be read (see the warnings above)")
+            raise KvpageError(f"{len(failed)} of {len(paths)} documents could not be reviewed or written "
+                              "(see the warnings above)")
         if fail_on is not None:
             _check_fail_on([f for r in results for f in r.findings], fail_on, session)
+
+
+def _check_file_format(fmt: str, paths: list[str], relative: dict[str, str], out: Path | None,
+                       out_dir: Path | None) -> dict[str, str]:
+    """Refuses, before any work, what cannot be written; with --out-dir, the file name of each
+    document's review (CONTRACT.review.html), made unique, never an input's own path."""
+    if out_dir is not None:
+        if out is not None:
+            raise UsageError("give --out FILE (one contract) or --out-dir DIR (one file per contract), not both")
+        if fmt not in FILE_FORMATS:
+            raise UsageError(f"--out-dir writes one file per contract: use it with --format html, docx or pdf, "
+                             f"not {fmt}")
+        if out_dir.exists() and not out_dir.is_dir():
+            raise UsageError(f"--out-dir {out_dir} is a file")
+    if fmt not in FILE_FORMATS:
+        return {}
+    if len(paths) > 1 and out_dir is None:
+        raise UsageError(f"--format {fmt} writes one file per contract: give --out-dir DIR for these {len(paths)}")
+    if fmt in BINARY_FORMATS and out is None and out_dir is None and sys.stdout.isatty():
+        raise UsageError(f"--format {fmt} is a binary file: give --out FILE{FILE_FORMATS[fmt]} (or redirect stdout)")
+    if fmt == "pdf":
+        if "-" in paths:
+            raise UsageError("--format pdf copies the PDF it highlights: name the file instead of - (stdin)")
+        others = [p for p in paths if not _is_pdf(p)]
+        if others:
+            what = others[0] if len(others) == 1 else f"{len(others)} of the {len(paths)} contracts (first {others[0]})"
+            raise UsageError(f"--format pdf highlights a PDF, and {what} is not one: use --format docx or html")
+    if out_dir is None:
+        return {}
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out-dir {out_dir}: {exc.strerror or exc}") from None
+    return _output_names(paths, relative, FILE_FORMATS[fmt], out_dir)
+
+
+def _output_names(paths: list[str], relative: dict[str, str], suffix: str, out_dir: Path) -> dict[str, str]:
+    """CONTRACT.review.html, in the sub-folders the documents were found in; where two contracts would
+    get the same name (contract.pdf and contract.docx), the input's suffix is added to each."""
+    def name(path: str, with_suffix: bool) -> str:
+        rel = Path(relative.get(path, "stdin" if path == "-" else Path(path).name))
+        stem = rel.stem + (f"-{rel.suffix.lstrip('.').lower()}" if with_suffix and rel.suffix else "")
+        return (rel.parent / f"{stem}.review{suffix}").as_posix()
+
+    first = {p: name(p, False) for p in paths}
+    clashing = {n for n in first.values() if list(first.values()).count(n) > 1}
+    names = {p: name(p, True) if first[p] in clashing else first[p] for p in paths}
+    seen: dict[str, str] = {}
+    inputs = {Path(p).resolve() for p in paths if p != "-"}
+    for path, chosen in names.items():
+        if chosen in seen or chosen == INDEX:
+            raise UsageError(f"{path} and {seen.get(chosen, 'the index')} would both be written to "
+                             f"{out_dir / chosen}: review them into separate folders")
+        seen[chosen] = path
+        if (out_dir / chosen).resolve() in inputs:
+            raise UsageError(f"--out-dir {out_dir} would overwrite the contract {out_dir / chosen}")
+    return names
+
+
+def _is_pdf(path: str) -> bool:
+    if path == "-" or Path(path).suffix.lower() == ".pdf":
+        return path != "-"
+    try:
+        with open(path, "rb") as f:
+            return f.read(1024).lstrip()[:5] == b"%PDF-"
+    except OSError:
+        return False
+
+
+def _source(fmt: str, path: str, doc) -> bytes | None:
+    """The bytes of the file a docx or pdf review copies, read (and checked) before the review, so
+    that a file changed during it does not matter; None when no copy is made."""
+    if fmt == "pdf" or (fmt == "docx" and doc.kind == "docx"):
+        if path == "-":
+            raise UsageError(f"--format {fmt} copies the {doc.kind.upper()} file: name the file instead of - (stdin)")
+        source = read_source(path, path)
+        (pdf_format if fmt == "pdf" else docx_format).check_source(source, doc)
+        return source
+    return None
+
+
+def _render_file(fmt: str, result: ReviewResult, doc, source: bytes | None, session: Session) -> bytes | str:
+    if fmt == "html":
+        return review_html(result, doc)
+    if fmt == "docx":
+        return docx_format.commented_docx(result, doc, source)
+    highlighted = pdf_format.highlighted_pdf(result, doc, source)
+    if highlighted.unplaced:
+        session.warn(f"{doc.source}: {len(highlighted.unplaced)} of {len(result.findings)} quotes could not be "
+                     "located on their page with confidence; the summary page lists them with their words")
+    return highlighted.data
 
 
 def _review_one(session: Session, engine, doc, path: str, book: Playbook, fmt: str, sink: Sink, opts: Options,
@@ -160,18 +309,21 @@ def _review_one(session: Session, engine, doc, path: str, book: Playbook, fmt: s
     return result
 
 
-def _documents(files: list[str], shard: str | None) -> list[str]:
+def _documents(files: list[str], shard: str | None) -> tuple[list[str], dict[str, str]]:
     """The documents named: files as given, folders as the contracts in them (sorted, recursively),
-    then every N-th from the I-th with --shard I/N."""
+    then every N-th from the I-th with --shard I/N; and for those found in a folder, their path
+    inside it (what --out-dir mirrors)."""
     paths: list[str] = []
+    relative: dict[str, str] = {}
     for name in files:
         p = Path(name)
         if name != "-" and p.is_dir():
-            found = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix.lower() in CONTRACT_SUFFIXES
-                           and not any(part.startswith(".") for part in f.relative_to(p).parts))
+            found = sorted((f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in CONTRACT_SUFFIXES
+                            and not any(part.startswith(".") for part in f.relative_to(p).parts)), key=str)
             if not found:
                 raise KvpageError(f"{name} holds no contract (PDF, DOCX, TXT or MD files)")
-            paths += found
+            paths += [str(f) for f in found]
+            relative.update({str(f): f.relative_to(p).as_posix() for f in found})
         else:
             paths.append(name)
     if paths.count("-") > 1:
@@ -184,7 +336,7 @@ def _documents(files: list[str], shard: str | None) -> list[str]:
         paths = paths[index::count]
         if not paths:
             raise UsageError(f"--shard {shard}: no document falls to this shard ({len(files)} given)")
-    return paths
+    return paths, relative
 
 
 class _ClauseBarAfterPrefill:

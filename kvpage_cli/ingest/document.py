@@ -33,6 +33,8 @@ class Span:
     line: int | None = None
     kind: str = "text"
     show_file: bool = False  # documents made of many files (a repo) name the file in where()
+    xml_paragraph: int | None = None  # DOCX: the paragraph's w:p, as its index among the w:p elements of
+    # the main document part in document order (what a copy of the file with comments is anchored on)
 
     def where(self) -> str:
         """A label for the source: "page 3", "paragraph 12", "line 40", "src/app.py line 7"."""

@@ -68,6 +68,7 @@ class _Piece:
     text: str
     paragraph: int | None
     kind: str = "text"
+    xml_paragraph: int | None = None  # Span.xml_paragraph
 
 
 def _assemble(lines: list[list[_Piece]], display: str) -> tuple[str, list[Span]]:
@@ -87,7 +88,7 @@ def _assemble(lines: list[list[_Piece]], display: str) -> tuple[str, list[Span]]
             cell = text + (" |" if j + 1 < len(pieces) else "")
             parts.append(cell)
             spans.append(Span(pos, pos + len(cell), display, paragraph=piece.paragraph,
-                              kind=piece.kind))
+                              kind=piece.kind, xml_paragraph=piece.xml_paragraph))
             pos += len(cell)
             if j + 1 < len(pieces):
                 parts.append(" ")
@@ -224,6 +225,7 @@ class _BodyReader:
         self.notes: dict[str, list[tuple[str, int]]] = {"footnote": [], "endnote": []}
         self.note_numbers: dict[tuple[str, str], int] = {}
         self.unplaced_notes: list[tuple[str, int]] = []  # (kind, index in notes[kind]) awaiting a paragraph
+        self.xml_paragraphs: dict | None = None  # w:p element -> its index (Span.xml_paragraph), made once
 
     def q(self, tag: str) -> str:
         return f"{{{self.w}}}{tag}"
@@ -300,10 +302,17 @@ class _BodyReader:
             self.paragraph_count += 1
             self._count(text)
             kind = "heading" if self._is_heading(pPr) else "text"
-            piece = _Piece(text, self.paragraph_count, kind)
+            piece = _Piece(text, self.paragraph_count, kind, self._xml_index(p))
             self._note_refs_paragraph(piece.paragraph)
             yield [piece]
         yield from self._floating(floating)
+
+    def _xml_index(self, p) -> int | None:
+        """The place of `p` among the main part's w:p elements (None for a note's paragraph)."""
+        if self.xml_paragraphs is None:
+            # keyed by the elements themselves: lxml keeps one proxy per element only while it is referenced
+            self.xml_paragraphs = {e: i for i, e in enumerate(self.package.document.iter(self.q("p")))}
+        return self.xml_paragraphs.get(p)
 
     def _floating(self, floating):
         for content in floating:

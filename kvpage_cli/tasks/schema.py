@@ -99,6 +99,32 @@ class ReviewResult:
         data["terms"] = [t.to_dict() for t in self.terms]
         return data
 
+    @classmethod
+    def from_dict(cls, data: dict) -> ReviewResult:
+        """A review read back from its JSON (`kvpage review --json`), to render it in another format."""
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"a review of schema version {data.get('schema_version')} (this kvpage reads "
+                             f"version {SCHEMA_VERSION})")
+        fields = dict(data)
+        fields["findings"] = [_finding(f) for f in data.get("findings", [])]
+        fields["terms"] = [Term(t["label"], _values(t["values"]), t["clause_id"], t["category"])
+                           for t in data.get("terms", [])]
+        return cls(**fields)
+
+
+def _values(items: list[dict]) -> list[Value]:
+    return [Value(**v) for v in items]
+
+
+def _finding(data: dict) -> Finding:
+    fields = dict(data)
+    fields.pop("type", None)  # a --jsonl line
+    fields.pop("schema_version", None)
+    fields["assessments"] = [
+        Assessment(**{**a, "values": {name: _values(vs) for name, vs in a.get("values", {}).items()}})
+        for a in data.get("assessments", [])]
+    return Finding(**fields)
+
 
 @dataclass
 class AskResult:
