@@ -15,21 +15,18 @@ pdf how many quotes were highlighted.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import REPO, table  # noqa: E402
+from common import REPO, table, write_result  # noqa: E402
 
 from kvpage_cli.ingest import load  # noqa: E402
 from kvpage_cli.tasks.formats import docx as docx_format  # noqa: E402
@@ -71,33 +68,15 @@ def writers(path: str, result: ReviewResult, doc) -> dict:
     return {"html": html, "docx": docx} | ({"pdf": pdf} if doc.kind == "pdf" else {})
 
 
-def stamp(args: argparse.Namespace) -> dict:
-    def version(name: str) -> str:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "absent"
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return {"bench": "review_formats", "commit": commit.strip(),
-            "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "machine": {"cpu": cpu, "cores": os.cpu_count(), "load_1min_at_start": os.getloadavg()[0]},
-            "versions": {n: version(n) for n in ("kvpage", "torch", "pypdf", "python-docx", "lxml")},
-            "python": platform.python_version(), "args": vars(args)}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="*", default=DEFAULT_FILES)
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", dest="json_path", default=str(REPO / "bench" / "results" / "review_formats.json"))
+    parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
 
-    header = stamp(args)
-    rows = []
+    rows, target = [], args.json_path
     for path in args.files:
         review_seconds, data = review(path, args.model)
         result = ReviewResult.from_dict(data)
@@ -117,7 +96,7 @@ def main() -> None:
                          "load_1min": os.getloadavg()[0]})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         # written after every contract: a long run stopped early keeps what it measured
-        Path(args.json_path).write_text(json.dumps({**header, "rows": rows}, indent=1) + "\n")
+        target = write_result("review_formats", args, {"rows": rows}, target)
     print(table(rows, [("document", "document"), ("findings", "findings"), ("mode", "mode"), ("review_s", "review s"),
                        ("format", "format"), ("write_ms", "write ms"), ("share_pct", "% of review"), ("bytes", "bytes"),
                        ("input_bytes", "input bytes")]))

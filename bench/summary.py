@@ -74,6 +74,8 @@ BENCHMARKS = {
              "a fresh `kvpage ask` process per answer", "python bench/soak.py --operations 300"),
     "train_clauses": ("the review's clause-category head trained on CUAD, scored on its development split", "-",
                       "python bench/train_clauses.py --variants"),
+    "review_formats": ("time to write a review as HTML, DOCX and PDF, and each file's size", "the review's own time",
+                       "python bench/review_formats.py"),
 }
 
 
@@ -327,6 +329,13 @@ def kvcache(results: dict, stamp: dict) -> str:
             f"{'the same' if summary.get('same_answer') else 'another'} answer")
 
 
+def review_formats(results: dict, stamp: dict) -> str:
+    rows = results["rows"]
+    worst = {fmt: max(r["share_pct"] for r in rows if r["format"] == fmt) for fmt in dict.fromkeys(r["format"] for r in rows)}
+    return (f"{len({r['document'] for r in rows})} contracts: writing takes at most "
+            + ", ".join(f"{share:.2f}% ({fmt})" for fmt, share in worst.items()) + " of the review's time")
+
+
 def train_clauses(results: dict, stamp: dict) -> str:
     row = results["variants"][0]
     return f"development split micro F1 {row['f1']:.3f} (precision {row['precision']:.3f}, recall {row['recall']:.3f})"
@@ -339,7 +348,7 @@ HEADLINES = {"engine": engine, "batch": batch, "review_batch": review_batch, "de
              "retrieval-questions": retrieval_questions, "retrieval-passkey": retrieval_passkey,
              "retrieval-select": retrieval_select, "retrieval-windows": retrieval_windows,
              "retrieval-recall": retrieval_recall, "longctx": longctx, "decode": decode, "kvcache": kvcache,
-             "train_clauses": train_clauses}
+             "train_clauses": train_clauses, "review_formats": review_formats}
 
 
 # -- tables ---------------------------------------------------------------------------------------
