@@ -196,6 +196,9 @@ class ModelRunner:
         self.dtype = dtype
         self.device = device
         self.rope = rope
+        # the same frequencies on the compute device: a step computes its cos/sin with no copy (a
+        # copy from the host inside a step would stop a CUDA graph's capture)
+        self.rope_on_device = {key: RopeParams(p.inv_freq.to(device), p.attention_scaling) for key, p in rope.items()}
         self.weights = weights
         self.native = native_lib if device.type == "cpu" else None
         compact = weights != "float32" or any(isinstance(t, QuantMatrix) for t in tensors.values())
@@ -420,7 +423,7 @@ class ModelRunner:
         """
         spec = self.spec
         num_tokens = token_ids.shape[0]
-        cos_sin = {key: rope_cos_sin(params, positions, self.dtype) for key, params in self.rope.items()}
+        cos_sin = {key: rope_cos_sin(params, positions, self.dtype) for key, params in self.rope_on_device.items()}
         h = self.embed_tokens(token_ids)
         for i, (layer_spec, w) in enumerate(zip(spec.layers, self.layers)):
             cos, sin = cos_sin[layer_spec.rope_key]
