@@ -22,9 +22,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from common import write_result  # noqa: E402
 
 LAYERS = 30
 
@@ -134,10 +137,7 @@ def main() -> None:
     print(f"host preparation per device step: median {result['host_prep_us_median']:.0f} us, "
           f"p90 {result['host_prep_us_p90']:.0f} us")
     print(f"aten ops per decode step per layer: device step {device_ops:.1f}, host path {host_ops:.1f}")
-    if args.json_path:
-        import json
-
-        Path(args.json_path).write_text(json.dumps({"args": vars(args), "result": result}, indent=1))
+    write_result("device_step", args, result, args.json_path)
 
 
 if __name__ == "__main__":

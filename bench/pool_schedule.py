@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import write_result  # noqa: E402
 from kvpage_cli.engine.kv.schedule import LeastRecentlyUsed, StreamSchedule, simulate  # noqa: E402
 
 LAYERS, KV_HEADS, HEAD_DIM, ELEMENT = 30, 3, 64, 2
@@ -32,6 +34,7 @@ def main() -> None:
     parser.add_argument("--pools", default="8,64", help="pool sizes in MiB")
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
     rows = []
     print(f"{'context':>8} {'pool MiB':>8} {'slots':>5} {'batch':>5} {'blocks read':>11} "
@@ -50,6 +53,7 @@ def main() -> None:
                 rows.append(row)
                 print(f"{context:>8} {pool:>8.0f} {slots:>5} {batch:>5} {blocks + batch:>11} {row['lru_copies']:>10.1f} "
                       f"{row['schedule_copies']:>9.1f} {row['lru_mb']:>11.1f} {row['schedule_mb']:>16.1f}")
+    write_result("pool_schedule", args, {"rows": rows}, args.json_path)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,10 @@ BENCHMARKS = {
              "a fresh `kvpage ask` process per answer", "python bench/soak.py --operations 300"),
     "train_clauses": ("the review's clause-category head trained on CUAD, scored on its development split", "-",
                       "python bench/train_clauses.py --variants"),
+    "device_step": ("the device decode step's host preparation and aten operations per layer, on the CPU",
+                    "the per-layer host path", "python bench/device_step.py"),
+    "pool_schedule": ("block copies per decode step when the pool is smaller than the context (simulated)",
+                      "the least-recently-used pool", "python bench/pool_schedule.py"),
 }
 
 
@@ -327,6 +331,18 @@ def kvcache(results: dict, stamp: dict) -> str:
             f"{'the same' if summary.get('same_answer') else 'another'} answer")
 
 
+def device_step(results: dict, stamp: dict) -> str:
+    return (f"batch {results['batch']}, {tokens(results['context'])}-token document, {results['layers']} layers: host "
+            f"preparation {results['host_prep_us_median']:.0f} us a step; aten ops a layer {results['aten_ops_per_layer_device_step']:.0f} "
+            f"against {results['aten_ops_per_layer_host_path']:.0f} on the host path")
+
+
+def pool_schedule(results: dict, stamp: dict) -> str:
+    rows = [r for r in results["rows"] if r["lru_copies"]]
+    saved = [1 - r["schedule_copies"] / r["lru_copies"] for r in rows]
+    return f"copies per step {span([1 - s for s in saved])}x the least-recently-used pool's where it streams"
+
+
 def train_clauses(results: dict, stamp: dict) -> str:
     row = results["variants"][0]
     return f"development split micro F1 {row['f1']:.3f} (precision {row['precision']:.3f}, recall {row['recall']:.3f})"
@@ -339,7 +355,7 @@ HEADLINES = {"engine": engine, "batch": batch, "review_batch": review_batch, "de
              "retrieval-questions": retrieval_questions, "retrieval-passkey": retrieval_passkey,
              "retrieval-select": retrieval_select, "retrieval-windows": retrieval_windows,
              "retrieval-recall": retrieval_recall, "longctx": longctx, "decode": decode, "kvcache": kvcache,
-             "train_clauses": train_clauses}
+             "train_clauses": train_clauses, "device_step": device_step, "pool_schedule": pool_schedule}
 
 
 # -- tables ---------------------------------------------------------------------------------------
