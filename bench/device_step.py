@@ -1,7 +1,7 @@
 """The decode step's host side, on the CPU: what the host spends preparing a step, and how many
 tensor operations a step dispatches, for the device path (engine/device_step.py) beside the
 per-layer host path, on a 30-layer random model whose compute is negligible (SmolLM2's heads: 9
-query and 3 KV heads of 64, a hidden size of 64).
+query and 3 KV heads of 64, a hidden size of 72).
 
     python bench/device_step.py                                   # batch 64 over a 1K document
     python bench/device_step.py --batch 16 --context 4096 --steps 20 --json out.json
@@ -36,7 +36,7 @@ def model():
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = AutoConfig.for_model("llama", hidden_size=64, intermediate_size=64, num_hidden_layers=LAYERS,
+    config = AutoConfig.for_model("llama", hidden_size=72, intermediate_size=64, num_hidden_layers=LAYERS,
                                   num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=320,
                                   max_position_embeddings=65536)
     return AutoModelForCausalLM.from_config(config).eval()
