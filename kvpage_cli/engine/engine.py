@@ -62,7 +62,7 @@ class Engine:
         self.max_context = config.max_context or spec.max_position
         host_bytes = int(config.host_mib * 2**20) if config.host_mib is not None else None
         self.store = BlockStore([layer.window for layer in spec.layers], spec.num_kv_heads, spec.head_dim, self.kv_dtype,
-                                torch.device("cpu"), host_bytes, home / "tmp")
+                                torch.device("cpu"), host_bytes, home / "tmp", pin=device.type == "cuda")
         # the slots a pool of pool_mib holds for the whole model: with tensor parallelism every rank
         # has as many (its pool is its heads' share of the bytes), so that selective budgets agree
         slot_bytes = block_bytes_per_layer(runner.full_spec.num_kv_heads, spec.head_dim, self.kv_dtype)
