@@ -52,11 +52,11 @@ class Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def engine_for(step: str, pool_mib: float):
+def engine_for(step: str, pool_mib: float, batch: int):
     from kvpage_cli.engine import Engine, EngineConfig
 
     return Engine.load(model(), EngineConfig(device="cpu", backend="torch", kv_path="pool", pool_mib=pool_mib,
-                                             decode_step=step, kv_cache=False))
+                                             decode_step=step, kv_cache=False, max_batch=batch))
 
 
 def requests(engine, batch: int, context: int, new_tokens: int):
@@ -76,7 +76,7 @@ def steady(engine, batch: int, context: int, steps: int):
 
 def host_preparation(batch: int, context: int, steps: int, pool_mib: float) -> list[float]:
     """Seconds of host work per device decode step: decode() less its _run (upload, device work, readback)."""
-    engine = engine_for("eager", pool_mib)
+    engine = engine_for("eager", pool_mib, batch)
     device = engine.device_decode
     spent = {"run": 0.0}
     run_step = device._run
@@ -108,11 +108,13 @@ def host_preparation(batch: int, context: int, steps: int, pool_mib: float) -> l
 
 
 def ops_per_layer(step: str, batch: int, context: int, pool_mib: float) -> float:
-    engine = engine_for(step, pool_mib)
+    engine = engine_for(step, pool_mib, batch)
     run = steady(engine, batch, context, 4)
     with Ops() as ops:
         for _ in range(batch):
             next(run)
+    if step != "host":
+        assert engine.device_decode.resident.active, "the step did not run on the device path"
     return ops.count / LAYERS
 
 
