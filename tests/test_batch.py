@@ -36,9 +36,19 @@ def batched(engine: Engine, doc, questions, new_tokens, max_batch: int, **reques
     return [r.generated for r in requests], [c.last_logits.clone() for c in ctxs], order
 
 
+@pytest.fixture(params=[None, 16], ids=["default-threads", "16-threads"])
+def threads(request):
+    """torch's thread count for a test: its default, or 16 (a many-core host's, whatever this one has)."""
+    before = torch.get_num_threads()
+    if request.param:
+        torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text", "mistral"])
 @pytest.mark.parametrize("kv_path", ["store", "pool"])
-def test_a_batch_gives_every_sequence_the_bits_it_gets_alone(arch, kv_path, kv_home):
+def test_a_batch_gives_every_sequence_the_bits_it_gets_alone(arch, kv_path, threads, kv_home):
     model = tiny_model(arch)  # gemma3_text and mistral have sliding-window layers (window 100)
     engine = load(model, kv_home, backend="native", kv_path=kv_path, pool_mib=0.2)
     doc = engine.prefill(random_prompt(5 * BLOCK_TOKENS + 21, seed=3))
@@ -191,3 +201,18 @@ def test_pooled_values_are_the_layers_value_vectors_of_the_appended_tokens(kv_ho
                 for i, layer in enumerate(model.model.layers)])
         assert pooled.shape == expected.shape
         assert torch.allclose(pooled, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_the_mlp_activation_gives_each_row_its_bits_alone_at_any_thread_count(activation, threads):
+    """Forty rows of a 2,048-wide gate at 16 threads: torch's own SiLU splits them at element
+    counts, and a row cut there rounds its last elements otherwise; the runner's does not."""
+    from types import SimpleNamespace
+
+    from kvpage_cli.engine.model.runner import ModelRunner, Rows
+
+    runner = SimpleNamespace(spec=SimpleNamespace(activation=activation))
+    gate = torch.randn(40, 2 * 2048, generator=torch.Generator().manual_seed(4))[:, :2048]  # a view, as in mlp
+    together = ModelRunner.activation(runner, gate, Rows.of([1] * 40))
+    alone = torch.cat([ModelRunner.activation(runner, gate[i:i + 1], Rows.of([1])) for i in range(40)])
+    assert torch.equal(together, alone)

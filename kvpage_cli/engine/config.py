@@ -33,6 +33,7 @@ ACTIVATIONS = ("float32", "int8")
 BACKENDS = ("auto", "torch", "native", "triton")
 KV_PATHS = ("auto", "pool", "store")
 DEVICES = ("auto", "cpu", "cuda")
+DECODE_STEPS = ("auto", "graph", "eager", "host")
 # 20 GiB of disk: the index of about 460K tokens for SmolLM2 (45 KiB of float32 KV a token), so that
 # `ask repo/` indexes once and answers the next questions from the saved windows
 DEFAULT_CACHE_MIB = 20480.0
@@ -105,6 +106,11 @@ class EngineConfig:
         pool's slots: tasks/retrieval.question_budget).
     tp: tensor-parallel ranks: the model's heads and MLP split over `tp` processes of a running
         torch.distributed process group (parallel.py), each holding the KV of its own heads.
+    decode_step: how decode steps over blocks read through the pool run (device_step.py): "graph"
+        (one upload and one readback a step, captured as a CUDA graph per padded batch size; eager
+        where capture fails or on a CPU), "eager" (the same step without capture), "host" (the
+        per-layer path, which plans and copies blocks on the host as it goes) or "auto" (graph on
+        CUDA, host elsewhere). Steps the device path does not take run on the host path anyway.
     """
 
     pool_mib: float = 64.0
@@ -131,6 +137,7 @@ class EngineConfig:
     retrieval_tokens: int = 4096
     seed: int = 0
     tp: int = 1
+    decode_step: str = "auto"
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -143,6 +150,7 @@ class EngineConfig:
         _check_choice("policy", self.policy, POLICIES)
         _check_choice("device", self.device, DEVICES)
         _check_choice("activations", self.activations, ACTIVATIONS)
+        _check_choice("decode_step", self.decode_step, DECODE_STEPS)
         if not self.pool_mib > 0:
             raise ValueError(f"pool_mib must be positive, got {self.pool_mib}")
         if not 16 <= self.prefill_chunk <= 4096:

@@ -17,6 +17,7 @@ from .attention.dispatch import SCORE_QUERY_TOKENS, AttentionDispatch
 from .attention.policy import DraftPolicy, QuestPolicy, make_policy
 from .attention.selector import Selector
 from .config import EngineConfig
+from .device_step import DeviceDecode
 from .events import EngineWarning, EventCallback, KVRestored, PrefillProgress, emit
 from .kv.block_manager import BlockManager
 from .kv.context import Context
@@ -61,7 +62,7 @@ class Engine:
         self.max_context = config.max_context or spec.max_position
         host_bytes = int(config.host_mib * 2**20) if config.host_mib is not None else None
         self.store = BlockStore([layer.window for layer in spec.layers], spec.num_kv_heads, spec.head_dim, self.kv_dtype,
-                                torch.device("cpu"), host_bytes, home / "tmp")
+                                torch.device("cpu"), host_bytes, home / "tmp", pin=device.type == "cuda")
         # the slots a pool of pool_mib holds for the whole model: with tensor parallelism every rank
         # has as many (its pool is its heads' share of the bytes), so that selective budgets agree
         slot_bytes = block_bytes_per_layer(runner.full_spec.num_kv_heads, spec.head_dim, self.kv_dtype)
@@ -72,15 +73,20 @@ class Engine:
         selective = config.mode == "selective"
         mover = Mover(device) if selective and kv_path == "pool" else None
         self.metrics = Metrics()
+        step = config.decode_step if config.decode_step != "auto" else "graph" if device.type == "cuda" else "host"
+        on_device = step != "host" and kv_path == "pool" and backend.name in ("torch", "triton") and not selective \
+            and kv_dtype != "int8" and runner.shard is None
         self.pool = SlotPool(spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, self.kv_dtype, device, mover,
-                             self._relay)
+                             self._relay, sink=on_device)
         # selective mode keeps each block's key min/max (the quest policy, and retrieval's first stage)
         self.key_bounds = QuestPolicy(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.group_size) if selective else None
-        bake = backend.ops.rope_bake_store if backend.name == "triton" else None
-        self.blocks = BlockManager(self.store, self.pool.forget, [self.key_bounds] if self.key_bounds else [], bake,
+        self.blocks = BlockManager(self.store, self._freed, [self.key_bounds] if self.key_bounds else [],
                                    backend.lib if backend.name == "native" else None)
         self.dispatch = AttentionDispatch(spec, self.store, self.pool, backend, kv_path,
                                           SCORE_QUERY_TOKENS if selective else 0, observer)
+        self.device_decode = DeviceDecode(self, graphs=step == "graph") if on_device else None
+        if self.device_decode is not None:
+            self.blocks.on_copy = self.device_decode.resident.copied_on_write
         self.draft = draft
         self.policy = None
         if selective:
@@ -353,6 +359,12 @@ class Engine:
         """An event of the engine's: folded into its stats, then passed to the caller's callback."""
         self.metrics.on_event(event)
         emit(on_event, event)
+
+    def _freed(self, group_layers: list[int], block_ids: list[int]) -> None:
+        """Blocks became free: the pool and the device path's resident slots forget them."""
+        self.pool.forget(group_layers, block_ids)
+        if self.device_decode is not None:
+            self.device_decode.resident.forget(group_layers, block_ids)
 
     def _relay(self, event) -> None:
         """The pool's events (BlocksMoved), emitted during the step that runs now."""

@@ -62,6 +62,7 @@ class Scheduler:
         self.runner = engine.runner
         self.blocks = engine.blocks
         self.dispatch = engine.dispatch
+        self.device_decode = engine.device_decode  # the device path for decode steps, where it runs
         self.listener: EventCallback | None = None  # the callback of the step running now (pool events)
 
     def run(self, requests: Iterable[Request], max_batch: int | None = None, on_event: EventCallback | None = None,
@@ -73,6 +74,13 @@ class Scheduler:
         those decoding; a finished request leaves and a waiting one joins at the next step.
         restored, after_chunk: the single-request prefill's saved-KV bookkeeping (tokens already
         restored, counted in the progress; a callback after every chunk)."""
+        try:
+            yield from self._run(requests, max_batch, on_event, restored, after_chunk)
+        finally:
+            if self.device_decode is not None:
+                self.device_decode.sync()  # the store holds what the device wrote, for whoever reads it next
+
+    def _run(self, requests, max_batch, on_event, restored, after_chunk) -> Iterator[tuple[Request, int]]:
         limit = max_batch or self.config.max_batch
         waiting = deque(requests)
         active: list[Request] = []
@@ -93,6 +101,10 @@ class Scheduler:
                 break
             work = [(request, self._next_rows(request)) for request in active]
             prompt = [bool(request._todo) or not request.generated for request, _ in work]
+            if self.device_decode is not None and not any(prompt) and self.device_decode.takes(active):
+                yield from self._device_step(active, on_event, progress)
+                active = [r for r in active if not r.done]
+                continue
             self.listener = on_event
             try:
                 # a step whose one-row segments are all generated tokens may give them other bits
@@ -123,6 +135,22 @@ class Scheduler:
                     yield request, token
             active = [r for r in active if not r.done]
 
+    def _device_step(self, active: list[Request], on_event, progress) -> Iterator[tuple[Request, int]]:
+        """One decode step of every active request on the device (device_step.py)."""
+        self.listener = on_event
+        try:
+            tokens, seconds = self.device_decode.decode(active)
+        finally:
+            self.listener = None
+        self.engine._emit(on_event, StepDone(0, len(active), seconds, self.device_decode.kv_read_bytes))
+        progress.decode_seconds += seconds
+        for request, token in zip(active, tokens):
+            token = self._sample(request, token)
+            if token is not None:
+                progress.decoded += 1
+                emit(on_event, DecodeProgress(progress.decoded, progress.decode_seconds, token, len(active)))
+                yield request, token
+
     def _start(self, request: Request) -> int:
         """Gets a request ready to run; returns the prompt rows it will run."""
         ctx = request.ctx
@@ -149,13 +177,15 @@ class Scheduler:
         ctx = request.ctx
         return ctx.tokens[ctx.num_cached:]
 
-    def _sample(self, request: Request) -> int | None:
-        """After the prompt: the next token (appended to the context), or None when done."""
+    def _sample(self, request: Request, token: int | None = None) -> int | None:
+        """After the prompt: the next token (appended to the context), or None when done. token:
+        the one the device chose already (greedy), else sampled here from the context's logits."""
         if request.done or len(request.generated) >= request.max_new_tokens:
             request.done = True
             return None
         ctx = request.ctx
-        token = sample(ctx.last_logits, request.temperature, request.top_p, request._generator)
+        if token is None:
+            token = sample(ctx.last_logits, request.temperature, request.top_p, request._generator)
         ctx.tokens.append(token)
         request.generated.append(token)
         if token in request._stop or len(request.generated) >= request.max_new_tokens:
@@ -168,6 +198,8 @@ class Scheduler:
         """One forward pass over the rows of several contexts: (context, its tokens, the logits
         kept: "none", "last" or "all", the request collecting "all" logits). tiles: one-row
         segments may take AMX tiles (a batch's generated tokens). Returns the seconds it took."""
+        if self.device_decode is not None:
+            self.device_decode.release()  # the host path reads the store and streams blocks through the pool
         # short segments first, so that their rows share one linear call (model.Rows)
         work = sorted(work, key=lambda item: len(item[1]) > SMALL_ROWS)
         segments, writes, token_ids, positions, counts, logit_rows, logit_counts = [], [], [], [], [], [], []

@@ -253,3 +253,47 @@ def merge_states_with_lse(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.T
     total = weights.sum(0)
     merged = (weights[..., None] * out).sum(0)
     return merged / total.clamp_min(torch.finfo(torch.float32).tiny)[..., None], top + torch.log(total)
+
+
+def pair_states(q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, pair_slot: torch.Tensor,
+                pair_pos: torch.Tensor, pair_query: torch.Tensor, q_pos: torch.Tensor, q_end: torch.Tensor,
+                window: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode states of (block, query) pairs in one batch, with no host read (a device step's
+    torch attention; the Triton kernel `shared_decode_states` is its fast twin).
+
+    q: [Nq, Hq, D] fp32; k_slots, v_slots: [S, Hkv, 64, D] (the pool's slots); pair_slot,
+    pair_pos, pair_query: [P] int (the slot holding the pair's block, -1 for none; its logical
+    index; the query); q_pos, q_end: [Nq] as in `block_states`. Returns out [P, Hq, D] and lse
+    [P, Hq] fp32, -inf (out 0) where a pair sees no key."""
+    num_pairs = pair_slot.shape[0]
+    num_kv_heads, head_dim = k_slots.shape[1], k_slots.shape[3]
+    group = q.shape[1] // num_kv_heads
+    present = pair_slot >= 0
+    slots = torch.where(present, pair_slot, 0).long()
+    k = k_slots.index_select(0, slots)[:, :, :BLOCK_TOKENS].float()  # [P, Hkv, 64, D]
+    v = v_slots.index_select(0, slots)[:, :, :BLOCK_TOKENS].float()
+    query = pair_query.long()
+    qp = q.index_select(0, query).view(num_pairs, num_kv_heads, group, head_dim)
+    scores = torch.matmul(qp, k.transpose(-1, -2)) * scale  # [P, Hkv, G, 64]
+    key_pos = pair_pos.long()[:, None] * BLOCK_TOKENS + torch.arange(BLOCK_TOKENS, device=q.device)  # [P, 64]
+    row_pos = q_pos.long().index_select(0, query)[:, None]
+    seen = (key_pos <= row_pos) & (key_pos < q_end.long().index_select(0, query)[:, None]) & present[:, None]
+    if window > 0:
+        seen &= key_pos > row_pos - window
+    scores = scores.masked_fill(~seen[:, None, None, :], float("-inf"))
+    block_max = scores.amax(-1)
+    block_max = torch.where(torch.isinf(block_max), torch.zeros_like(block_max), block_max)
+    probs = torch.exp(scores - block_max[..., None])
+    block_sum = probs.sum(-1)  # [P, Hkv, G]
+    out = torch.matmul(probs, v) / block_sum.clamp_min(torch.finfo(torch.float32).tiny)[..., None]
+    lse = block_max + torch.log(block_sum)
+    return out.reshape(num_pairs, num_kv_heads * group, head_dim), lse.reshape(num_pairs, num_kv_heads * group)
+
+
+def merge_pairs(out: torch.Tensor, lse: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    """Each query's pairs merged in logical order: dense [Nq, K] lists them (padded with a pair
+    whose lse is -inf). out [P, Hq, D], lse [P, Hq] -> [Nq, Hq, D] fp32 (0 for a query of none)."""
+    index = dense.long()
+    lse_q = lse[index].transpose(0, 1)  # [K, Nq, Hq]
+    out_q = out[index].transpose(0, 1)  # [K, Nq, Hq, D]
+    return merge_states(out_q, lse_q)

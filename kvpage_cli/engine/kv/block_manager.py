@@ -15,8 +15,8 @@ from typing import Callable, Iterable, Protocol
 
 import torch
 
-from ..config import BLOCK_TOKENS
 from .. import native
+from ..config import BLOCK_TOKENS
 from .context import BlockTable
 from .store import BlockStore, encode_rows, row_scales
 
@@ -43,17 +43,19 @@ class Write:
 
 class BlockManager:
     def __init__(self, store: BlockStore, on_free: Callable[[list[int], list[int]], None],
-                 watchers: Iterable[BlockWatcher] = (), bake=None, native_lib=None) -> None:
+                 watchers: Iterable[BlockWatcher] = (), native_lib=None) -> None:
         """on_free(group layers, freed block ids): blocks became free (the pool forgets them).
-        watchers: told of every K write and every copy-on-write copy. bake: an optional fused
-        rotate-and-store kernel (Triton's rope_bake_store) used when no watcher needs the rows.
+        watchers: told of every K write and every copy-on-write copy. K is rotated by the model's
+        own rotation (`RopeAt.apply`) here as in a device step's writes into pool slots, so that a
+        block has the same bits whichever path wrote it (device_step.py).
         native_lib: the native kernels, whose row writer puts a layer's rows into their blocks in
         one call each for K and V (float32, bfloat16 or int8 blocks: the bits torch's conversion
         gives)."""
         self.store = store
         self.on_free = on_free
         self.watchers = list(watchers)
-        self.bake = bake
+        self.on_copy: Callable[[list[int], int, int, int], None] | None = None  # (group layers, src, dst, rows):
+        # a shared block copied on write (the device's resident slots copy it too)
         self.native_lib = native_lib
 
     # -- tables ----------------------------------------------------------------------------------
@@ -96,6 +98,8 @@ class BlockManager:
                     group.copy_block(shared, fresh, offset)
                     for watcher in self.watchers:
                         watcher.copied(group.layers, shared, fresh)
+                    if self.on_copy is not None:
+                        self.on_copy(group.layers, shared, fresh, offset)
                     group.allocator.decref([shared])
                     table.ids[index] = fresh
                     table.changed()
@@ -192,14 +196,6 @@ class BlockManager:
         group = self.store.group_of(layer)
         pos = self.store.layer_pos[layer]
         plan = plans[group.index]
-        if self.bake is not None and not self.watchers and group.device == k.device and not rope.k_rotated:
-            for arena, rows, offsets, select in plan.parts:
-                slot_ids = plan.arena_rows(arena, k.device)
-                self.bake(k.contiguous(), v.contiguous(), rope.positions.to(torch.int32),
-                          rope.params.inv_freq.to(k.device), group.k_arenas[pos][arena].transpose(0, 1),
-                          group.v_arenas[pos][arena].transpose(0, 1), slot_ids, plan.offsets_int32(k.device),
-                          attention_scaling=rope.params.attention_scaling)
-            return
         k = rope.apply(k).to(device=group.device)
         v = v.to(device=group.device)
         kind = _NATIVE_KINDS.get(group.dtype)
@@ -286,11 +282,3 @@ class WritePlan:
             self._row_blocks = (torch.tensor(self.block_ids, dtype=torch.int64),
                                 torch.tensor(self.offsets, dtype=torch.int32))
         return self._row_blocks
-
-    def arena_rows(self, arena: int, device) -> torch.Tensor:
-        """int32 [N]: each row's block row in `arena`, -1 for rows that go to another arena."""
-        return torch.tensor([r if a == arena else -1 for a, r in zip(self.arenas, self.rows)], dtype=torch.int32,
-                            device=device)
-
-    def offsets_int32(self, device) -> torch.Tensor:
-        return torch.tensor(self.offsets, dtype=torch.int32, device=device)

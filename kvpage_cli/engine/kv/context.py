@@ -20,6 +20,7 @@ class BlockTable:
         self.ids: list[int | None] = ids if ids is not None else []
         self._tensors: tuple[torch.Tensor, torch.Tensor] | None = None
         self._first_live = 0
+        self.version = 0  # counts changes: a plan made from the table is good while it stays
 
     def copy(self) -> "BlockTable":
         table = BlockTable(list(self.ids))
@@ -28,6 +29,7 @@ class BlockTable:
 
     def changed(self) -> None:
         self._tensors = None
+        self.version += 1
 
     def live(self, first_block: int = 0) -> tuple[list[int], list[int]]:
         """(block ids, logical indices) of the live blocks from `first_block` on."""

@@ -30,17 +30,20 @@ class SlotHolder:
 
 class SlotPool:
     def __init__(self, num_layers: int, slots_per_layer: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, mover=None, on_event=None) -> None:
+                 dtype: torch.dtype, device: torch.device, mover=None, on_event=None, sink: bool = False) -> None:
         """mover: copies blocks ahead of the layer that reads them (selective mode on the pool path);
-        on_event: receives BlocksMoved for every load or prefetch that copied blocks."""
+        on_event: receives BlocksMoved for every load or prefetch that copied blocks; sink: one more
+        slot per layer, never valid, that a device step's padding rows write (kv/resident.py)."""
         self.num_layers = num_layers
         self.num_slots = slots_per_layer
+        self.sink = sink
         self.block_shape = stored_block_shape(num_kv_heads, head_dim, dtype)  # as kept (int8: with scales)
         self.dtype = dtype
         self.device = device
         self.k: list[torch.Tensor] = []  # per layer: [S, *block_shape], made on first use
         self.v: list[torch.Tensor] = []
-        self.valid: list[torch.Tensor] = []  # per layer: [S] int8
+        self.valid: list[torch.Tensor] = []  # per layer: [S] int8 (views of valid_all)
+        self.valid_all: torch.Tensor | None = None  # [layers, S] int8: every layer's bits, set at once by a device step
         self.k_addr: list[torch.Tensor] = []  # per layer: [S, Hkv] addresses of each slot's head rows
         self.v_addr: list[torch.Tensor] = []
         self.holders: list[list[SlotHolder | None]] = [[None] * slots_per_layer for _ in range(num_layers)]
@@ -56,17 +59,19 @@ class SlotPool:
 
     @property
     def bytes(self) -> int:
-        return self.num_layers * self.num_slots * self.slot_bytes if self.allocated else 0
+        return self.num_layers * (self.num_slots + self.sink) * self.slot_bytes if self.allocated else 0
 
     def allocate(self) -> None:
         if self.allocated:
             return
-        for _ in range(self.num_layers):
-            k = torch.zeros((self.num_slots, *self.block_shape), dtype=self.dtype, device=self.device)
-            v = torch.zeros((self.num_slots, *self.block_shape), dtype=self.dtype, device=self.device)
+        slots = self.num_slots + self.sink
+        self.valid_all = torch.zeros(self.num_layers, slots, dtype=torch.int8, device=self.device)
+        for layer in range(self.num_layers):
+            k = torch.zeros((slots, *self.block_shape), dtype=self.dtype, device=self.device)
+            v = torch.zeros((slots, *self.block_shape), dtype=self.dtype, device=self.device)
             self.k.append(k)
             self.v.append(v)
-            self.valid.append(torch.zeros(self.num_slots, dtype=torch.int8, device=self.device))
+            self.valid.append(self.valid_all[layer])
             self.k_addr.append(head_addresses(k, 0))
             self.v_addr.append(head_addresses(v, 0))
 
@@ -171,6 +176,18 @@ class SlotPool:
         slot_of[block_id] = slot
         self.recency[layer].move_to_end(slot)
         return self.slot_bytes * filled // BLOCK_TOKENS
+
+    def reset(self) -> None:
+        """Forgets what every slot holds (another owner of the slots takes them: kv/resident.py);
+        every valid bit drops to 0."""
+        self.allocate()
+        for layer in range(self.num_layers):
+            for holder in self.holders[layer]:
+                if holder is not None and holder.pending is not None:
+                    self.mover.wait(holder.pending)
+            self.holders[layer] = [None] * self.num_slots
+            self.slot_of[layer] = {}
+        self.valid_all.zero_()
 
     def forget(self, group_layers: list[int], block_ids: list[int]) -> None:
         """Drops freed blocks of the given layers from the pool's memory of what it holds."""

@@ -95,10 +95,14 @@ class ArenaSource:
     however it ends; the folder itself is removed when the store is collected.
     """
 
-    def __init__(self, device: torch.device, host_bytes: int | None = None, spill_dir: Path | None = None) -> None:
+    def __init__(self, device: torch.device, host_bytes: int | None = None, spill_dir: Path | None = None,
+                 pin: bool = False) -> None:
+        """pin: arenas in RAM are page-locked (a GPU then copies blocks from them without a
+        staging copy, asynchronously)."""
         self.device = device
         self.host_bytes = host_bytes
         self.spill_dir = spill_dir
+        self.pin = pin
         self.ram_bytes = 0
         self.disk_bytes = 0
         self._folder: Path | None = None
@@ -111,7 +115,7 @@ class ArenaSource:
         return min(blocks, room), blocks - min(blocks, room)
 
     def ram(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        tensor = torch.zeros(shape, dtype=dtype, device=self.device)
+        tensor = torch.zeros(shape, dtype=dtype, device=self.device, pin_memory=self.pin)
         self.ram_bytes += tensor.numel() * tensor.element_size()
         return tensor
 
@@ -320,10 +324,12 @@ class BlockStore:
     """All groups of a model; maps a layer to its group and its position in that group."""
 
     def __init__(self, layer_windows: list[int], num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device, host_bytes: int | None = None, spill_dir: Path | None = None) -> None:
+                 device: torch.device, host_bytes: int | None = None, spill_dir: Path | None = None,
+                 pin: bool = False) -> None:
         """host_bytes bounds the RAM of all arenas together (None: no bound); arenas beyond it are
-        memory-mapped files in a private folder under `spill_dir` (default: the system temp folder)."""
-        self.source = ArenaSource(device, host_bytes, spill_dir)
+        memory-mapped files in a private folder under `spill_dir` (default: the system temp folder).
+        pin: RAM arenas page-locked (the compute device is a GPU)."""
+        self.source = ArenaSource(device, host_bytes, spill_dir, pin)
         by_window: dict[int, list[int]] = {}
         for layer, window in enumerate(layer_windows):
             by_window.setdefault(window, []).append(layer)

@@ -86,7 +86,8 @@ def _computed(config, arch: str, rope_keys: set[str]) -> dict[str, RopeParams]:
 
 def rope_cos_sin(params: RopeParams, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin: [T, D] in `dtype` for absolute `positions` [T]."""
-    freqs = positions.to(torch.float32)[:, None] * params.inv_freq.to(positions.device)[None, :]
+    inv_freq = params.inv_freq if params.inv_freq.device == positions.device else params.inv_freq.to(positions.device)
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos = emb.cos() * params.attention_scaling
     sin = emb.sin() * params.attention_scaling

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Iterable
 
 import torch
@@ -196,6 +197,9 @@ class ModelRunner:
         self.dtype = dtype
         self.device = device
         self.rope = rope
+        # the same frequencies on the compute device: a step computes its cos/sin with no copy (a
+        # copy from the host inside a step would stop a CUDA graph's capture)
+        self.rope_on_device = {key: RopeParams(p.inv_freq.to(device), p.attention_scaling) for key, p in rope.items()}
         self.weights = weights
         self.native = native_lib if device.type == "cpu" else None
         compact = weights != "float32" or any(isinstance(t, QuantMatrix) for t in tensors.values())
@@ -420,7 +424,7 @@ class ModelRunner:
         """
         spec = self.spec
         num_tokens = token_ids.shape[0]
-        cos_sin = {key: rope_cos_sin(params, positions, self.dtype) for key, params in self.rope.items()}
+        cos_sin = {key: rope_cos_sin(params, positions, self.dtype) for key, params in self.rope_on_device.items()}
         h = self.embed_tokens(token_ids)
         for i, (layer_spec, w) in enumerate(zip(spec.layers, self.layers)):
             cos, sin = cos_sin[layer_spec.rope_key]
@@ -508,16 +512,38 @@ class ModelRunner:
         h = h + a
         return h + self.mlp(self.norm(h, w.norm_mlp), w, rows)
 
+    def activation(self, gate: torch.Tensor, rows: Rows) -> torch.Tensor:
+        """The MLP's activation (SiLU or GELU-tanh) of gate [N, I], each row the bits it gets alone.
+
+        On a CPU, torch splits an elementwise operation into one chunk per thread by element count;
+        a chunk that ends inside a row leaves that row's last elements to the scalar function, whose
+        tanh and exp round otherwise than the vectorized one's, so a row's bits would depend on the
+        rows beside it and the thread count (seen at 16 threads: SiLU over 40 rows of 2,048). The
+        rows of short segments (decode tokens, short prompts: `Rows`) are therefore activated on one
+        thread, each row then one vectorized loop; a long segment, always computed alone, keeps
+        every thread."""
+        act = partial(F.gelu, approximate="tanh") if self.spec.activation == "gelu_tanh" else F.silu
+        if gate.device.type != "cpu" or torch.get_num_threads() == 1 or all(not small for _, small, _ in rows.parts):
+            return act(gate)
+
+        def one_thread(x: torch.Tensor) -> torch.Tensor:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                return act(x)
+            finally:
+                torch.set_num_threads(threads)
+
+        if len(rows.parts) == 1:
+            return one_thread(gate)
+        return torch.cat([one_thread(gate[part]) if small else act(gate[part]) for part, small, _ in rows.parts])
+
     def mlp(self, x: torch.Tensor, w: LayerWeights, rows: Rows) -> torch.Tensor:
         gate_up = self.linear(x, w.gate_up_t, rows)
         if w.gate_up_bias is not None:
             gate_up = gate_up + w.gate_up_bias
         gate, up = gate_up.chunk(2, dim=-1)
-        if self.spec.activation == "gelu_tanh":
-            act = F.gelu(gate, approximate="tanh")
-        else:
-            act = F.silu(gate)
-        out = self.linear(act * up, w.down_t, rows)
+        out = self.linear(self.activation(gate, rows) * up, w.down_t, rows)
         if self.shard is not None:
             out = self.shard.all_reduce(out)
         if w.down_bias is not None:

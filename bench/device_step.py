@@ -1,0 +1,146 @@
+"""The decode step's host side, on the CPU: what the host spends preparing a step, and how many
+tensor operations a step dispatches, for the device path (engine/device_step.py) beside the
+per-layer host path, on a 30-layer random model whose compute is negligible (SmolLM2's heads: 9
+query and 3 KV heads of 64, a hidden size of 72).
+
+    python bench/device_step.py                                   # batch 64 over a 1K document
+    python bench/device_step.py --batch 16 --context 4096 --steps 20 --json out.json
+
+Host preparation: per decode step, the wall time of everything the device path does on the host
+(blocks made room for, the pool's bookkeeping, the plan packed into the step's buffer), that is
+the step's time less its device work and readback, measured around them. Operations: aten
+operations dispatched during one steady decode step (TorchDispatchMode), per layer, for both
+paths. The torch backend runs the attention (the Triton interpreter would count its emulation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from common import write_result  # noqa: E402
+
+LAYERS = 30
+
+
+def model():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("llama", hidden_size=72, intermediate_size=64, num_hidden_layers=LAYERS,
+                                  num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=320,
+                                  max_position_embeddings=65536)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+class Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def engine_for(step: str, pool_mib: float, batch: int):
+    from kvpage_cli.engine import Engine, EngineConfig
+
+    return Engine.load(model(), EngineConfig(device="cpu", backend="torch", kv_path="pool", pool_mib=pool_mib,
+                                             decode_step=step, kv_cache=False, max_batch=batch))
+
+
+def requests(engine, batch: int, context: int, new_tokens: int):
+    from kvpage_cli.engine.engine import Request
+
+    doc = engine.prefill([(i * 7919) % 300 + 10 for i in range(context)])
+    return [Request(engine.fork(doc), [5 + i % 200], max_new_tokens=new_tokens, stop=()) for i in range(batch)]
+
+
+def steady(engine, batch: int, context: int, steps: int):
+    """The run's generator advanced past its prompt step and first decode step."""
+    run = engine.run(requests(engine, batch, context, steps + 4))
+    for _ in range(2 * batch):
+        next(run)
+    return run
+
+
+def host_preparation(batch: int, context: int, steps: int, pool_mib: float) -> list[float]:
+    """Seconds of host work per device decode step: decode() less its _run (upload, device work, readback)."""
+    engine = engine_for("eager", pool_mib, batch)
+    device = engine.device_decode
+    spent = {"run": 0.0}
+    run_step = device._run
+
+    def timed_run(bufs, count):
+        started = time.perf_counter()
+        try:
+            return run_step(bufs, count)
+        finally:
+            spent["run"] += time.perf_counter() - started
+
+    device._run = timed_run
+    decode = device.decode
+    host = []
+
+    def timed_decode(reqs):
+        spent["run"] = 0.0
+        started = time.perf_counter()
+        result = decode(reqs)
+        host.append(time.perf_counter() - started - spent["run"])
+        return result
+
+    device.decode = timed_decode
+    run = steady(engine, batch, context, steps)
+    host.clear()
+    for _ in range(steps * batch):
+        next(run)
+    return host
+
+
+def ops_per_layer(step: str, batch: int, context: int, pool_mib: float) -> float:
+    engine = engine_for(step, pool_mib, batch)
+    run = steady(engine, batch, context, 4)
+    with Ops() as ops:
+        for _ in range(batch):
+            next(run)
+    if step != "host":
+        assert engine.device_decode.resident.active, "the step did not run on the device path"
+    return ops.count / LAYERS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--pool-mib", type=float, default=4096.0)
+    parser.add_argument("--json", dest="json_path", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    host = host_preparation(args.batch, args.context, args.steps, args.pool_mib)
+    device_ops = ops_per_layer("eager", args.batch, args.context, args.pool_mib)
+    host_ops = ops_per_layer("host", args.batch, args.context, args.pool_mib)
+    result = {
+        "batch": args.batch, "context": args.context, "layers": LAYERS, "steps": len(host),
+        "host_prep_us_median": statistics.median(host) * 1e6, "host_prep_us_p90": sorted(host)[int(0.9 * len(host))] * 1e6,
+        "aten_ops_per_layer_device_step": device_ops, "aten_ops_per_layer_host_path": host_ops,
+    }
+    print(f"batch {args.batch}, {args.context}-token document, {LAYERS} layers, {len(host)} steps")
+    print(f"host preparation per device step: median {result['host_prep_us_median']:.0f} us, "
+          f"p90 {result['host_prep_us_p90']:.0f} us")
+    print(f"aten ops per decode step per layer: device step {device_ops:.1f}, host path {host_ops:.1f}")
+    write_result("device_step", args, result, args.json_path)
+
+
+if __name__ == "__main__":
+    main()

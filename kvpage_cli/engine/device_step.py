@@ -1,0 +1,403 @@
+"""The decode step on a compute device: static buffers, one upload, one readback, CUDA graphs.
+
+The host plans, the device runs. A decode step over B sequences whose blocks are all resident in
+the pool (kv/resident.py) is one function of static-shape device tensors: the token ids, their
+positions, where each new K/V row goes (slot and row of the tail block, per store group), and per
+group the (block, query) pairs attention reads, padded to a capacity. The host packs that
+metadata into one pinned buffer and sends it with one non-blocking copy; the layers write their
+K/V rows into the slots and attend over them with no value read back; the next tokens are chosen
+on the device (greedy), and reading them is the step's one synchronisation. The step is captured
+as a CUDA graph per padded batch size (1, 2, 4, 8, 16, 24, 32, 48, 64, ...) and pair capacity,
+and replayed; `eager` runs the same function without capture (and is what runs on a CPU, where
+the same code is tested with the torch backend and the Triton interpreter).
+
+What is bit-identical: with the Triton backend the step launches the kernels the per-layer path
+does, on the same items and pairs in the same order, so a sequence's logits are the same bits as
+that path's, padded or not, captured or not (padding adds items with no pairs and rows nobody
+reads). The torch backend computes the pairs' states in one batch (`reference.pair_states`), exact
+to rounding against its per-block path, not the same bits. A padded batch multiplies the weights
+with more rows: where the matrix library chooses its kernel by row count, a real row may round
+otherwise than unpadded (README: tested for equal tokens and close logits).
+
+Steps the device path does not take (a prompt chunk, selective mode, sampling with a
+temperature, a draft model, tensor parallelism, int8 KV, or blocks that do not fit the pool) run
+on the per-layer path, after the device's rows are copied back to the store.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import hostreads
+from .attention import reference
+from .config import BLOCK_TOKENS
+from .events import BlocksMoved, EngineWarning, emit
+from .kv.resident import ResidentSlots
+from .model.runner import Rows
+
+BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+MIN_PAIRS = 64  # the smallest pair capacity; capacities are powers of two above it
+
+
+def padded_batch(count: int) -> int:
+    """The captured batch size that holds `count` sequences."""
+    return next((size for size in BATCH_SIZES if size >= count), count)
+
+
+def capacity(count: int) -> int:
+    """A pair (or item) capacity: the power of two at least count + 1 (one padding entry at least)."""
+    size = MIN_PAIRS
+    while size < count + 1:
+        size *= 2
+    return size
+
+
+@dataclass
+class GroupPlan:
+    """One store group's (block, query) pairs for a batch, as DecodePlan numbers them: items are
+    the distinct blocks in logical order, pairs numbered item by item, each query's pairs in
+    logical order at q_pairs[q_off[j]:q_off[j+1]]. Host arrays (numpy), no tensors."""
+
+    item_ids: np.ndarray
+    item_pos: np.ndarray
+    item_off: np.ndarray
+    pair_query: np.ndarray
+    q_off: np.ndarray
+    q_pairs: np.ndarray
+    pair_item: np.ndarray
+
+    @classmethod
+    def build(cls, blocks: list[tuple[list[int], list[int]]]) -> "GroupPlan":
+        """blocks[j]: (block ids, logical indices) of query j, in logical order."""
+        counts = np.array([len(ids) for ids, _ in blocks], dtype=np.int64)
+        ids = np.fromiter((b for ids, _ in blocks for b in ids), dtype=np.int64, count=int(counts.sum()))
+        pos = np.fromiter((p for _, positions in blocks for p in positions), dtype=np.int64, count=int(counts.sum()))
+        owner = np.repeat(np.arange(len(blocks), dtype=np.int64), counts)
+        span = int(ids.max()) + 1 if ids.size else 1
+        keys, entry_item = np.unique(pos * span + ids, return_inverse=True)  # items sorted by (position, id)
+        order = np.argsort(entry_item * max(1, len(blocks)) + owner, kind="stable")  # entries in pair order
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        item_off = np.zeros(keys.size + 1, dtype=np.int64)
+        item_off[1:] = np.cumsum(np.bincount(entry_item, minlength=keys.size))
+        q_off = np.zeros(len(blocks) + 1, dtype=np.int64)
+        q_off[1:] = np.cumsum(counts)
+        return cls(item_ids=keys % span, item_pos=keys // span, item_off=item_off, pair_query=owner[order],
+                   q_off=q_off, q_pairs=rank, pair_item=entry_item[order])
+
+    @property
+    def num_items(self) -> int:
+        return self.item_ids.size
+
+    @property
+    def num_pairs(self) -> int:
+        return self.pair_query.size
+
+
+class Layout:
+    """Where each field of a step's metadata lies in the packed int32 buffer, for one shape key
+    (padded batch, per group (item capacity, pair capacity, pairs per query))."""
+
+    def __init__(self, batch: int, caps: tuple[tuple[int, int, int], ...]) -> None:
+        self.batch = batch
+        self.caps = caps
+        self.fields: dict[str, slice] = {}
+        self.size = 0
+        for name in ("tokens", "positions", "q_end", "write_off"):
+            self._add(name, batch)
+        for g, (items, pairs, per_query) in enumerate(caps):
+            self._add(f"write_slot{g}", batch)
+            self._add(f"item_slots{g}", items)
+            self._add(f"item_pos{g}", items)
+            self._add(f"item_off{g}", items + 1)
+            self._add(f"pair_query{g}", pairs)
+            self._add(f"q_off{g}", batch + 1)
+            self._add(f"q_pairs{g}", pairs)
+            self._add(f"pair_slot{g}", pairs)
+            self._add(f"pair_pos{g}", pairs)
+            self._add(f"dense{g}", batch * per_query)
+
+    def _add(self, name: str, count: int) -> None:
+        self.fields[name] = slice(self.size, self.size + count)
+        self.size += count
+
+
+class StepBuffers:
+    """The static tensors of one shape key: the pinned host buffer, its device twin and views of
+    it, the states' scratch, the step's outputs."""
+
+    def __init__(self, layout: Layout, device: torch.device, num_heads: int, head_dim: int) -> None:
+        self.layout = layout
+        pinned = device.type == "cuda"
+        self.host = torch.zeros(layout.size, dtype=torch.int32, pin_memory=pinned)
+        self.host_np = hostreads.host_array(self.host)
+        self.meta = torch.zeros(layout.size, dtype=torch.int32, device=device)
+        self.view = {name: self.meta[part] for name, part in layout.fields.items()}
+        self.states = [torch.zeros(pairs, num_heads, head_dim, device=device) for _, pairs, _ in layout.caps]
+        self.lse = [torch.full((pairs, num_heads), float("-inf"), device=device) for _, pairs, _ in layout.caps]
+        self.logit_rows = torch.arange(layout.batch, device=device)
+        self.next_tokens = torch.zeros(layout.batch, dtype=torch.int64, device=device)
+        self.logits: torch.Tensor | None = None  # the step's logits [batch, V] (static under a graph)
+        self.graph = None  # torch.cuda.CUDAGraph once captured; False where capture failed
+
+    def put(self, name: str, values) -> None:
+        part = self.layout.fields[name]
+        values = np.asarray(values, dtype=np.int32)
+        self.host_np[part.start:part.start + values.size] = values
+
+
+class DeviceDecode:
+    """Runs decode steps on the device for an engine (see the module docstring)."""
+
+    def __init__(self, engine, graphs: bool) -> None:
+        self.engine = engine
+        self.runner = engine.runner
+        self.store = engine.store
+        self.pool = engine.pool
+        self.backend = engine.backend
+        self.spec = engine.spec
+        self.device = engine.device
+        self.graphs = graphs and self.device.type == "cuda"
+        self.resident = ResidentSlots(self.store, self.pool)
+        self.buffers: dict[tuple, StepBuffers] = {}
+        self.admitted: set[int] = set()  # contexts whose blocks were admitted since the pool became resident
+        self.invalid_reads = torch.zeros((), dtype=torch.int64, device=self.device)  # items attention found not valid
+        self.group_layers = [torch.tensor(g.layers, device=self.device) for g in self.store.groups]
+        self.one = torch.ones((), dtype=torch.int8, device=self.device)
+        self._plans: dict[int, tuple[tuple, GroupPlan]] = {}  # group -> (the tables' versions, its plan)
+        self._events = None
+        self._warned = False
+
+    # -- which steps -------------------------------------------------------------------------------
+
+    def takes(self, requests) -> bool:
+        """Whether this step's requests (each decoding one generated token) run here."""
+        engine = self.engine
+        if engine.policy is not None or engine.draft is not None or engine.dispatch.observer is not None \
+                or engine.dispatch.capture_rows:
+            return False
+        if any(r.temperature > 0 or r.all_logits or r.pool_values for r in requests):
+            return False
+        resident = self.resident
+        if resident.active and all(r.ctx.id in self.admitted for r in requests):  # a new block each at most
+            return all(len(g.free) >= len(requests) for g in resident.groups)
+        return resident.fits([r.ctx.tables for r in requests])
+
+    # -- a step ------------------------------------------------------------------------------------
+
+    def decode(self, requests) -> tuple[list[int], float]:
+        """One decode step over the requests' last tokens: writes their K/V, sets each context's
+        logits, and returns the greedy next tokens (not yet appended) and the step's seconds."""
+        engine, blocks, resident = self.engine, self.engine.blocks, self.resident
+        starts = [r.ctx.num_cached for r in requests]
+        for request, start in zip(requests, starts):
+            blocks.make_room(request.ctx.tables, start, 1)
+        if not resident.active:
+            self.admitted.clear()
+            self._plans.clear()
+        joining = [r for r in requests if r.ctx.id not in self.admitted]
+        if joining:
+            evicted = resident.evicted_blocks
+            moved, moved_bytes = resident.admit([r.ctx.tables for r in joining], [r.ctx.num_cached for r in joining])
+            if resident.evicted_blocks != evicted:  # others' blocks left: they are admitted again when they return
+                self.admitted = {r.ctx.id for r in requests}
+            self.admitted.update(r.ctx.id for r in joining)
+            if moved:
+                self._plans.clear()
+                engine._emit(engine.scheduler.listener, BlocksMoved(moved, moved_bytes, lookups=moved))
+        bufs, kv_bytes = self._prepare(requests, starts)
+        seconds, tokens = self._run(bufs, len(requests))
+        logits = bufs.logits[:len(requests)].clone()  # the static outputs change at the next step
+        for i, (request, start) in enumerate(zip(requests, starts)):
+            ctx = request.ctx
+            ctx.num_cached = start + 1
+            blocks.drop_outside_windows(ctx.tables, ctx.num_cached)
+            ctx.last_logits = logits[i]
+        resident.mirror(full_only=True)
+        self.kv_read_bytes = kv_bytes
+        return tokens, seconds
+
+    def _prepare(self, requests, starts: list[int]) -> tuple[StepBuffers, int]:
+        """Plans the step on the host and packs it into its buffers (no device value is read)."""
+        count = len(requests)
+        batch = padded_batch(count)
+        resident = self.resident
+        plans, caps, kv_bytes = [], [], 0
+        for index, group in enumerate(self.store.groups):
+            tables = [r.ctx.tables[index] for r in requests]
+            plan = self._plan(index, [r.ctx.id for r in requests], tables)
+            plans.append(plan)
+            per_query = int(np.diff(plan.q_off).max()) if count else 0
+            caps.append((capacity(plan.num_items), capacity(plan.num_pairs), capacity(per_query)))
+            kv_bytes += plan.num_items * group.block_bytes_per_layer * len(group.layers)
+        key = (batch, tuple(caps))
+        bufs = self.buffers.get(key)
+        if bufs is None:
+            bufs = self.buffers[key] = StepBuffers(Layout(batch, tuple(caps)), self.device, self.spec.num_heads,
+                                                   self.spec.head_dim)
+        bufs.host_np[:] = 0
+        positions = np.array(starts, dtype=np.int64)
+        bufs.put("tokens", [r.ctx.tokens[s] for r, s in zip(requests, starts)])
+        bufs.put("positions", positions)
+        bufs.put("q_end", positions + 1)
+        bufs.put("write_off", positions % BLOCK_TOKENS)
+        sink = resident.sink
+        for index, (plan, (items_cap, pairs_cap, per_query)) in enumerate(zip(plans, caps)):
+            slot_of = resident.groups[index].slot_of
+            tails = [r.ctx.tables[index].ids[s // BLOCK_TOKENS] for r, s in zip(requests, starts)]
+            write = []
+            for block_id, start in zip(tails, starts):
+                if block_id is None:  # a sliding-window layer's block already dropped: nothing to keep
+                    write.append(sink)
+                    continue
+                write.append(resident.place_new(index, block_id))
+                resident.wrote(index, block_id, start % BLOCK_TOKENS + 1)
+            bufs.put(f"write_slot{index}", write + [sink] * (batch - count))
+            item_slots = np.fromiter((slot_of[b] for b in plan.item_ids.tolist()), dtype=np.int64, count=plan.num_items)
+            padded_items = np.full(items_cap, -1, dtype=np.int64)
+            padded_items[:plan.num_items] = item_slots
+            bufs.put(f"item_slots{index}", padded_items)
+            bufs.put(f"item_pos{index}", plan.item_pos)
+            item_off = np.full(items_cap + 1, plan.num_pairs, dtype=np.int64)
+            item_off[:plan.num_items + 1] = plan.item_off
+            bufs.put(f"item_off{index}", item_off)
+            bufs.put(f"pair_query{index}", plan.pair_query)
+            q_off = np.full(batch + 1, plan.num_pairs, dtype=np.int64)
+            q_off[:count + 1] = plan.q_off
+            bufs.put(f"q_off{index}", q_off)
+            bufs.put(f"q_pairs{index}", plan.q_pairs)
+            pair_slot = np.full(pairs_cap, -1, dtype=np.int64)
+            pair_slot[:plan.num_pairs] = item_slots[plan.pair_item]
+            bufs.put(f"pair_slot{index}", pair_slot)
+            bufs.put(f"pair_pos{index}", plan.item_pos[plan.pair_item])
+            dense = np.full((batch, per_query), plan.num_pairs, dtype=np.int64)  # pair P: lse -inf
+            lengths = np.diff(plan.q_off)
+            rows = np.repeat(np.arange(count), lengths)
+            cols = np.arange(plan.num_pairs) - np.repeat(plan.q_off[:-1], lengths)
+            dense[rows, cols] = plan.q_pairs
+            bufs.put(f"dense{index}", dense.reshape(-1))
+        return bufs, kv_bytes
+
+    def _plan(self, index: int, ctx_ids: list[int], tables) -> GroupPlan:
+        """The group's pairs for these contexts' tables, made again only when one changed."""
+        versions = tuple(zip(ctx_ids, (t.version for t in tables)))
+        cached = self._plans.get(index)
+        if cached is not None and cached[0] == versions:
+            return cached[1]
+        plan = GroupPlan.build([t.live() for t in tables])
+        self._plans[index] = (versions, plan)
+        return plan
+
+    def _run(self, bufs: StepBuffers, count: int) -> tuple[float, list[int]]:
+        """Uploads the metadata, runs the step (its graph where captured), reads the tokens back."""
+        cuda = self.device.type == "cuda"
+        if cuda:
+            if self._events is None:
+                self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._events[0].record()
+        else:
+            started = time.perf_counter()
+        bufs.meta.copy_(bufs.host, non_blocking=True)  # the step's one upload
+        if self.graphs and bufs.graph is None:
+            self._capture(bufs)
+        hostreads.phase("forward")
+        if bufs.graph:
+            bufs.graph.replay()
+        else:
+            self._forward(bufs)
+        hostreads.phase("readback")
+        if cuda:
+            self._events[1].record()
+        tokens = bufs.next_tokens[:count].tolist()  # the one readback: it waits for the step
+        hostreads.phase(None)
+        seconds = self._events[0].elapsed_time(self._events[1]) / 1000 if cuda else time.perf_counter() - started
+        return seconds, tokens
+
+    def _forward(self, bufs: StepBuffers) -> None:
+        """The step itself: device work only, on static tensors (what a CUDA graph captures)."""
+        view = bufs.view
+        tokens = view["tokens"].long()
+        positions = view["positions"].long()
+        write_off = view["write_off"].long()
+        write_slots = [view[f"write_slot{g}"].long() for g in range(len(self.store.groups))]
+        rows = Rows.of([1] * bufs.layout.batch)
+        layer_group = self.store.layer_group
+        pool = self.pool
+
+        def write_kv(layer: int, k: torch.Tensor, v: torch.Tensor, rope) -> None:
+            slots = write_slots[layer_group[layer]]
+            pool.k[layer][slots, :, write_off] = rope.apply(k).to(pool.dtype)
+            pool.v[layer][slots, :, write_off] = v.to(pool.dtype)
+
+        def attend(layer: int, q: torch.Tensor) -> torch.Tensor:
+            return self._attend(layer, q.float().contiguous(), bufs)
+
+        for g, group in enumerate(self.store.groups):
+            # the rows written now make their slots valid in every layer of the group (the sink too,
+            # which no item reads); then any item attention reads from a slot still not valid counts
+            pool.valid_all.index_put_((self.group_layers[g][:, None], write_slots[g][None, :]), self.one)
+            items = view[f"item_slots{g}"]
+            slots = torch.where(items >= 0, items, 0).long()
+            self.invalid_reads += ((pool.valid[group.layers[0]].index_select(0, slots) == 0) & (items >= 0)).sum()
+        logits = self.runner.forward(tokens, positions, rows, write_kv, attend, bufs.logit_rows, rows)
+        if bufs.logits is None or bufs.logits.shape != logits.shape:
+            bufs.logits = torch.empty_like(logits)
+        bufs.logits.copy_(logits)
+        torch.argmax(logits, dim=-1, out=bufs.next_tokens)
+
+    def _attend(self, layer: int, q: torch.Tensor, bufs: StepBuffers) -> torch.Tensor:
+        """q [Bp, Hq, D] fp32 over the group's pairs -> [Bp, Hq, D] fp32."""
+        g = self.store.layer_group[layer]
+        group = self.store.groups[g]
+        view, pool, backend = bufs.view, self.pool, self.backend
+        if backend.name == "triton":
+            states, lse = bufs.states[g], bufs.lse[g]
+            backend.ops.shared_decode_states(
+                q, pool.k[layer], pool.v[layer], pool.valid[layer], view[f"item_slots{g}"], view[f"item_pos{g}"],
+                view[f"item_off{g}"], view[f"pair_query{g}"], view["positions"], view["q_end"],
+                scale=backend.scale, window=group.window, out=states, lse=lse)
+            return backend.ops.merge_ragged_states(states, lse, view[f"q_off{g}"], view[f"q_pairs{g}"])[0]
+        out, lse = reference.pair_states(q, pool.k[layer], pool.v[layer], view[f"pair_slot{g}"], view[f"pair_pos{g}"],
+                                         view[f"pair_query{g}"], view["positions"], view["q_end"], group.window,
+                                         backend.scale)
+        per_query = bufs.layout.caps[g][2]
+        return reference.merge_pairs(out, lse, view[f"dense{g}"].view(bufs.layout.batch, per_query))
+
+    def _capture(self, bufs: StepBuffers) -> None:
+        """Captures the step as a CUDA graph (after two eager runs, which compile the kernels);
+        a step that cannot be captured runs eagerly from then on, with one warning."""
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._forward(bufs)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._forward(bufs)
+            bufs.graph = graph
+        except RuntimeError as exc:
+            bufs.graph = False
+            if not self._warned:
+                self._warned = True
+                emit(self.engine.scheduler.listener, EngineWarning(f"the decode step could not be captured as a CUDA "
+                                                                   f"graph ({exc}); running it eagerly"))
+
+    # -- leaving ---------------------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Before a step on the per-layer path: the device's rows copied back, the pool handed over."""
+        if self.resident.active:
+            self.resident.release()
+            self.admitted.clear()
+            self._plans.clear()
+
+    def sync(self) -> None:
+        """After a run: the store holds every row the device wrote (the pool stays resident)."""
+        if self.resident.active:
+            self.resident.mirror(full_only=False)

@@ -1,0 +1,200 @@
+"""Resident slots: the pool as the home of the blocks a device decode step reads.
+
+When every block the running sequences need fits in the pool (the usual case on an 80-140 GB
+card), each block of a store group gets one slot, the same in every layer of the group, and keeps
+it while it lives: a decode step then reads its blocks where they are and writes its new K/V rows
+straight into the tail block's slot, and nothing crosses the link per step. The host store stays
+the blocks' backing copy: a block is loaded into its slot once (when a sequence joins), and the
+rows a step writes on the device are copied back to the store in batches, when the engine leaves
+the device path (a prefill, the end of a run) and whenever enough filled blocks wait (`mirror`).
+
+Bookkeeping happens on events: a sequence joins (its blocks are admitted), a block is added to a
+table (a slot is taken), a shared block is copied on write (slot to slot on the device), a block
+is freed (its slot is free again). Nothing here runs per layer, and nothing reads a device value.
+
+Slot `num_slots` of every layer is a sink: padding rows of a padded batch write there, and no
+step reads it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import BLOCK_TOKENS
+
+MIRROR_BATCH = 16  # filled blocks waiting before they are copied back to the store together
+
+
+class ResidentGroup:
+    """One store group's blocks in their slots (the same slot in every layer of the group)."""
+
+    def __init__(self, group, num_slots: int) -> None:
+        self.group = group
+        self.num_slots = num_slots
+        self.slot_of: dict[int, int] = {}  # block id -> slot
+        self.free: list[int] = list(range(num_slots - 1, -1, -1))  # popped from the end: slot 0 first
+        self.rows: dict[int, int] = {}  # block id -> rows of it on the device written since the store's copy
+
+    def take(self, block_id: int) -> int:
+        slot = self.free.pop()
+        self.slot_of[block_id] = slot
+        return slot
+
+
+class ResidentSlots:
+    """The resident regime's map of blocks to slots, for a `SlotPool` and its `BlockStore`."""
+
+    def __init__(self, store, pool) -> None:
+        self.store = store
+        self.pool = pool
+        self.groups = [ResidentGroup(g, pool.num_slots) for g in store.groups]
+        self.active = False  # the pool's slots hold resident blocks (not the streaming path's)
+        self.loaded_blocks = 0  # blocks copied from the store into slots (admissions)
+        self.mirrored_blocks = 0  # blocks copied back to the store
+        self.evicted_blocks = 0  # blocks that gave their slots to others'
+
+    @property
+    def sink(self) -> int:
+        return self.pool.num_slots
+
+    def fits(self, tables_per_seq: list[list]) -> bool:
+        """Whether every live block of these contexts (and one new block each) fits its group's slots."""
+        for resident, index in zip(self.groups, range(len(self.groups))):
+            needed = set()
+            for tables in tables_per_seq:
+                needed.update(tables[index].live()[0])
+            if len(needed) + len(tables_per_seq) > resident.num_slots:
+                return False
+        return True
+
+    def activate(self) -> None:
+        """Takes the pool's slots over from the streaming path (whose memory of them is dropped)."""
+        if not self.active:
+            self.pool.reset()
+            self.active = True
+
+    def admit(self, tables_per_seq: list[list], ends: list[int]) -> tuple[int, int]:
+        """Every live block of these contexts gets a slot; those not resident are copied there from
+        the store, their first `end` rows (ends: each context's tokens with K/V), in one gather and
+        one copy per layer. Blocks resident for no one here may be evicted for them (copied back
+        first where the device holds rows the store lacks). Returns the blocks and bytes copied."""
+        self.activate()
+        moved = moved_bytes = 0
+        for index, resident in enumerate(self.groups):
+            wanted: dict[int, int] = {}  # block id -> rows to load
+            for tables, end in zip(tables_per_seq, ends):
+                ids, positions = tables[index].live()
+                for block_id, position in zip(ids, positions):
+                    rows = max(0, min(BLOCK_TOKENS, end - position * BLOCK_TOKENS))
+                    wanted[block_id] = max(wanted.get(block_id, 0), rows)
+            missing = [b for b in wanted if b not in resident.slot_of]
+            if not missing:
+                continue
+            if len(missing) > len(resident.free):
+                self._evict(resident, len(missing) - len(resident.free), keep=set(wanted))
+            slots = [resident.take(b) for b in missing]
+            self._load(resident, missing, slots)
+            self.loaded_blocks += len(missing)
+            moved += len(missing)
+            moved_bytes += len(missing) * self.pool.slot_bytes * len(resident.group.layers)
+        return moved, moved_bytes
+
+    def place_new(self, index: int, block_id: int) -> int:
+        """A slot for a block just added to a table (nothing to copy: its rows come from the step)."""
+        resident = self.groups[index]
+        slot = resident.slot_of.get(block_id)
+        return slot if slot is not None else resident.take(block_id)
+
+    def slot(self, index: int, block_id: int) -> int:
+        return self.groups[index].slot_of[block_id]
+
+    def wrote(self, index: int, block_id: int, rows: int) -> None:
+        """A step wrote rows 0 .. rows-1 of a block on the device (it is now ahead of the store)."""
+        resident = self.groups[index]
+        resident.rows[block_id] = max(resident.rows.get(block_id, 0), rows)
+
+    def copied_on_write(self, group_layers: list[int], src: int, dst: int, rows: int) -> None:
+        """The block manager copied a shared, partly filled block `src` into `dst`: the device copy
+        too, where `src` is resident (its device rows may be newer than the store's)."""
+        index = next(i for i, r in enumerate(self.groups) if r.group.layers == group_layers)
+        resident = self.groups[index]
+        if not self.active or src not in resident.slot_of:
+            return
+        src_slot, dst_slot = resident.slot_of[src], self.place_new(index, dst)
+        for layer in group_layers:
+            self.pool.k[layer][dst_slot].copy_(self.pool.k[layer][src_slot])
+            self.pool.v[layer][dst_slot].copy_(self.pool.v[layer][src_slot])
+        self.wrote(index, dst, rows)
+
+    def forget(self, group_layers: list[int], block_ids: list[int]) -> None:
+        """Freed blocks give their slots back (their rows are gone with them)."""
+        for resident in self.groups:
+            if resident.group.layers != group_layers:
+                continue
+            for block_id in block_ids:
+                slot = resident.slot_of.pop(block_id, None)
+                resident.rows.pop(block_id, None)
+                if slot is not None:
+                    resident.free.append(slot)
+
+    def mirror(self, full_only: bool = True) -> None:
+        """Copies the rows the device holds ahead of the store back to it. full_only: only once
+        MIRROR_BATCH blocks have filled (a decode step's bookkeeping), and only those."""
+        for resident in self.groups:
+            if full_only:
+                ready = [b for b, rows in resident.rows.items() if rows >= BLOCK_TOKENS]
+                if len(ready) < MIRROR_BATCH:
+                    continue
+            else:
+                ready = list(resident.rows)
+            if ready:
+                self._store(resident, ready)
+
+    def release(self) -> None:
+        """Gives the pool back to the streaming path: every block copied back first."""
+        if not self.active:
+            return
+        self.mirror(full_only=False)
+        for resident in self.groups:
+            resident.slot_of.clear()
+            resident.rows.clear()
+            resident.free = list(range(resident.num_slots - 1, -1, -1))
+        self.pool.reset()
+        self.active = False
+
+    # -- copies -----------------------------------------------------------------------------------
+
+    def _load(self, resident: ResidentGroup, block_ids: list[int], slots: list[int]) -> None:
+        """Store -> slots for every layer of the group: one gather on the host, one copy (pinned
+        store: asynchronous) and one scatter into the slots per layer; the slots' valid bits set."""
+        group, pool = resident.group, self.pool
+        index = torch.tensor(slots, dtype=torch.int64).to(pool.device, non_blocking=True)
+        for pos, layer in enumerate(group.layers):
+            k, v = group.gather(pos, block_ids)  # [n, Hkv, 64, D] (float blocks: as kept)
+            pool.k[layer].index_copy_(0, index, k.to(pool.device, non_blocking=True))
+            pool.v[layer].index_copy_(0, index, v.to(pool.device, non_blocking=True))
+            pool.valid[layer].index_fill_(0, index, 1)
+
+    def _store(self, resident: ResidentGroup, block_ids: list[int]) -> None:
+        """Slots -> store for the rows the device wrote (a read of device memory: outside steps)."""
+        group, pool = resident.group, self.pool
+        slots = torch.tensor([resident.slot_of[b] for b in block_ids], dtype=torch.int64).to(pool.device)
+        rows = [resident.rows[b] for b in block_ids]
+        for pos, layer in enumerate(group.layers):
+            k = pool.k[layer].index_select(0, slots).to("cpu")
+            v = pool.v[layer].index_select(0, slots).to("cpu")
+            for i, (block_id, count) in enumerate(zip(block_ids, rows)):
+                group.k_block(pos, block_id)[:, :count].copy_(k[i, :, :count])
+                group.v_block(pos, block_id)[:, :count].copy_(v[i, :, :count])
+        for block_id in block_ids:
+            del resident.rows[block_id]
+        self.mirrored_blocks += len(block_ids)
+
+    def _evict(self, resident: ResidentGroup, count: int, keep: set[int]) -> None:
+        victims = [b for b in resident.slot_of if b not in keep][:count]
+        dirty = [b for b in victims if b in resident.rows]
+        if dirty:
+            self._store(resident, dirty)
+        for block_id in victims:
+            resident.free.append(resident.slot_of.pop(block_id))
+        self.evicted_blocks += len(victims)

@@ -1,0 +1,178 @@
+"""The decode step on a device (engine/device_step.py), run on the CPU: the torch backend and the
+Triton kernels under the interpreter stand for the GPU. What a GPU needs is checked here: a step
+reads the device back once (its tokens), nothing inside the layers; its tensors keep their storage
+from step to step (what a CUDA graph captures); and it gives the per-layer path's tokens, with the
+Triton kernels its very bits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvpage_cli.engine import BLOCK_TOKENS, Engine, EngineConfig
+from kvpage_cli.engine.engine import Request
+from kvpage_cli.engine.hostreads import HostReads
+
+from .conftest import random_prompt, tiny_model
+
+# head dim 64: a size the Triton kernels take
+SHAPE = dict(head_dim=64, hidden_size=128, num_attention_heads=4, num_key_value_heads=2)
+
+
+def load(model, kv_home, backend: str, step: str, pool_mib: float = 4.0, **config) -> Engine:
+    return Engine.load(model, EngineConfig(home=str(kv_home), device="cpu", backend=backend, kv_path="pool",
+                                           pool_mib=pool_mib, decode_step=step, **config))
+
+
+def decode(engine: Engine, document: list[int], batch: int, new_tokens: int, fork: bool = True):
+    """Greedy answers of `batch` questions over one document; per sequence its tokens and the
+    logits after each step (cloned as they come)."""
+    doc = engine.prefill(document)
+    requests = [Request(engine.fork(doc) if fork else engine.prefill(document), [7 + i, 11 + i],
+                        max_new_tokens=new_tokens, stop=()) for i in range(batch)]
+    logits = {id(r): [] for r in requests}
+    for request, _ in engine.run(requests):
+        logits[id(request)].append(request.ctx.last_logits.clone())
+    return [r.generated for r in requests], [logits[id(r)] for r in requests]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_the_triton_device_step_gives_the_per_layer_paths_bits(arch, kv_home):
+    """Forks over one document cross a block boundary while decoding (a new block each, and the
+    shared partial block copied on write on the device); Gemma's sliding layers drop blocks."""
+    model = tiny_model(arch, **SHAPE, sliding_window=64) if arch == "gemma3_text" else tiny_model(arch, **SHAPE)
+    document = random_prompt(2 * BLOCK_TOKENS + 60, seed=5)
+    host_tokens, host_logits = decode(load(model, kv_home, "triton", "host"), document, 3, 8)
+    engine = load(model, kv_home, "triton", "eager")
+    tokens, logits = decode(engine, document, 3, 8)
+    assert tokens == host_tokens
+    for ours, theirs in zip(logits, host_logits):
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    assert int(engine.device_decode.invalid_reads) == 0
+    assert engine.device_decode.resident.loaded_blocks > 0  # the step ran on resident slots
+
+
+def test_the_torch_device_step_agrees_with_the_per_layer_path(kv_home):
+    model = tiny_model("llama", seed=3)
+    document = random_prompt(3 * BLOCK_TOKENS + 5, seed=6)
+    host_tokens, host_logits = decode(load(model, kv_home, "torch", "host"), document, 4, 12)
+    engine = load(model, kv_home, "torch", "eager")
+    tokens, logits = decode(engine, document, 4, 12)
+    assert tokens == host_tokens
+    worst = max(float((a - b).abs().max()) for ours, theirs in zip(logits, host_logits) for a, b in zip(ours, theirs))
+    assert worst < 1e-4  # the pairs' states in one batch: the same attention, other roundings
+    assert int(engine.device_decode.invalid_reads) == 0
+
+
+@pytest.mark.parametrize("backend,batch", [("torch", 1), ("torch", 16), ("triton", 1), ("triton", 16)])
+def test_a_decode_step_reads_the_device_once_and_never_inside_its_layers(backend, batch, kv_home):
+    model = tiny_model("llama", **SHAPE, num_hidden_layers=4)
+    engine = load(model, kv_home, backend, "eager", pool_mib=32.0)
+    doc = engine.prefill(random_prompt(BLOCK_TOKENS + 20, seed=8))
+    requests = [Request(engine.fork(doc), [5 + i], max_new_tokens=5, stop=()) for i in range(batch)]
+    steps = engine.run(requests)
+    for _ in range(2 * batch):  # the prompt's step, then the first decode step (sequences join the pool)
+        next(steps)
+    with HostReads() as reads:
+        for _ in range(2 * batch):  # two steady decode steps
+            next(steps)
+    assert reads.count == 2, reads.sites  # the tokens, once a step
+    assert reads.by_phase["forward"] == 0
+    list(steps)
+
+
+def test_the_read_counter_sees_a_read_added_to_the_layers(kv_home, monkeypatch):
+    """The counter behind the test above: an `.item()` in the attention of a step is caught."""
+    model = tiny_model("llama", num_hidden_layers=2)
+    engine = load(model, kv_home, "torch", "eager")
+    ctx = engine.prefill(random_prompt(40, seed=9))
+    original = engine.device_decode._attend
+    monkeypatch.setattr(engine.device_decode, "_attend", lambda layer, q, bufs: (q.sum().item(), original(layer, q, bufs))[1])
+    steps = engine.generate(ctx, [3], max_new_tokens=4, stop=())
+    next(steps)
+    with HostReads() as reads:
+        next(steps)
+    assert reads.by_phase["forward"] == 2  # one per layer
+    assert reads.count == 3, reads.sites
+
+
+def test_a_steps_tensors_keep_their_storage_and_padding_changes_no_real_row(kv_home):
+    """Three sequences run padded to four: the fourth row is padding. Its buffers are the same
+    tensors from step to step; the three real rows get the tokens they get when each sequence
+    decodes alone (padded to one, the same as unpadded)."""
+    model = tiny_model("llama", **SHAPE)
+    document = random_prompt(BLOCK_TOKENS + 30, seed=10)
+    engine = load(model, kv_home, "triton", "eager")
+    doc = engine.prefill(document)
+    requests = [Request(engine.fork(doc), [9 + i], max_new_tokens=6, stop=()) for i in range(3)]
+    pointers = set()
+    for request, _ in engine.run(requests):
+        for bufs in engine.device_decode.buffers.values():
+            pointers.add((bufs.layout.batch, bufs.meta.data_ptr(), bufs.next_tokens.data_ptr(), bufs.logits.data_ptr(),
+                          tuple(s.data_ptr() for s in bufs.states)))
+    assert {p[0] for p in pointers} == {4}
+    assert len(pointers) == 1  # one shape, the same storage at every step
+    for i, request in enumerate(requests):
+        alone = load(model, kv_home, "triton", "eager")
+        single = Request(alone.fork(alone.prefill(document)), [9 + i], max_new_tokens=6, stop=())
+        list(alone.run([single]))
+        assert single.generated == request.generated
+        assert (single.ctx.last_logits - request.ctx.last_logits).abs().max() < 1e-5
+
+
+def test_the_store_holds_the_devices_rows_when_the_host_path_takes_over(kv_home):
+    """Decode on the device, then append a prompt (a host-path step reading the store), then decode
+    again: the same bits as the host path throughout, the rows the device wrote copied back."""
+    model = tiny_model("llama", **SHAPE)
+    document = random_prompt(BLOCK_TOKENS + 50, seed=12)
+
+    def run(step: str):
+        engine = load(model, kv_home, "triton", step)
+        ctx = engine.prefill(document)
+        first = list(engine.generate(ctx, [4], max_new_tokens=20, stop=()))  # crosses into a new block
+        second = list(engine.generate(ctx, [5, 6, 7], max_new_tokens=5, stop=()))
+        return engine, first + second, engine.logits(ctx).clone()
+
+    _, host_tokens, host_logits = run("host")
+    engine, tokens, logits = run("eager")
+    assert tokens == host_tokens and torch.equal(logits, host_logits)
+    assert engine.device_decode.resident.mirrored_blocks > 0
+
+
+def test_blocks_that_do_not_fit_the_pool_run_on_the_host_path(kv_home):
+    model = tiny_model("llama", **SHAPE)
+    engine = load(model, kv_home, "torch", "eager", pool_mib=0.2)  # a few slots per layer
+    assert engine.pool.num_slots < 8
+    ctx = engine.prefill(random_prompt(10 * BLOCK_TOKENS, seed=13))
+    tokens = list(engine.generate(ctx, [1], max_new_tokens=3, stop=()))
+    assert len(tokens) == 3 and engine.device_decode.resident.loaded_blocks == 0
+    assert engine.stats().blocks_moved > 0  # streamed through the pool instead
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (bench/gpu_check.sh runs this)")
+@pytest.mark.parametrize("batch", [1, 5, 16])
+def test_on_a_gpu_the_graph_the_eager_step_and_the_per_layer_path_give_the_same_bits(batch, kv_home):
+    """The step captured as a CUDA graph, the same step run eagerly, and the per-layer path with a
+    one-slot pool (every block streamed) and a pool holding everything: the same tokens, the same
+    bits where the batch needs no padding (1, 16), within 1e-4 where it does (5 rows run as 8)."""
+    model = tiny_model("llama", **SHAPE, num_hidden_layers=4)
+    document = random_prompt(3 * BLOCK_TOKENS + 10, seed=14)
+    runs = {}
+    for name, step, pool_mib in (("graph", "graph", 64.0), ("eager", "eager", 64.0), ("host", "host", 64.0),
+                                 ("one slot", "host", None)):
+        if pool_mib is None:
+            pool_mib = 2 * 2 * 64 * 64 * 4 * 4 / 2**20  # one slot per layer: K and V, 2 heads of 64, fp32, 4 layers
+        engine = Engine.load(model, EngineConfig(home=str(kv_home), device="cuda", backend="triton", kv_path="pool",
+                                                 pool_mib=pool_mib, decode_step=step))
+        runs[name] = decode(engine, document, batch, 24)
+        if step == "graph":
+            assert any(b.graph for b in engine.device_decode.buffers.values())
+            assert int(engine.device_decode.invalid_reads) == 0
+    tokens, logits = runs["graph"]
+    for name, (other_tokens, other_logits) in runs.items():
+        assert other_tokens == tokens, name
+        for ours, theirs in zip(logits, other_logits):
+            if name == "eager" or batch in (1, 16):  # the same rows through the weights: the same bits
+                assert all(torch.equal(a, b) for a, b in zip(ours, theirs)), name
+            else:  # 5 rows padded to 8: cuBLAS may choose another kernel for 8 rows than for 5
+                assert max(float((a - b).abs().max()) for a, b in zip(ours, theirs)) < 1e-4, name
