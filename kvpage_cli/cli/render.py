@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Iterable
 
 from rich.console import Group, RenderableType
@@ -10,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..tasks import RISK_LEVELS, SCHEMA_VERSION, AskResult, Finding, ReviewResult
-from ..tasks.schema import Term
+from ..tasks.schema import Evidence, Term
 
 RISK_STYLES = {"high": "bold red", "medium": "yellow", "low": "cyan", "none": "dim"}
 MODE_NOTES = {
@@ -22,13 +23,18 @@ TABLE_QUOTE_CHARS = 160
 
 
 def mode_note(mode: str, attended: int | None = None, total: int | None = None, selective: bool = False,
-              each: str = "") -> str:
+              each: str = "", indexed: tuple[int, int] | None = None) -> str:
     """How an output was made: "exact mode (...)", or for retrieval how much of the document was read
     (`each`: said after the share, e.g. " each (on average)"; `selective`: the engine ran in selective
-    mode, so decode steps attended the policy's blocks of those)."""
+    mode, so decode steps attended the policy's blocks of those; `indexed`: (tokens indexed when the
+    answer was given, the document's tokens), said where the index was not yet whole)."""
     if mode == "retrieval" and total:
-        return (f"retrieval mode: attended {attended:,} of {total:,} blocks, {100 * attended / total:.0f}% of the "
+        note = (f"retrieval mode: attended {attended:,} of {total:,} blocks, {100 * attended / total:.0f}% of the "
                 f"document{each}" + (SELECTIVE_DECODE if selective else ""))
+        if indexed is not None and indexed[1] and indexed[0] < indexed[1]:
+            note += (f"; chosen from the {100 * indexed[0] / indexed[1]:.0f}% of it indexed so far "
+                     f"({indexed[0]:,} of {indexed[1]:,} tokens)")
+        return note
     return MODE_NOTES.get(mode, f"{mode} mode")
 
 
@@ -229,5 +235,53 @@ def ask_markdown_head(question: str, first: bool = True) -> str:
 
 
 def ask_markdown_tail(model: str, mode: str, source: str, attended: int | None = None, total: int | None = None,
-                      selective: bool = False) -> str:
-    return f"\n\n_{source}, model {model}, {mode_note(mode, attended, total, selective)}_\n"
+                      selective: bool = False, indexed: tuple[int, int] | None = None) -> str:
+    return f"\n\n_{source}, model {model}, {mode_note(mode, attended, total, selective, indexed=indexed)}_\n"
+
+
+def indexed_share(result: AskResult) -> tuple[int, int] | None:
+    """(tokens indexed when the answer was given, the document's) in retrieval mode, else None."""
+    if result.indexed_tokens is None or not result.index_total_tokens:
+        return None
+    return result.indexed_tokens, result.index_total_tokens
+
+
+_FILE_LINES = re.compile(r":\d+(?:-\d+)?$")
+
+
+def _dedent(text: str) -> list[str]:
+    """A quote's lines, less the indentation they all share."""
+    lines = text.split("\n")
+    indent = min((len(line) - len(line.lstrip()) for line in lines if line.strip()), default=0)
+    return [line[indent:] for line in lines]
+
+
+def spans_text(spans: list[Evidence], indent: str = "") -> str:
+    """Spans as plain text: each one's place, then its exact lines indented under it."""
+    out = []
+    for e in spans:
+        out.append(f"{indent}{e.where}")
+        out += [f"{indent}  {line}".rstrip() for line in _dedent(e.text)]
+    return "\n".join(out) + "\n" if out else ""
+
+
+def spans_markdown(spans: list[Evidence]) -> str:
+    """Spans as a Markdown list: a file's lines fenced, running text quoted."""
+    out = []
+    for e in spans:
+        if _FILE_LINES.search(e.where):
+            fence = "~~~~" if "```" in e.text else "```"
+            out += [f"- `{e.where}`", "", f"  {fence}"] + [f"  {line}".rstrip() for line in _dedent(e.text)] + [f"  {fence}"]
+        else:
+            out.append(f"- {e.where}: \u201c{' '.join(e.text.split())}\u201d")
+    return "\n".join(out) + "\n" if out else ""
+
+
+def evidence_text(evidence: list[Evidence]) -> str:
+    """The evidence under an answer, as plain text (nothing where there is none)."""
+    return "\nEvidence:\n" + spans_text(evidence, "  ") if evidence else ""
+
+
+def evidence_markdown(evidence: list[Evidence]) -> str:
+    """The evidence under an answer, in Markdown (nothing where there is none)."""
+    return "\n**Evidence**\n\n" + spans_markdown(evidence) if evidence else ""
