@@ -69,6 +69,8 @@ from common import REPO, corpus_text, peak_rss_mib, table  # noqa: E402
 
 from kvpage_cli.tasks.retrieval import lexical_terms  # noqa: E402 - the same terms as retrieval mode's BM25
 
+import retrieval_evidence  # noqa: E402 - issue 47's evidence columns
+
 QUESTIONS = Path(__file__).resolve().parent / "retrieval_questions.json"
 DEFAULT_CACHE = Path.home() / ".cache" / "kvpage-bench"
 CUAD_JSONL = REPO.parent / "shared" / "cuad" / "contracts.jsonl"
@@ -76,6 +78,7 @@ SYSTEMS = ("retrieval", "bm25", "exact")
 PASSKEY_LENGTHS = (32768, 131072, 524288)
 PASSKEY_DEPTHS = (10, 50, 90)
 PASSKEY_QUESTION = "What is the pass key?"
+EVIDENCE_DUMP: Path | None = None  # --evidence-dump
 
 
 # -- question set and sources --------------------------------------------------------------------
@@ -259,11 +262,10 @@ def retrieval_answer(engine, doc, question: str, state: dict, settings: RunSetti
     asker.mode = "retrieval"
     asker.retriever = state.get("retriever")
     index_s = 0.0
-    indexed = 0
     if asker.retriever is None:
         state["retriever"] = asker.index()
         index_s = time.perf_counter() - started
-        indexed = state["retriever"].index.computed_tokens
+    before = state["retriever"].index.computed_tokens
     with counting_kv_reads(engine) as kv:
         pieces, first = [], None
         for _, piece in asker.answers():
@@ -272,6 +274,8 @@ def retrieval_answer(engine, doc, question: str, state: dict, settings: RunSetti
             pieces.append(piece)
     selection = asker.selections[0]
     retriever = asker.retriever
+    indexed = retriever.index.computed_tokens - before  # a lazy index's windows this question computed
+    state["asker"] = asker  # its evidence is measured against the question set (retrieval_evidence)
     attended = len(retriever.index.head.tokens) + 64 * len(selection.blocks) + len(asker.question_ids[0])
     ranges = [retriever.char_spans[i] for i in selection.blocks]
     return Answer("".join(pieces), first if first is not None else time.perf_counter() - started,
@@ -535,6 +539,8 @@ def run_document(engines: Engines, doc, questions: list[dict], systems: list[str
             row.update(asdict(answer), right=is_right(answer.text, q["regexes"]),
                        evidence_attended=evidence_attended(q["evidence_ranges"], answer.ranges))
             row.pop("ranges")
+            if "asker" in state:
+                row.update(retrieval_evidence.measure(doc, q, state.pop("asker"), state, EVIDENCE_DUMP))
             rows.append(row)
             journal.add(row)
             log(row)
@@ -825,7 +831,12 @@ def main() -> None:
                              "saved (the same tokens after the same head) is mapped instead of computed")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--log", default=None, help="JSON lines of measured rows; what is already there is not run again")
+    parser.add_argument("--evidence-dump", default=None,
+                        help="questions: each retrieval answer's attention per document token, as JSON lines "
+                             "(retrieval_evidence.py rerank ranks them again without the model)")
     args = parser.parse_args()
+    global EVIDENCE_DUMP
+    EVIDENCE_DUMP = Path(args.evidence_dump) if args.evidence_dump else None
 
     question_set = load_question_set()
     cache = Path(args.cache).expanduser()
@@ -929,6 +940,8 @@ def main() -> None:
             return
         summary = summarise(rows, systems)
         print(table(summary, SUMMARY_COLUMNS))
+        if any("ev_top1_facts" in r for r in rows):
+            print(table(retrieval_evidence.summary(rows), retrieval_evidence.COLUMNS))
         print(f"model {args.model}; {len(rows) // max(1, len(systems))} questions over {len(documents)} documents "
               f"({', '.join(f'{k} {v:,} tok' for k, v in documents.items())}); budget {args.budget} tokens of document "
               f"per question; chunks of {args.chunk_tokens} tokens; peak RSS {peak_rss_mib():.0f} MiB; "

@@ -1,0 +1,163 @@
+"""Evidence under answers (issue 47), measured over bench/retrieval.py's question set: whether the
+top-1 and top-3 evidence spans `kvpage ask` prints hold the question's key facts (every regex
+of the question matches the spans' text, as an answer is judged) and its evidence quotes (every
+quote of the question set lies inside one of the spans).
+
+Beside kvpage's ranking (`tasks.evidence.DEFAULT_SIGNAL`) the same answer's attention is ranked
+by each signal alone (attention, lexical: the question's BM25 over the lines of the blocks read),
+and the text baseline: BM25's best spans of the same kind (lines, sentences) over the whole
+document, no model at all. `bench/retrieval.py questions --systems retrieval` adds these columns;
+`--evidence-dump PATH` also writes each answer's attention per document token (JSON lines) so
+that rankings can be compared again without the model (`python bench/retrieval_evidence.py
+rerank PATH`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from statistics import mean
+
+import torch
+
+SIGNAL_COLUMNS = ("fused", "attention", "lexical")
+
+
+def holds_facts(texts: list[str], regexes: list[str]) -> bool:
+    """Every key fact's regex matches the spans' text (joined), case-insensitive."""
+    joined = "\n".join(texts)
+    return bool(texts) and all(re.search(rx, joined, re.IGNORECASE) for rx in regexes)
+
+
+def holds_quotes(spans: list[tuple[int, int]], wanted: list[tuple[int, int]]) -> bool:
+    """Every evidence quote (character range) lies inside one of the spans."""
+    return bool(spans) and all(any(a <= s and e <= b for a, b in spans) for s, e in wanted)
+
+
+def hits(doc, evidence: list, q: dict, prefix: str) -> dict:
+    """The four hit flags of one ranking's spans (Evidence objects or dicts), best first."""
+    def get(e, key):
+        return e[key] if isinstance(e, dict) else getattr(e, key)
+
+    out = {}
+    for k in (1, 3):
+        top = evidence[:k]
+        out[f"{prefix}_top{k}_facts"] = holds_facts([get(e, "text") for e in top], q["regexes"])
+        out[f"{prefix}_top{k}_quotes"] = holds_quotes([(get(e, "start"), get(e, "end")) for e in top],
+                                                       q["evidence_ranges"])
+    return out
+
+
+def bm25_whole(doc, question: str, state: dict) -> list:
+    """The text baseline: BM25 over every unit of the document (the units kvpage's evidence is
+    made of), its best three spans grown as kvpage grows its spans."""
+    from kvpage_cli.tasks import evidence
+
+    if "units" not in state:
+        state["units"] = evidence.units_of(doc, [(0, len(doc.text))])
+    units = state["units"]
+    lexical = evidence.lexical_scores(doc, units, question)
+    return evidence.spans(doc, units, lexical, lexical.clamp_min(0), min_share=0.0)
+
+
+def measure(doc, q: dict, asker, state: dict, dump: Path | None = None) -> dict:
+    """The evidence columns of one answered question (asker: the Asker that answered it)."""
+    from kvpage_cli.tasks import evidence
+
+    row = {"evidence": [e.to_dict() for e in asker.evidence[0]]}
+    row.update(hits(doc, asker.evidence[0], q, "ev"))
+    if asker.attention[0] is not None:
+        chars, mass = asker.attention[0]
+        units = evidence.units_of(doc, chars)
+        attention = evidence.unit_mass(units, chars, mass)
+        lexical = evidence.lexical_scores(doc, units, q["question"])
+        for signal in SIGNAL_COLUMNS:
+            ranked = evidence.spans(doc, units, evidence.fuse(attention, lexical, signal), attention)
+            row.update(hits(doc, ranked, q, f"ev_{signal}"))
+        if dump is not None:
+            with open(dump, "a") as f:
+                f.write(json.dumps({"id": q["id"], "source": q["source"], "question": q["question"],
+                                    "chars": chars, "mass": [round(m, 6) for m in mass.tolist()]}) + "\n")
+    row.update(hits(doc, bm25_whole(doc, q["question"], state), q, "bm25_spans"))
+    return row
+
+
+SUMMARY = [("ev", "kvpage"), ("ev_attention", "attention alone"), ("ev_lexical", "lexical in blocks"),
+           ("ev_fused", "fused"), ("bm25_spans", "BM25 whole doc")]
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Per ranking, the share of questions whose top-1 / top-3 spans hold the key facts and the
+    quotes; beside them, the share of answers that are right."""
+    ran = [r for r in rows if "ev_top1_facts" in r]
+    out = []
+    for prefix, name in SUMMARY:
+        mine = [r for r in ran if f"{prefix}_top1_facts" in r]
+        if not mine:
+            continue
+        out.append({"ranking": name, "questions": len(mine),
+                    **{f"{k}_{what}_pct": 100 * mean(r[f"{prefix}_top{k}_{what}"] for r in mine)
+                       for k in (1, 3) for what in ("facts", "quotes")}})
+    if ran:
+        out.append({"ranking": "answer text (right)", "questions": len(ran),
+                    "1_facts_pct": 100 * mean(r["right"] for r in ran)})
+    return out
+
+
+COLUMNS = [("ranking", "spans ranked by"), ("questions", "questions"), ("1_facts_pct", "top-1 facts %"),
+           ("3_facts_pct", "top-3 facts %"), ("1_quotes_pct", "top-1 quotes %"), ("3_quotes_pct", "top-3 quotes %")]
+
+
+def rerank(dump: Path, question_set: dict, cache: Path, grow: float | None = None) -> list[dict]:
+    """The rankings again from a dump (no model): per question, each signal's hits."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from retrieval import evidence_ranges, fetch_source
+
+    from kvpage_cli.ingest import load
+    from kvpage_cli.tasks import evidence
+
+    if grow is not None:
+        evidence.GROW_SHARE = grow
+    questions = {q["id"]: q for q in question_set["questions"]}
+    docs, states, rows = {}, {}, []
+    for line in open(dump):
+        item = json.loads(line)
+        q = questions[item["id"]]
+        if q["source"] not in docs:
+            docs[q["source"]] = load(str(fetch_source(q["source"], question_set["sources"][q["source"]], cache)))
+            states[q["source"]] = {}
+        doc = docs[q["source"]]
+        q = {**q, "evidence_ranges": evidence_ranges(doc, q["evidence"])}
+        chars = [tuple(c) for c in item["chars"]]
+        mass = torch.tensor(item["mass"])
+        units = evidence.units_of(doc, chars)
+        attention = evidence.unit_mass(units, chars, mass)
+        lexical = evidence.lexical_scores(doc, units, q["question"])
+        row = {"id": q["id"], "right": False}
+        for signal in SIGNAL_COLUMNS:
+            row.update(hits(doc, evidence.spans(doc, units, evidence.fuse(attention, lexical, signal), attention), q,
+                            f"ev_{signal}"))
+        row.update(hits(doc, bm25_whole(doc, q["question"], states[q["source"]]), q, "bm25_spans"))
+        row["ev_top1_facts"] = row["ev_fused_top1_facts"]
+        rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":
+    import argparse
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import table
+    from retrieval import DEFAULT_CACHE, load_question_set
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("part", choices=("rerank",))
+    parser.add_argument("dump")
+    parser.add_argument("--cache", default=str(DEFAULT_CACHE))
+    parser.add_argument("--grow", type=float, default=None, help="GROW_SHARE to rank with")
+    args = parser.parse_args()
+    rows = rerank(Path(args.dump), load_question_set(), Path(args.cache).expanduser(), args.grow)
+    print(table([r for r in summary(rows) if r["ranking"] != "kvpage" and not r["ranking"].startswith("answer")],
+                COLUMNS))
