@@ -91,7 +91,7 @@ SUMMARY = [("ev", "kvpage"), ("ev_attention", "attention alone"), ("ev_lexical",
 def summary(rows: list[dict]) -> list[dict]:
     """Per ranking, the share of questions whose top-1 / top-3 spans hold the key facts and the
     quotes; beside them, the share of answers that are right."""
-    ran = [r for r in rows if "ev_top1_facts" in r]
+    ran = [r for r in rows if any(k.endswith("_top1_facts") for k in r)]
     out = []
     for prefix, name in SUMMARY:
         mine = [r for r in ran if f"{prefix}_top1_facts" in r]
@@ -100,9 +100,10 @@ def summary(rows: list[dict]) -> list[dict]:
         out.append({"ranking": name, "questions": len(mine),
                     **{f"{k}_{what}_pct": 100 * mean(r[f"{prefix}_top{k}_{what}"] for r in mine)
                        for k in (1, 3) for what in ("facts", "quotes")}})
-    if ran:
-        out.append({"ranking": "answer text (right)", "questions": len(ran),
-                    "1_facts_pct": 100 * mean(r["right"] for r in ran)})
+    answered = [r for r in ran if "right" in r]
+    if answered:
+        out.append({"ranking": "answer text (right)", "questions": len(answered),
+                    "1_facts_pct": 100 * mean(r["right"] for r in answered)})
     return out
 
 
@@ -135,12 +136,65 @@ def rerank(dump: Path, question_set: dict, cache: Path, grow: float | None = Non
         units = evidence.units_of(doc, chars)
         attention = evidence.unit_mass(units, chars, mass)
         lexical = evidence.lexical_scores(doc, units, q["question"])
-        row = {"id": q["id"], "right": False}
+        row = {"id": q["id"]}
         for signal in SIGNAL_COLUMNS:
             row.update(hits(doc, evidence.spans(doc, units, evidence.fuse(attention, lexical, signal), attention), q,
                             f"ev_{signal}"))
         row.update(hits(doc, bm25_whole(doc, q["question"], states[q["source"]]), q, "bm25_spans"))
-        row["ev_top1_facts"] = row["ev_fused_top1_facts"]
+        rows.append(row)
+    return rows
+
+
+def baseline(question_set: dict, cache: Path) -> list[dict]:
+    """The text baseline alone over every question (no model): BM25's best spans of the whole document."""
+    from retrieval import evidence_ranges, fetch_source
+
+    from kvpage_cli.ingest import load
+
+    docs, states, rows = {}, {}, []
+    for q in question_set["questions"]:
+        if q["source"] not in docs:
+            docs[q["source"]] = load(str(fetch_source(q["source"], question_set["sources"][q["source"]], cache)))
+            states[q["source"]] = {}
+        doc = docs[q["source"]]
+        q = {**q, "evidence_ranges": evidence_ranges(doc, q["evidence"])}
+        rows.append({"id": q["id"], **hits(doc, bm25_whole(doc, q["question"], states[q["source"]]), q, "bm25_spans")})
+    return rows
+
+
+def find_latency(model: str, home: str | None, question_set: dict, cache: Path, source: str, limit: int) -> list[dict]:
+    """`kvpage find`'s latency, in process (the model loaded once, as a server would hold it; the
+    command adds its load): per question, a first find (which indexes the windows it needs where
+    the saved index lacks them) and a second one over the saved index, each from the document's
+    text (tokenizing it, ranking its passages, mapping the saved windows, computing the question);
+    beside them, BM25's spans over the whole document (the text baseline, no model) in the same run."""
+    import time
+
+    from retrieval import fetch_source
+
+    from kvpage_cli.engine import Engine, EngineConfig
+    from kvpage_cli.ingest import load
+    from kvpage_cli.tasks.find import Finder
+
+    engine = Engine.load(model, EngineConfig(home=home, kv_cache=True, cache_mib=20000))
+    doc = load(str(fetch_source(source, question_set["sources"][source], cache)))
+    rows = []
+    for q in [q for q in question_set["questions"] if q["source"] == source][:limit]:
+        row = {"id": q["id"]}
+        for run in ("first", "lookup"):
+            before = engine.stats().prefill_tokens
+            started = time.perf_counter()
+            finder = Finder(engine, doc)
+            finder.find(q["question"])
+            row[f"{run}_s"] = time.perf_counter() - started
+            row[f"{run}_prefill_tokens"] = engine.stats().prefill_tokens - before
+            row["document_tokens"] = finder.total_tokens
+            row["indexed_tokens"] = finder.indexed_tokens
+            finder.release()
+        started = time.perf_counter()
+        bm25_whole(doc, q["question"], {})
+        row["bm25_spans_s"] = time.perf_counter() - started
+        print(json.dumps(row), file=sys.stderr, flush=True)
         rows.append(row)
     return rows
 
@@ -153,11 +207,29 @@ if __name__ == "__main__":
     from retrieval import DEFAULT_CACHE, load_question_set
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=("rerank",))
-    parser.add_argument("dump")
+    parser.add_argument("part", choices=("rerank", "baseline", "find"))
+    parser.add_argument("dump", nargs="?")
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--home", default=None, help="find: KVPAGE_HOME whose saved-KV cache holds the index")
+    parser.add_argument("--source", default="packaging", help="find: the question set's source")
+    parser.add_argument("--limit", type=int, default=3, help="find: questions")
     parser.add_argument("--cache", default=str(DEFAULT_CACHE))
     parser.add_argument("--grow", type=float, default=None, help="GROW_SHARE to rank with")
     args = parser.parse_args()
+    if args.part == "find":
+        from common import peak_rss_mib
+
+        rows = find_latency(args.model, args.home, load_question_set(), Path(args.cache).expanduser(), args.source,
+                            args.limit)
+        print(table(rows, [("id", "question"), ("document_tokens", "document tokens"),
+                           ("indexed_tokens", "indexed tokens"), ("first_s", "first find s"),
+                           ("first_prefill_tokens", "its prefill tok"), ("lookup_s", "find over the saved index s"),
+                           ("lookup_prefill_tokens", "its prefill tok"), ("bm25_spans_s", "BM25 spans s")]))
+        print(f"model {args.model}; source {args.source}; peak RSS {peak_rss_mib():.0f} MiB")
+        raise SystemExit(0)
+    if args.part == "baseline":
+        rows = baseline(load_question_set(), Path(args.cache).expanduser())
+        print(table(summary(rows), COLUMNS))
+        raise SystemExit(0)
     rows = rerank(Path(args.dump), load_question_set(), Path(args.cache).expanduser(), args.grow)
-    print(table([r for r in summary(rows) if r["ranking"] != "kvpage" and not r["ranking"].startswith("answer")],
-                COLUMNS))
+    print(table(summary(rows), COLUMNS))

@@ -159,6 +159,7 @@ def test_a_lazy_index_gives_the_full_index_answer_and_reuses_its_windows(tiny_cl
     assert 0 < index.computed_tokens < len(index.tokens) and index.missing
     assert lazy.indexed[0] == index.indexed_tokens < len(index.tokens)
     computed = {index.window_of(b) for b in lazy.selections[0].blocks}
+    assert set(range(len(index.windows))) - index.missing == computed  # those windows, no other
     # a later run: the same question maps every window it needs, computes none
     _, again, again_tokens = ask(True)
     assert again_tokens == lazy_tokens and again.retriever.index.computed_tokens == 0

@@ -29,8 +29,8 @@ def index(
     """Index a document or repository into the saved-KV cache, all of it, with progress.
 
     `kvpage ask` and `kvpage find` index a long document lazily: a question indexes only the
-    windows its passages lie in, so a first answer comes in under a minute, and the index grows
-    as later questions need more. `kvpage index` builds the whole index ahead of time (minutes
+    windows its passages lie in, so a first answer does not wait for the whole document, and the
+    index grows as later questions need more. `kvpage index` builds the whole index ahead of time (minutes
     for a repository of 150K tokens on a small CPU), so that every later question reads only
     what it chooses. Windows already saved are mapped, not computed again. A document that fits
     the model's context is prefilled whole instead, as `kvpage ask` reads it.

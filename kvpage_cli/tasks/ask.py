@@ -45,7 +45,7 @@ class Asker:
                  lazy: bool = True, index_tokens: int = INDEX_TOKENS, mode: str | None = None) -> None:
         """evidence: find each answer's evidence (`evidence`, after the answers). lazy, index_tokens:
         retrieval mode indexes only the windows a question's best passages lie in, up to
-        index_tokens of prefill a question (Retriever.select_lazily); not lazy: the whole document
+        index_tokens of windows a question (Retriever.select_lazily); not lazy: the whole document
         first. mode: the engine's config mode unless given ("retrieval": an index whatever the
         document's length, as `kvpage find` reads one)."""
         questions = [questions] if isinstance(questions, str) else list(questions)

@@ -16,9 +16,9 @@ default is lexical alone: the measurements (DEFAULT_SIGNALS) found the model's a
 Every answer says which blocks it read: their files, pages and lines.
 
 An index may be lazy (`Retriever.build(..., lazy=True)`): the lexical signal needs only the text,
-so a question's passages are ranked over the whole document first, then the windows they lie in
-are indexed, best first, up to `index_tokens` of prefill a question (`select_lazily`); the passages
-of windows not indexed by then give way to the best of those that are.
+so a question's passages are ranked over the whole document first, then the windows they lie in,
+best first, up to `index_tokens` of windows a question, are indexed where they are not yet
+(`select_lazily`); passages past that give way to the next.
 """
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ UNIT_BLOCKS = 4  # blocks chosen together: 256 consecutive tokens read as one pa
 CANDIDATES = 3  # the keys signal scores this many times the budget's passages, the lexical signal's best
 BEST = 4  # passages a Selection names as the best (Asker reads some of them again for sliding-window layers)
 INDEX_TOKENS = 10240
-"""A lazy index's question prefills the windows of its best passages up to this many tokens
-(windows and the overlap before each: four of SmolLM2's 2,048-token windows); passages in windows
-past it give way to the best of the windows indexed."""
+"""Over a lazy index a question reads the passages of the windows its best passages lie in, up to
+this many tokens of windows (each window's tokens and the overlap before it: four of SmolLM2's
+2,048-token windows), computing those not indexed yet; passages past it give way to the next."""
 
 
 class Retriever:
@@ -127,10 +127,12 @@ class Retriever:
     def select_lazily(self, question: str, question_ids: list[int], budget: int,
                       index_tokens: int = INDEX_TOKENS, on_event=None) -> Selection:
         """`select`'s choice over a lazy index: the passages ranked as `select` ranks them (the
-        lexical signal), taken best first where their window is indexed or can be within
-        `index_tokens` of prefill, which are then indexed (their blocks join the saved index);
-        a passage whose window is past that gives way to the next. Where every passage `select`
-        would choose is indexed by then, the choice is `select`'s, block for block."""
+        lexical signal), taken best first while the windows they lie in come to at most
+        `index_tokens` of prefill (each window's tokens and its overlap); a passage past that
+        gives way to the next. The windows not indexed yet are then computed (their blocks join
+        the saved index). Windows already indexed count too, so a question reads the same
+        passages whatever earlier questions indexed: asked again, it computes nothing. Where the
+        passages `select` would choose all fit, the choice is `select`'s, block for block."""
         index = self.index
         if not index.missing:
             return self.select(question, question_ids, budget)
@@ -144,15 +146,14 @@ class Retriever:
         for u in order:
             if len(taken) == wanted:
                 break
-            new = [w for w in dict.fromkeys(index.window_of(b) for b in self.units[u])
-                   if w in index.missing and w not in windows]
+            new = [w for w in dict.fromkeys(index.window_of(b) for b in self.units[u]) if w not in windows]
             cost = sum(index.window_cost(w) for w in new)
             if new and spent + cost > index_tokens:
                 continue
             windows += new
             spent += cost
             taken.append(u)
-        index.ensure(windows, on_event)
+        index.ensure(windows, on_event)  # those not indexed yet
         # as `select` names them: the best passages, chosen or not, but of the windows indexed
         readable = [u for u in order if all(index.ready(b) for b in self.units[u])]
         best = tuple(tuple(self.units[u]) for u in readable[:BEST])
