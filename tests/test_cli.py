@@ -573,7 +573,7 @@ def test_ask_streams_each_piece_as_it_is_decoded(cli, contract, monkeypatch):
             yield index, piece
 
     monkeypatch.setattr(Asker, "answers", answers)
-    result = cli("ask", contract, "How long is the initial term?", "--max-new-tokens", "6")
+    result = cli("ask", contract, "How long is the initial term?", "--max-new-tokens", "6", "--no-evidence")
     assert result.exit_code == 0, result.stderr
     assert seen
     for i, (_, before) in enumerate(seen):
@@ -601,12 +601,18 @@ def test_ask_reads_stdin(cli):
 
 
 def test_several_questions_are_answered_in_order_each_as_it_would_be_alone(cli, contract):
+    from kvpage_cli.cli.render import evidence_text
+    from kvpage_cli.tasks.schema import Evidence
+
     questions = ["Who pays?", "What law governs?", "How long is the initial term?"]
-    alone = [json.loads(cli("ask", contract, q, "--json", "--max-new-tokens", "5").stdout)["answer"] for q in questions]
+    each = [json.loads(cli("ask", contract, q, "--json", "--max-new-tokens", "5").stdout) for q in questions]
+    alone = [d["answer"] for d in each]
     args = ["ask", contract, questions[0], "-q", questions[1], "-q", questions[2], "--max-new-tokens", "5"]
     result = cli(*args)
     assert result.exit_code == 0, result.stderr
-    expected = "\n".join(f"Q{i + 1}: {q}\n{a}\n" for i, (q, a) in enumerate(zip(questions, alone)))
+    # each answer with its evidence under it, as it would be alone
+    expected = "\n".join(f"Q{i + 1}: {q}\n{d['answer']}\n" + evidence_text([Evidence(**e) for e in d["evidence"]])
+                         for i, (q, d) in enumerate(zip(questions, each)))
     assert _squash(result.stdout) == _squash(expected)
     listed = json.loads(cli(*args, "--json").stdout)
     assert [d["question"] for d in listed] == questions and [d["answer"] for d in listed] == alone

@@ -294,9 +294,9 @@ def test_a_sliding_window_model_reads_its_best_passages_again_right_before_the_q
     in 5 of every 6 layers: the passages that matched best (1,024 tokens of them, of the selected
     ones) are computed again right before the question, the best last, and not attended twice."""
     doc = load(str(SAMPLES / "contract.txt"))
-    asker = Asker(short_gemma, doc, "Which State's laws govern the agreement?", max_new_tokens=4)
+    asker = Asker(short_gemma, doc, "Which State's laws govern the agreement?", max_new_tokens=4, lazy=False)
     assert asker.mode == "retrieval"
-    [request] = asker._retrieval_requests(short_gemma.stop_ids)
+    [request], _ = asker._retrieval_requests(short_gemma.stop_ids)
     selection, retriever = asker.selections[0], asker.retriever
     index = retriever.index
     law = doc.text.index("laws of the State of Delaware")
@@ -316,7 +316,7 @@ def test_a_sliding_window_model_reads_its_best_passages_again_right_before_the_q
     assert asker.complete == [True]
     # a model without sliding-window layers reads everything from the index
     plain = Asker(short_engine, doc, "Which State's laws govern the agreement?", max_new_tokens=4)
-    [request] = plain._retrieval_requests(short_engine.stop_ids)
+    [request], _ = plain._retrieval_requests(short_engine.stop_ids)
     assert request.token_ids == plain.retriever.tail + plain.question_ids[0]
     # ... in document order, the best passage last (right before the question)
     chosen, index = plain.selections[0], plain.retriever.index

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from common import add_json_option, peak_rss_mib
+from common import add_json_option, peak_rss_mib, table
 
 from .running import (ANSWERS, ENGINE, SOURCES, SUMMARY_COLUMNS, add_options, engines_from, journal_from,
                       progress_log, question_documents, report, run_document, settings_from, summarise)
@@ -18,6 +18,9 @@ from .running import (ANSWERS, ENGINE, SOURCES, SUMMARY_COLUMNS, add_options, en
 
 def add_arguments(parser) -> None:
     add_options(parser, *ENGINE, "saved_kv_mib", *SOURCES, *ANSWERS)
+    parser.add_argument("--evidence-dump", default=None,
+                        help="each retrieval answer's attention per document token, as JSON lines "
+                             "(bench/retrieval_evidence.py rerank ranks them again without the model)")
     add_json_option(parser)
 
 
@@ -35,6 +38,10 @@ def run(args) -> None:
            f"({', '.join(f'{k} {v:,} tok' for k, v in documents.items())}); budget {args.budget} tokens of document "
            f"per question; chunks of {args.chunk_tokens} tokens; peak RSS {peak_rss_mib():.0f} MiB; "
            f"wall {time.time() - started:.0f} s")
+    if any("ev_top1_facts" in r for r in rows):  # retrieval mode's evidence spans (issue 47)
+        import retrieval_evidence
+
+        print(table(retrieval_evidence.summary(rows), retrieval_evidence.COLUMNS))
 
 
 

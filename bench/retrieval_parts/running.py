@@ -88,7 +88,9 @@ def settings_from(args) -> RunSettings:
         import kvpage_cli.tasks.ask as ask_task
 
         ask_task.reading_order = lambda selection, again: sorted(set(selection.blocks) - set(again))
-    return RunSettings(value("budget"), value("max_new_tokens"), value("chunk_tokens"), value("order"))
+    dump = getattr(args, "evidence_dump", None)
+    return RunSettings(value("budget"), value("max_new_tokens"), value("chunk_tokens"), value("order"),
+                       Path(dump) if dump else None)
 
 
 def journal_from(args) -> Journal:
@@ -183,6 +185,10 @@ def run_document(engines: Engines, doc, questions: list[dict], systems: list[str
             row.update(asdict(answer), right=is_right(answer.text, q["regexes"]),
                        evidence_attended=evidence_attended(q["evidence_ranges"], answer.ranges))
             row.pop("ranges")
+            if "asker" in state:  # retrieval mode: its evidence spans against the question's facts (issue 47)
+                import retrieval_evidence
+
+                row.update(retrieval_evidence.measure(doc, q, state.pop("asker"), state, settings.evidence_dump))
             rows.append(row)
             journal.add(row)
             log(row)

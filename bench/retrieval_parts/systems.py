@@ -37,6 +37,7 @@ class RunSettings:
     max_new_tokens: int
     chunk_tokens: int
     order: str = "best-last"  # passages read in document order, or so with the best one last (both systems)
+    evidence_dump: Path | None = None  # questions --evidence-dump: each answer's attention per token, JSON lines
 
 
 class NotBuilt(Exception):
@@ -58,11 +59,10 @@ def retrieval_answer(engine, doc, question: str, state: dict, settings: RunSetti
     asker.mode = "retrieval"
     asker.retriever = state.get("retriever")
     index_s = 0.0
-    indexed = 0
     if asker.retriever is None:
         state["retriever"] = asker.index()
         index_s = time.perf_counter() - started
-        indexed = state["retriever"].index.computed_tokens
+    before = state["retriever"].index.computed_tokens
     with counting_kv_reads(engine) as kv:
         pieces, first = [], None
         for _, piece in asker.answers():
@@ -71,6 +71,8 @@ def retrieval_answer(engine, doc, question: str, state: dict, settings: RunSetti
             pieces.append(piece)
     selection = asker.selections[0]
     retriever = asker.retriever
+    indexed = retriever.index.computed_tokens - before  # a lazy index's windows this question computed
+    state["asker"] = asker  # its evidence is measured against the question set (retrieval_evidence)
     attended = len(retriever.index.head.tokens) + 64 * len(selection.blocks) + len(asker.question_ids[0])
     ranges = [retriever.char_spans[i] for i in selection.blocks]
     return Answer("".join(pieces), first if first is not None else time.perf_counter() - started,

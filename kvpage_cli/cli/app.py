@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from .. import __version__
-from . import ask, cache, info, review
+from . import ask, cache, find, index, info, review
 from .progress import message
 from .session import stderr_console
 
@@ -55,7 +55,9 @@ app = typer.Typer(
     cls=KvpageGroup,
     help="Read very long documents with a small local language model on a paged KV cache.\n\n"
          "`kvpage review FILE` reviews a contract clause by clause; `kvpage ask PATH QUESTION` answers a "
-         "question over a file, a repository or stdin; `kvpage info` shows what a model costs. Data goes to "
+         "question over a file, a repository or stdin, with the lines the answer rests on; `kvpage find PATH "
+         "QUESTION` prints those lines without an answer; `kvpage index PATH` indexes a long document ahead of "
+         "its questions; `kvpage info` shows what a model costs. Data goes to "
          "stdout; progress, warnings and statistics to stderr. Exit codes: 0 ok, 1 error, 2 usage, "
          "3 `--fail-on` reached, 130 Ctrl-C.",
     rich_markup_mode="markdown",
@@ -84,6 +86,8 @@ def register(app: typer.Typer) -> None:
     (`app.add_typer(cache.app, name="cache")` for `kvpage cache ls|rm|clear`)."""
     app.command("review")(review.review)
     app.command("ask")(ask.ask)
+    app.command("find")(find.find)
+    app.command("index")(index.index)
     app.command("info")(info.info)
     app.add_typer(cache.app, name="cache")
 

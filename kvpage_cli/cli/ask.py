@@ -30,6 +30,9 @@ def ask(
                                         help="One JSON line per answer, as each is complete.")] = False,
     temperature: Annotated[float, typer.Option("--temperature", "-t", min=0.0, rich_help_panel=GENERATION,
                                                help="0 decodes greedily; higher samples more freely.")] = 0.0,
+    no_evidence: Annotated[bool, typer.Option("--no-evidence", rich_help_panel=OUTPUT,
+                                              help="Print the answer alone, without the lines it rests on (and "
+                                                   "skip the scoring pass that finds them).")] = False,
     password: Password = None,
     *,
     opts: Options,
@@ -38,11 +41,23 @@ def ask(
 
     PATH is a file, a directory (a code repository: .gitignore is honoured, binary files are
     skipped) or `-` to read stdin. The document is prefilled once, then the answer is decoded
-    and printed as it comes, so `kvpage ask ... | cat` streams. Several questions (`-q` again
-    and again) are answered together over that one prefill: each answer is printed under its
-    question, in order. `--json` prints one JSON document at the end (a list for several
-    questions); `--jsonl` one line per answer as each is complete. Here `-q` is a question:
-    quiet is `--quiet`.
+    and printed as it comes, so `kvpage ask ... | cat` streams. Under the answer, its evidence:
+    the one to three spans of the document (a few lines of a file, a sentence of a page) that
+    carried the model's attention while it wrote the answer, quoted exactly with their place
+    (`src/app/config.py:12-14`, `page 3`); `--no-evidence` leaves them out. Check an answer
+    against them: the model can be wrong, the quoted lines are the document's own.
+
+    A document longer than the model's context is answered in retrieval mode: indexed window by
+    window into the saved-KV cache, each question reading the passages chosen for it. A first
+    question indexes only the windows its best passages lie in (the answer says how much of the
+    document was indexed when it was given); later questions reuse them and add their own.
+    `kvpage index PATH` indexes all of it ahead of time.
+
+    Several questions (`-q` again and again) are answered together over that one prefill: each
+    answer is printed under its question, in order. `--json` prints one JSON document at the end
+    (a list for several questions), with `evidence` as a list of {text, where, start, end,
+    score}, best first, and `sources`, every passage read; `--jsonl` one line per answer. `-v`
+    also lists on stderr every passage read. Here `-q` is a question: quiet is `--quiet`.
 
     Examples:
 
@@ -52,6 +67,7 @@ def ask(
     kvpage ask contract.pdf -q "Who can terminate?" -q "What law governs?" -q "Is liability capped?"
     git log -p -20 | kvpage ask - "Which commit changed the rounding?"
     kvpage ask report.docx "Summarise the findings" --json --max-new-tokens 400
+    kvpage ask ~/src/urllib3 "What is the default retry count?" --json | jq '.evidence[0]'
     ```
     """
     questions = ([question] if question is not None else []) + list(more or [])
@@ -67,7 +83,8 @@ def ask(
         engine = session.load_engine()
         try:
             asker = Asker(engine, doc, questions, max_new_tokens=opts.max_new_tokens or DEFAULT_ANSWER_TOKENS,
-                          temperature=temperature, on_event=session.reporter, label=document_label(path))
+                          temperature=temperature, on_event=session.reporter, label=document_label(path),
+                          evidence=not no_evidence)
         except ValueError as exc:  # a model without a tokenizer
             raise ModelError(f"{opts.model}: {exc}") from None
         printer = _Printer(sink, fmt, asker.questions)
@@ -75,7 +92,7 @@ def ask(
         try:
             for index, piece in asker.answers():
                 if printer.streams and not any(answers) and sink.is_terminal:
-                    session.reporter.stop_bars()  # the answer itself shows the progress now
+                    session.reporter.pin_status()  # the bars give way to the answer; the decode line stays
                 answers[index] += piece
                 printer.piece(index, piece)
                 if asker.complete[index]:
@@ -116,12 +133,15 @@ def _places(doc, sources: list[dict]) -> list[str]:
 
 def _result(asker: Asker, engine, doc, index: int, answer: str, session: Session) -> AskResult:
     selection = asker.selections[index]
+    index_total = len(asker.retriever.index.tokens) if asker.retriever is not None else None
     return AskResult(
         source=doc.source, question=asker.questions[index], answer=answer.strip(), model=engine.name,
         mode=asker.mode, document_tokens=asker.document_tokens, cached_tokens=asker.cached_tokens,
         complete=asker.complete[index], warnings=list(doc.warnings), stats=stats_dict(engine, session.elapsed()),
         question_index=index, attended_blocks=len(selection.blocks) if selection else None,
         total_blocks=selection.total if selection else None, sources=asker.sources[index],
+        evidence=list(asker.evidence[index]) if answer.strip() else [], indexed_tokens=asker.indexed[index],
+        index_total_tokens=index_total if asker.indexed[index] is not None else None,
     )
 
 
@@ -140,6 +160,7 @@ class _Printer:
         self.pending: dict[int, str] = {}  # answers (so far) of later questions
         self.finished: set[int] = set()
         self.emitted: set[int] = set()  # --jsonl lines written
+        self.results: dict[int, AskResult] = {}
 
     def piece(self, index: int, piece: str) -> None:
         if not self.streams:
@@ -159,9 +180,12 @@ class _Printer:
         if not self.streams or index in self.finished:
             return
         self.finished.add(index)
+        self.results[index] = result
         while self.shown in self.finished and self.shown < len(self.questions):
             self._open()
             self.sink.write("\n")
+            evidence = self.results[self.shown].evidence
+            self.sink.write(render.evidence_markdown(evidence) if self.fmt == "markdown" else render.evidence_text(evidence))
             self.shown += 1
             self.started = False
             if self.shown < len(self.questions):
@@ -189,7 +213,7 @@ class _Printer:
         elif self.fmt == "markdown":
             first = results[0]
             self.sink.write(render.ask_markdown_tail(model, first.mode, source, first.attended_blocks, first.total_blocks,
-                                                     render.selective_decode(first)))
+                                                     render.selective_decode(first), render.indexed_share(first)))
 
 
 def _mode_line(results: list[AskResult]) -> str:
@@ -199,4 +223,5 @@ def _mode_line(results: list[AskResult]) -> str:
         return render.mode_note(first.mode)
     attended = sum(r.attended_blocks or 0 for r in results) // len(results)
     each = " each (on average)" if len(results) > 1 else ""
-    return render.mode_note("retrieval", attended, first.total_blocks, render.selective_decode(first), each)
+    return render.mode_note("retrieval", attended, first.total_blocks, render.selective_decode(first), each,
+                            render.indexed_share(results[-1]))

@@ -3,9 +3,11 @@ verbose lines and warnings. The engine never prints; this is the only place its 
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
@@ -35,6 +37,69 @@ def message(console: Console, kind: str, text: str, style: str) -> None:
     console.print(line, soft_wrap=True, highlight=False)
 
 
+STATUS_EVERY_S = 0.1  # the pinned status line is redrawn at most this often
+
+
+class StatusLine:
+    """One line of status pinned to the terminal's last row while data streams to the rows above
+    it: the rows above are made the terminal's scroll region (DECSTBM, as apt's progress line
+    does), so the streamed answer scrolls there and the status line is redrawn in place (cursor
+    saved and restored around it, so the answer's own cursor never moves). `close` gives the
+    terminal its whole height back and clears the line. stderr only, and only on a terminal."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.rows = 0
+        self.text = ""
+        self._drawn_at = 0.0
+
+    def open(self) -> None:
+        rows = self._rows()
+        if rows < 3:
+            return
+        # a line below the cursor first (scrolling the screen when the cursor is on its last row),
+        # then the region above the last row, and the cursor back where it was, inside it
+        self._write("\n\x1b7" + f"\x1b[1;{rows - 1}r" + "\x1b8\x1b[1A")
+        self.rows = rows
+
+    def show(self, text: str, force: bool = False) -> None:
+        """Redraws the line with `text` (at most every STATUS_EVERY_S unless `force`)."""
+        self.text = text
+        now = time.monotonic()
+        if not self.rows or (not force and now - self._drawn_at < STATUS_EVERY_S):
+            return
+        self._drawn_at = now
+        rows = self._rows()
+        if rows != self.rows and rows >= 3:  # the terminal was resized: the region follows it
+            self._write("\x1b7" + f"\x1b[1;{rows - 1}r" + "\x1b8")
+            self.rows = rows
+        width = max(1, _columns(self.stream) - 1)
+        self._write(f"\x1b7\x1b[{self.rows};1H\x1b[2K" + text[:width] + "\x1b8")
+
+    def close(self) -> None:
+        if not self.rows:
+            return
+        self._write(f"\x1b7\x1b[r\x1b8\x1b7\x1b[{self.rows};1H\x1b[2K\x1b8")
+        self.rows = 0
+
+    def _rows(self) -> int:
+        try:
+            return os.get_terminal_size(self.stream.fileno()).lines
+        except (OSError, ValueError, AttributeError):
+            return 0
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+
+def _columns(stream: TextIO) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return 80
+
+
 class Reporter:
     """The event callback of a run. Bars show only while `bars` is on (stderr is a terminal);
     `-v` adds model-loading stages and per-clause lines, and without bars a long stage's
@@ -50,6 +115,7 @@ class Reporter:
         self._finished: set[str] = set()
         self._rate = ""  # the latest decode throughput
         self._line_at: dict[str, float] = {}  # without bars: a stage's seconds at its last progress line
+        self._status: StatusLine | None = None  # while an answer streams to the terminal: the decode line
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -80,10 +146,23 @@ class Reporter:
         self._line_at.clear()
 
     def stop_bars(self) -> None:
-        """Ends the live display (before data is streamed to the same terminal)."""
+        """Ends the live display (before data is streamed to the same terminal) and the pinned
+        status line."""
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+        if self._status is not None:
+            self._status.close()
+            self._status = None
+
+    def pin_status(self) -> None:
+        """Data is about to stream to the terminal the bars are on: the bars end, and the decode
+        progress goes on in a status line pinned to the terminal's last row (StatusLine)."""
+        bars = self._progress is not None
+        self.stop_bars()
+        if bars and not self.quiet:
+            self._status = StatusLine(self.console.file)
+            self._status.open()
 
     # -- events --------------------------------------------------------------------------------
 
@@ -112,6 +191,8 @@ class Reporter:
             self._rate = f"{rate:,.1f} tok/s{together}"
             if "clauses" in self._tasks:  # a review: its clause bar shows how fast it decodes
                 self._progress.update(self._tasks["clauses"], rate=self._rate)
+            elif self._status is not None:
+                self._status.show(f"decode {event.generated:,} tok  {self._rate}  {duration(event.elapsed_s)}")
             else:
                 self._update("decode", event.generated, None, f"{event.generated:,} tok", self._rate, event.elapsed_s)
         elif isinstance(event, ReviewProgress):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -13,6 +14,7 @@ from ..tasks.formats.wording import (  # noqa: F401 (mode_note, selective_decode
     by_risk, categories, clauses_note, counts, mode_note, reasons, review_mode, selective_decode, shorten, term_source,
     term_value,
 )
+from ..tasks.schema import Evidence
 
 RISK_STYLES = {"high": "bold red", "medium": "yellow", "low": "cyan", "none": "dim"}
 TABLE_QUOTE_CHARS = 160
@@ -159,5 +161,53 @@ def ask_markdown_head(question: str, first: bool = True) -> str:
 
 
 def ask_markdown_tail(model: str, mode: str, source: str, attended: int | None = None, total: int | None = None,
-                      selective: bool = False) -> str:
-    return f"\n\n_{source}, model {model}, {mode_note(mode, attended, total, selective)}_\n"
+                      selective: bool = False, indexed: tuple[int, int] | None = None) -> str:
+    return f"\n\n_{source}, model {model}, {mode_note(mode, attended, total, selective, indexed=indexed)}_\n"
+
+
+def indexed_share(result: AskResult) -> tuple[int, int] | None:
+    """(tokens indexed when the answer was given, the document's) in retrieval mode, else None."""
+    if result.indexed_tokens is None or not result.index_total_tokens:
+        return None
+    return result.indexed_tokens, result.index_total_tokens
+
+
+_FILE_LINES = re.compile(r":\d+(?:-\d+)?$")
+
+
+def _dedent(text: str) -> list[str]:
+    """A quote's lines, less the indentation they all share."""
+    lines = text.split("\n")
+    indent = min((len(line) - len(line.lstrip()) for line in lines if line.strip()), default=0)
+    return [line[indent:] for line in lines]
+
+
+def spans_text(spans: list[Evidence], indent: str = "") -> str:
+    """Spans as plain text: each one's place, then its exact lines indented under it."""
+    out = []
+    for e in spans:
+        out.append(f"{indent}{e.where}")
+        out += [f"{indent}  {line}".rstrip() for line in _dedent(e.text)]
+    return "\n".join(out) + "\n" if out else ""
+
+
+def spans_markdown(spans: list[Evidence]) -> str:
+    """Spans as a Markdown list: a file's lines fenced, running text quoted."""
+    out = []
+    for e in spans:
+        if _FILE_LINES.search(e.where):
+            fence = "~~~~" if "```" in e.text else "```"
+            out += [f"- `{e.where}`", "", f"  {fence}"] + [f"  {line}".rstrip() for line in _dedent(e.text)] + [f"  {fence}"]
+        else:
+            out.append(f"- {e.where}: \u201c{' '.join(e.text.split())}\u201d")
+    return "\n".join(out) + "\n" if out else ""
+
+
+def evidence_text(evidence: list[Evidence]) -> str:
+    """The evidence under an answer, as plain text (nothing where there is none)."""
+    return "\nEvidence:\n" + spans_text(evidence, "  ") if evidence else ""
+
+
+def evidence_markdown(evidence: list[Evidence]) -> str:
+    """The evidence under an answer, in Markdown (nothing where there is none)."""
+    return "\n**Evidence**\n\n" + spans_markdown(evidence) if evidence else ""

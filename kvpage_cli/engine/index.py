@@ -9,6 +9,11 @@ positions, with the head as its attention sink. The full-attention layers' block
 window's own tokens are kept; sliding-window layers keep nothing (a question's sliding layers see
 only the question's own recent window).
 
+A lazy index (`build(..., lazy=True)`) computes no window at first: it maps the saved ones and
+computes the others only when asked (`ensure`), each as the full build would have (the same
+tokens after the same head, the same key, the same bits), so a question can read the few
+windows its passages lie in without waiting for the whole document, and a later run maps them.
+
 With the saved-KV cache on, every window is saved as it is computed, under a key over the model,
 the head and the window's tokens; a later run maps the saved windows from disk instead of
 computing them and reads only the blocks its questions use (each checked against its own
@@ -99,8 +104,11 @@ class RetrievalIndex:
         self.has_bounds = torch.zeros(len(self.blocks), dtype=torch.bool)
         self.loaded_windows = 0  # of self.windows, those mapped from the saved-KV cache
         self.computed_tokens = 0  # document tokens prefilled into the index (the rest were mapped)
+        self.missing: set[int] = set()  # windows neither computed nor mapped yet (a lazy index's)
         self._seed = ""
         self.on_event: EventCallback | None = None
+        self._label: str | None = None
+        self._max_batch = WINDOWS_IN_FLIGHT
         self._cache = None  # where the windows are saved: the saved-KV cache, or this index's own files
         self._remove_scratch = lambda: None  # removes this index's own files
         weakref.finalize(self, _release, engine.blocks, self.ids)
@@ -110,6 +118,23 @@ class RetrievalIndex:
         return len(self.blocks)
 
     @property
+    def indexed_tokens(self) -> int:
+        """Document tokens whose blocks are ready (computed or mapped): all of them but in a lazy
+        index's missing windows."""
+        return len(self.tokens) - sum(self.windows[n].count for n in self.missing)
+
+    def ready(self, block: int) -> bool:
+        """Whether block `block` (an index into `blocks`) can be read: its window is indexed."""
+        return self.blocks[block].window not in self.missing
+
+    def window_of(self, block: int) -> int:
+        return self.blocks[block].window
+
+    def window_cost(self, n: int) -> int:
+        """Tokens prefilled to compute window n: its own and the overlap read before them."""
+        return self.windows[n].count + self.windows[n].context
+
+    @property
     def index_bytes(self) -> int:
         """K/V bytes of the kept blocks (full-attention layers only)."""
         return sum(g.block_bytes for g in self._full_groups()) * len(self.blocks)
@@ -117,11 +142,13 @@ class RetrievalIndex:
     @classmethod
     def build(cls, engine, head_ids: list[int], doc_ids: list[int], window: int, overlap: int,
               on_event: EventCallback | None = None, label: str | None = None, max_batch: int | None = None,
-              use_cache: bool = True) -> "RetrievalIndex":
+              use_cache: bool = True, lazy: bool = False) -> "RetrievalIndex":
         """Indexes `doc_ids` after the prompt head `head_ids`. window, overlap: tokens (multiples of 64).
 
         max_batch: windows prefilled together (default WINDOWS_IN_FLIGHT): a window's prefill
-        chunks are long enough to be compute bound alone, so more at once only holds more KV."""
+        chunks are long enough to be compute bound alone, so more at once only holds more KV.
+        lazy: prefill the head only; the saved windows are mapped, the others computed when
+        `ensure` asks for them (`missing` until then)."""
         assert window % BLOCK_TOKENS == 0 and overlap % BLOCK_TOKENS == 0 and window > 0
         align = min(-len(head_ids) % BLOCK_TOKENS, len(doc_ids))
         head = engine.prefill(head_ids + doc_ids[:align], on_event, label=label, use_cache=use_cache)
@@ -149,9 +176,26 @@ class RetrievalIndex:
                 "disk, or use --kv-dtype bfloat16 (half the bytes)")
         index._seed = hashlib.sha256(f"{engine.cache_seed}|library|{window}|{overlap}|".encode()
                                        + np.asarray(head.tokens, dtype="<i4").tobytes()).hexdigest()
-        todo = index._map_saved(cache, on_event)
-        index._compute(todo, cache, on_event, label, max_batch or WINDOWS_IN_FLIGHT)
+        index._label, index._max_batch = label, max_batch or WINDOWS_IN_FLIGHT
+        todo = index._map_saved(cache, None if lazy else on_event)
+        if lazy:
+            index.missing = set(todo)
+        else:
+            index._compute(todo, cache, on_event, label, index._max_batch)
         return index
+
+    def ensure(self, windows, on_event: EventCallback | None = None) -> int:
+        """Computes those of `windows` (indices into `windows`) that are missing, in the order
+        given, saving them as a full build does; returns the tokens prefilled. IndexProgress
+        counts the tokens of these windows only."""
+        todo = [n for n in dict.fromkeys(windows) if n in self.missing]
+        if not todo:
+            return 0
+        before = self.computed_tokens
+        on_event = on_event if on_event is not None else self.on_event
+        self._compute(todo, self._cache, on_event, self._label, self._max_batch,
+                      total=sum(self.windows[n].count for n in todo))
+        return self.computed_tokens - before + sum(self.windows[n].context for n in todo)
 
     # -- indexing ----------------------------------------------------------------------------------
 
@@ -203,11 +247,16 @@ class RetrievalIndex:
             emit(on_event, IndexProgress(done, len(self.tokens), self.engine._clock() - started, cached=done))
         return todo
 
-    def _compute(self, todo: list[int], cache, on_event, label, limit: int) -> None:
-        """Prefills windows `todo` (batched), keeps their blocks, saves them when a cache is given."""
+    def _compute(self, todo: list[int], cache, on_event, label, limit: int, total: int | None = None) -> None:
+        """Prefills windows `todo` (batched), keeps their blocks, saves them when a cache is given.
+        total: the tokens the progress counts to (default the document's, the others counted as
+        cached; a lazy index's `ensure` counts these windows' alone)."""
         engine = self.engine
-        total = len(self.tokens)
-        done = cached = total - sum(self.windows[n].count for n in todo)
+        if total is None:
+            total = len(self.tokens)
+            done = cached = total - sum(self.windows[n].count for n in todo)
+        else:
+            done = cached = 0
         started = engine._clock()
         pending = []
         for first in range(0, len(todo), limit):
@@ -220,6 +269,7 @@ class RetrievalIndex:
             pending = []
             for ctx, n in zip(forks, batch):
                 self._keep(ctx, n)
+                self.missing.discard(n)
                 engine.release(ctx)
                 if cache is not None:
                     pending.append((n, self._save(cache, n, label)))
@@ -304,6 +354,9 @@ class RetrievalIndex:
         is computed again first."""
         ks, vs = [], []
         full = [g.index for g in self._full_groups()].index(group.index)
+        unready = [index for index in chosen if not self.ready(index)]
+        if unready:
+            raise ValueError(f"block {unready[0]} is in window {self.blocks[unready[0]].window}, not indexed yet (ensure it)")
         for index in chosen:
             if self.mapped[index] is not None:
                 mapped, j = self.mapped[index]
@@ -410,7 +463,10 @@ class RetrievalIndex:
 
     def _ensure_bounds(self) -> None:
         """Every block's key bounds: a saved window's read from its file (computed from its keys,
-        read once, where the file has none or they are damaged)."""
+        read once, where the file has none or they are damaged). A lazy index has them once every
+        window is indexed."""
+        if self.missing:
+            raise ValueError(f"{len(self.missing)} windows are not indexed yet: key bounds need every window (ensure them)")
         for n in sorted({self.blocks[i].window for i in (~self.has_bounds).nonzero().flatten().tolist()}):
             first, end = self._first_block[n], self._first_block[n + 1]
             saved = None

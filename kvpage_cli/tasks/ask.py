@@ -3,6 +3,12 @@
 The document is prefilled once; every question forks it and the answers are decoded together in
 one batch. An instruction model gets the question in its chat template; a base model gets text
 to continue ("Question: ... Answer:"), never an instruction it would echo.
+
+Under every answer, its evidence (tasks/evidence.py): the spans of the document that carried the
+model's attention while it wrote the answer. The questions are read first, apart from the
+answers, and a copy of each question's context is kept; once the answers are decoded, each is
+read again after that copy with every row's queries kept (one scoring pass, off the decode path),
+and their attention over the document's tokens ranks its lines.
 """
 
 from __future__ import annotations
@@ -10,16 +16,22 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
+import torch
+
 from ..engine import Engine
+from ..engine.attention.evidence import token_mass
 from ..engine.config import BLOCK_TOKENS
 from ..engine.engine import Request
 from ..engine.events import EventCallback
+from ..engine.kv.context import Context
 from ..errors import ContextTooLongError
 from ..ingest import Document
+from . import evidence as evidence_spans
 from .chat import PromptBuilder
 from .length import refuse_if_too_long
 from .prompts import render
-from .retrieval import Retriever, Selection, question_budget
+from .retrieval import INDEX_TOKENS, Retriever, Selection, question_budget
+from .schema import Evidence
 
 _KINDS = {"pdf": "a PDF document", "docx": "a Word document", "text": "a text file", "repo": "a code repository"}
 
@@ -29,7 +41,13 @@ class Asker:
 
     def __init__(self, engine: Engine, doc: Document, questions: str | list[str], max_new_tokens: int = 256,
                  temperature: float = 0.0, on_event: EventCallback | None = None, label: str | None = None,
-                 max_batch: int | None = None, retrieval_tokens: int | None = None) -> None:
+                 max_batch: int | None = None, retrieval_tokens: int | None = None, evidence: bool = True,
+                 lazy: bool = True, index_tokens: int = INDEX_TOKENS, mode: str | None = None) -> None:
+        """evidence: find each answer's evidence (`evidence`, after the answers). lazy, index_tokens:
+        retrieval mode indexes only the windows a question's best passages lie in, up to
+        index_tokens of windows a question (Retriever.select_lazily); not lazy: the whole document
+        first. mode: the engine's config mode unless given ("retrieval": an index whatever the
+        document's length, as `kvpage find` reads one)."""
         questions = [questions] if isinstance(questions, str) else list(questions)
         if not questions or any(not q.strip() for q in questions):
             raise ValueError("the question is empty")
@@ -42,7 +60,8 @@ class Asker:
         self.label = label
         self.max_batch = max_batch
         self.retrieval_tokens = retrieval_tokens or engine.config.retrieval_tokens  # retrieval: tokens a question reads
-        if engine.config.mode == "exact":  # before tokenizing; retrieval (and selective's) reads any length
+        self.mode = mode or engine.config.mode
+        if self.mode == "exact":  # before tokenizing; retrieval (and selective's) reads any length
             refuse_if_too_long(doc.text, engine.tokenizer, engine.max_context)
         self.prompts = PromptBuilder(engine.tokenizer)
         text = doc.text.strip()
@@ -65,7 +84,6 @@ class Asker:
                                  for q in self.questions]
         longest = max(len(ids) for ids in self.question_ids)
         needed = len(self.prefix_ids) + longest + max_new_tokens
-        self.mode = engine.config.mode
         if self.mode == "auto":  # the whole document when it fits, else the blocks each question needs
             self.mode = "retrieval" if needed > engine.max_context else "exact"
         elif self.mode == "selective" and needed > engine.max_context:
@@ -86,6 +104,14 @@ class Asker:
         self.selections: list[Selection | None] = [None] * len(self.questions)
         self.sources: list[list[dict]] = [[] for _ in self.questions]
         self.retriever: Retriever | None = None
+        self.find_evidence = evidence
+        self.lazy = lazy
+        self.index_tokens = index_tokens
+        self.evidence: list[list[Evidence]] = [[] for _ in self.questions]
+        # per question, the document tokens its answer read ((start, end) in doc.text) and the
+        # attention the answer paid each [tokens] (what the evidence is ranked from)
+        self.attention: list[tuple[list[tuple[int, int]], torch.Tensor] | None] = [None] * len(self.questions)
+        self.indexed: list[int | None] = [None] * len(self.questions)  # retrieval: document tokens indexed at the answer
 
     @property
     def question(self) -> str:
@@ -104,19 +130,27 @@ class Asker:
     def answers(self) -> Iterator[tuple[int, str]]:
         """Prefills the document, then decodes every answer together, yielding (question index,
         new text) as it comes; an answer ends at the model's end token, at max_new_tokens, or when
-        it starts to loop."""
+        it starts to loop or writes a turn of the prompt's (`AnswerText`). With evidence on, the
+        answers are complete (`complete`) once their evidence is found, after the last one ends."""
         engine = self.engine
         stop = engine.stop_ids
         if self.mode == "retrieval":
-            requests = self._retrieval_requests(stop)
+            requests, places = self._retrieval_requests(stop)
         else:
             doc_ctx = engine.prefill(self.prefix_ids, on_event=self.on_event, label=self.label)
             self.cached_tokens = doc_ctx.cached_prefix
             requests = [Request(engine.fork(doc_ctx), ids, self.max_new_tokens, self.temperature, stop=stop, tag=i)
                         for i, ids in enumerate(self.question_ids)]
+            places = [list(range(len(self.prefix_ids)))] * len(requests)
             engine.release(doc_ctx)  # the forks hold the document's blocks now
-        turns = () if self.prompts.chat else BASE_TURNS  # a base model's next "Question:" ends its answer
-        texts = [AnswerText(self.prompts.decode, turns) for _ in requests]
+        # the questions first, apart from the answers (the same rows either way): each answer's
+        # evidence is read after a copy of the context its question left
+        engine.append_many([r.ctx for r in requests], [r.token_ids for r in requests], on_event=self.on_event,
+                           max_batch=self.max_batch)
+        asked = [engine.fork(r.ctx) if self.find_evidence else None for r in requests]
+        for r in requests:
+            r.token_ids = []
+        texts = [AnswerText(self.prompts.decode, self.turns) for _ in requests]
         for request, token in engine.run(requests, max_batch=self.max_batch, on_event=self.on_event):
             i = request.tag
             if token in stop:
@@ -126,22 +160,45 @@ class Asker:
                 request.done = True  # leaves the batch at the end of this step
             if piece:
                 yield i, piece
-            if request.done:
+            if request.done and not self.find_evidence:
                 self.complete[i] = True
         for i, request in enumerate(requests):
             piece = texts[i].finish()
             if piece:
                 yield i, piece
-            self.complete[i] = True
             engine.release(request.ctx)
+        for i, ctx in enumerate(asked):
+            if ctx is not None:
+                self.evidence[i] = self._evidence(i, ctx, texts[i].kept_tokens(), places[i])
+                engine.release(ctx)
+            self.complete[i] = True
+
+    @property
+    def turns(self) -> tuple[str, ...]:
+        """The lines that end an answer (AnswerText): a base model's next "Question:", its cue
+        again or the document's end (BASE_TURNS); any model's start of a question of its own or
+        of a heading of the prompt's (PROMPT_TURNS)."""
+        return (BASE_TURNS if not self.prompts.chat else ()) + PROMPT_TURNS
+
+    def _evidence(self, i: int, ctx: Context, tokens: list[int], places: list[int | None]) -> list[Evidence]:
+        """The answer's evidence: `tokens` (the answer as shown) read again after `ctx` (the
+        context its question left) with their queries kept, their attention summed over the
+        document's tokens (places: per position of ctx, its prompt token, None for tokens not
+        from the prompt) and ranked (tasks/evidence.py)."""
+        if not tokens:
+            return []
+        queries = self.engine.append_with_queries(ctx, tokens)
+        self.attention[i] = self.document_tokens_of(places, token_mass(self.engine, ctx, queries))
+        return evidence_spans.rank(self.doc, *self.attention[i], self.questions[i])
 
     # -- retrieval ---------------------------------------------------------------------------------
 
     def index(self) -> Retriever:
-        """Indexes the document (once): its head prefilled, the rest window by window."""
+        """Indexes the document (once): its head prefilled, the rest window by window (lazy: the
+        saved windows mapped, the others as questions need them)."""
         if self.retriever is None:
             self.retriever = Retriever.build(self.engine, self.doc, self.prefix_ids, self._chars, self.on_event,
-                                             self.label)
+                                             self.label, lazy=self.lazy)
             self.cached_tokens = self.retriever.index.head.cached_prefix
         return self.retriever
 
@@ -151,21 +208,54 @@ class Asker:
         fixed = len(self.retriever.index.head.tokens) + longest + self.max_new_tokens
         return question_budget(self.engine, fixed, self.retrieval_tokens)
 
-    def _retrieval_requests(self, stop) -> list[Request]:
+    def _retrieval_requests(self, stop) -> tuple[list[Request], list[list[int | None]]]:
+        """A request per question over the blocks selected for it, and per request, for each
+        position of its context, the prompt token there (None: the question's own)."""
+        requests, places = [], []
+        for i in range(len(self.questions)):
+            ctx, tokens, place = self.retrieval_context(i)
+            requests.append(Request(ctx, tokens, self.max_new_tokens, self.temperature, stop=stop, tag=i))
+            places.append(place)
+        return requests, places
+
+    def retrieval_context(self, i: int) -> tuple[Context, list[int], list[int | None]]:
+        """Question i's context in retrieval mode: the head and the blocks selected for it, moved
+        after it in reading order (a lazy index first indexes the windows they lie in); the
+        tokens to read after them (the blocks read again, the document's last tokens and the
+        template's end, the question); and per position of the context with those, the prompt
+        token there (None: the question's own)."""
         retriever = self.index()
         budget = self.budget()
-        requests = []
-        for i, (question, ids) in enumerate(zip(self.questions, self.question_ids)):
-            asked = retriever.tail + ids
+        index = retriever.index
+        head = len(index.head.tokens)
+        question, ids = self.questions[i], self.question_ids[i]
+        asked = retriever.tail + ids
+        if index.missing:
+            selection = retriever.select_lazily(question, asked, budget, self.index_tokens, self.on_event)
+        else:
             selection = retriever.select(question, asked, budget)
-            self.selections[i] = selection
-            self.sources[i] = retriever.sources(selection)
-            again = self._read_again(selection)
-            index = retriever.index
-            ctx = index.assemble(reading_order(selection, again))
-            tokens = [t for b in again for t in index.tokens[index.blocks[b].first:index.blocks[b].first + BLOCK_TOKENS]]
-            requests.append(Request(ctx, tokens + asked, self.max_new_tokens, self.temperature, stop=stop, tag=i))
-        return requests
+        self.selections[i] = selection
+        self.sources[i] = retriever.sources(selection)
+        self.indexed[i] = index.indexed_tokens
+        again = self._read_again(selection)
+        order = reading_order(selection, again)
+        ctx = index.assemble(order)
+        tokens = [t for b in again for t in index.tokens[index.blocks[b].first:index.blocks[b].first + BLOCK_TOKENS]]
+        place = list(range(head))
+        for b in order + again:
+            place += range(head + index.blocks[b].first, head + index.blocks[b].first + BLOCK_TOKENS)
+        place += range(head + len(index.tokens), head + len(index.tokens) + len(retriever.tail))
+        return ctx, tokens + asked, place + [None] * len(ids)
+
+    def document_tokens_of(self, places: list[int | None], mass: torch.Tensor) -> tuple[list[tuple[int, int]], torch.Tensor]:
+        """The document's tokens among a context's positions (places: per position, its prompt
+        token, as `retrieval_context` gives them) and their entries of `mass` [positions]."""
+        chars, masses = [], []
+        for position, prompt_index in enumerate(places):
+            if prompt_index is not None and self._chars[prompt_index] is not None:
+                chars.append(self._chars[prompt_index])
+                masses.append(float(mass[position]))
+        return chars, torch.tensor(masses)
 
     def _read_again(self, selection: Selection) -> list[int]:
         """Blocks computed again right before the question, the best passage last: for a model with
@@ -235,6 +325,16 @@ form and the document's end (prompts/document.md): a line of the answer that sta
 them is the model writing the next question, or the prompt again (Gemma 3 270M answered "Who are
 the parties?" with "Q: What is the purpose of this document?", and a question over tomli's
 sources with the end of the document, "</document>Question: ...")."""
+
+PROMPT_TURNS = ("Question:", "<document>", "</document>", "Here is a document to analyse", "==> ")
+"""Lines any model's answer ends before: a question of its own, and the headings of the prompt's
+own text (prompts/document.md, and a repository's "==> path <==" file headings): the model
+writing the prompt again, not answering."""
+
+INLINE_TURNS = ("Question:", "Answer:")
+"""Turns that end an answer where they follow a sentence's end inside a line too ("... is 0.21.
+Question: What is ..."): after "." "!" or "?" and a space, where a sentence of the answer would
+not start with them."""
 
 
 class AnswerText:
@@ -306,6 +406,21 @@ class AnswerText:
         """What is still held, once the answer has ended (nothing after a loop or a turn)."""
         return "" if self.ended else self._show(len(self.tokens), last=True)
 
+    def kept_tokens(self) -> list[int]:
+        """The fewest first tokens whose text holds all that was shown: the answer's own tokens,
+        less a loop's copies, a turn and what followed it (call after `finish`)."""
+        wanted = len(self.shown)
+        if not wanted:
+            return []
+        lo, hi = 1, len(self.tokens)
+        while lo < hi:  # the text grows with the tokens
+            mid = (lo + hi) // 2
+            if len(self.decode(self.tokens[:mid]).strip()) >= wanted:
+                hi = mid
+            else:
+                lo = mid + 1
+        return self.tokens[:lo]
+
     def _show(self, count: int, last: bool, whole: bool = False) -> str:
         """The text of the first `count` tokens not yet shown; `whole`: less the sentence it
         breaks off in, after one that ended and where that is not yet shown (a loop's first copy
@@ -337,17 +452,28 @@ def _sentences_end(text: str) -> int:
 
 
 def _before_turn(text: str, turns: tuple[str, ...], last: bool) -> tuple[str, bool]:
-    """(The text before the first line that starts with a turn, True) if there is one; else (the
-    text, without a last line that could still become one unless `last`, False)."""
+    """(The text before the first line that starts with a turn, or before an inline turn
+    (INLINE_TURNS after a sentence's end inside a line), True) if there is one; else (the text,
+    without an end that could still become one unless `last`, False)."""
+    inline = [t for t in INLINE_TURNS if t in turns]
+    after_sentence = re.compile(r"(?<=[.!?])[ \t]+(?:" + "|".join(map(re.escape, inline)) + ")") if inline else None
     start = 0
     while True:
         end = text.find("\n", start)
-        line = (text[start:] if end < 0 else text[start:end]).lstrip(" \t")
+        stop = len(text) if end < 0 else end
+        line = text[start:stop].lstrip(" \t")
         if any(line.startswith(turn) for turn in turns):
             return text[:start], True
+        found = after_sentence.search(text, start, stop) if after_sentence is not None else None
+        if found is not None:
+            return text[:found.start()], True
         if end < 0:
-            held = not last and any(turn.startswith(line) for turn in turns)
-            return (text[:start] if held else text), False
+            if not last and any(turn.startswith(line) for turn in turns):
+                return text[:start], False
+            tail = re.search(r"(?<=[.!?])[ \t]+(\S*)$", line) if inline and not last else None
+            if tail is not None and any(t.startswith(tail.group(1)) for t in inline):
+                return text[:len(text) - len(tail.group(0))], False
+            return text, False
         start = end + 1
 
 

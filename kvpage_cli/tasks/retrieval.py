@@ -14,6 +14,11 @@ Signals, combined by rank:
 The first-stage signals (lexical, bounds) rank every passage; keys scores the best of them. The
 default is lexical alone: the measurements (DEFAULT_SIGNALS) found the model's attention no help.
 Every answer says which blocks it read: their files, pages and lines.
+
+An index may be lazy (`Retriever.build(..., lazy=True)`): the lexical signal needs only the text,
+so a question's passages are ranked over the whole document first, then the windows they lie in,
+best first, up to `index_tokens` of windows a question, are indexed where they are not yet
+(`select_lazily`); passages past that give way to the next.
 """
 
 from __future__ import annotations
@@ -68,6 +73,10 @@ DEFAULT_SIGNALS = ("lexical",)
 UNIT_BLOCKS = 4  # blocks chosen together: 256 consecutive tokens read as one passage
 CANDIDATES = 3  # the keys signal scores this many times the budget's passages, the lexical signal's best
 BEST = 4  # passages a Selection names as the best (Asker reads some of them again for sliding-window layers)
+INDEX_TOKENS = 10240
+"""Over a lazy index a question reads the passages of the windows its best passages lie in, up to
+this many tokens of windows (each window's tokens and the overlap before it: four of SmolLM2's
+2,048-token windows), computing those not indexed yet; passages past it give way to the next."""
 
 
 class Retriever:
@@ -99,18 +108,56 @@ class Retriever:
 
     @classmethod
     def build(cls, engine: Engine, doc: Document, prefix_ids: list[int], chars: list[tuple[int, int] | None],
-              on_event=None, label: str | None = None) -> "Retriever":
+              on_event=None, label: str | None = None, lazy: bool = False) -> "Retriever":
         """Indexes a prompt's document once: the prompt's tokens before the document (its head)
-        prefilled, the document's window by window. chars: per prompt token, the characters of
-        doc.text it holds (None for the template's own words). `tail` is what every question reads
-        before it: the document's last tokens (less than a block) and the template's end."""
+        prefilled, the document's window by window (lazy: the saved windows mapped, the others
+        left to the questions that need them, `select_lazily`). chars: per prompt token, the
+        characters of doc.text it holds (None for the template's own words). `tail` is what every
+        question reads before it: the document's last tokens (less than a block) and the
+        template's end."""
         first = next(i for i, c in enumerate(chars) if c is not None)
         last = max(i for i, c in enumerate(chars) if c is not None) + 1
         window, overlap = default_window(engine.max_context)
-        index = RetrievalIndex.build(engine, prefix_ids[:first], prefix_ids[first:last], window, overlap, on_event, label)
+        index = RetrievalIndex.build(engine, prefix_ids[:first], prefix_ids[first:last], window, overlap, on_event, label,
+                                     lazy=lazy)
         retriever = cls(engine, index, doc, block_char_spans(index, chars, len(index.head.tokens)))
         retriever.tail = index.rest + prefix_ids[last:]
         return retriever
+
+    def select_lazily(self, question: str, question_ids: list[int], budget: int,
+                      index_tokens: int = INDEX_TOKENS, on_event=None) -> Selection:
+        """`select`'s choice over a lazy index: the passages ranked as `select` ranks them (the
+        lexical signal), taken best first while the windows they lie in come to at most
+        `index_tokens` of prefill (each window's tokens and its overlap); a passage past that
+        gives way to the next. The windows not indexed yet are then computed (their blocks join
+        the saved index). Windows already indexed count too, so a question reads the same
+        passages whatever earlier questions indexed: asked again, it computes nothing. Where the
+        passages `select` would choose all fit, the choice is `select`'s, block for block."""
+        index = self.index
+        if not index.missing:
+            return self.select(question, question_ids, budget)
+        total = index.num_blocks
+        scores = self._lexical_scores(question)
+        order = torch.argsort(_rank(scores), stable=True).tolist()  # best first, ties in document order
+        wanted = len(self.units) if total <= budget else max(1, budget // self.unit_blocks)
+        taken: list[int] = []
+        windows: list[int] = []
+        spent = 0
+        for u in order:
+            if len(taken) == wanted:
+                break
+            new = [w for w in dict.fromkeys(index.window_of(b) for b in self.units[u]) if w not in windows]
+            cost = sum(index.window_cost(w) for w in new)
+            if new and spent + cost > index_tokens:
+                continue
+            windows += new
+            spent += cost
+            taken.append(u)
+        index.ensure(windows, on_event)  # those not indexed yet
+        # as `select` names them: the best passages, chosen or not, but of the windows indexed
+        readable = [u for u in order if all(index.ready(b) for b in self.units[u])]
+        best = tuple(tuple(self.units[u]) for u in readable[:BEST])
+        return Selection(sorted(b for u in taken for b in self.units[u]), total, best)
 
     def select(self, question: str, question_ids: list[int], budget: int, signals: tuple[str, ...] = DEFAULT_SIGNALS,
                candidates: int | None = None) -> Selection:
@@ -123,6 +170,8 @@ class Retriever:
         if unknown or not signals:
             raise ValueError(f"signals must be some of {', '.join(SIGNALS)}; got {', '.join(signals) or 'none'}")
         total = self.index.num_blocks
+        if set(signals) - {"lexical"} or total <= budget:  # the model's signals read every block's keys
+            self.index.ensure(sorted(self.index.missing))
         if total <= budget:  # every block is read; the lexically best passages are still named
             return Selection(list(range(total)), total, self._best(_rank(self._lexical_scores(question))))
         count = len(self.units)

@@ -127,6 +127,20 @@ def _finding(data: dict) -> Finding:
 
 
 @dataclass
+class Evidence:
+    """A span an answer rests on: its exact text, where it is, and its share of the attention."""
+
+    text: str  # exactly document[start:end]
+    where: str  # "src/pkg/sessions.py:431-434" (a file's lines), "page 3", "paragraph 12"
+    start: int  # offsets in the document text
+    end: int
+    score: float  # the share of the attention the answer paid the document that this span received
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
 class AskResult:
     source: str
     question: str
@@ -142,6 +156,9 @@ class AskResult:
     attended_blocks: int | None = None  # retrieval mode: the blocks of the document the answer read,
     total_blocks: int | None = None  # of all the document's blocks
     sources: list[dict] = field(default_factory=list)  # retrieval mode: where they are ({where, start, end})
+    evidence: list[Evidence] = field(default_factory=list)  # the spans the answer rests on, best first
+    indexed_tokens: int | None = None  # retrieval mode: document tokens indexed when the answer was given,
+    index_total_tokens: int | None = None  # of all the document's (a lazy index grows as questions need it)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:

@@ -16,13 +16,18 @@ SELECTIVE_DECODE = "; decode steps attended the policy's blocks of those (select
 
 
 def mode_note(mode: str, attended: int | None = None, total: int | None = None, selective: bool = False,
-              each: str = "") -> str:
+              each: str = "", indexed: tuple[int, int] | None = None) -> str:
     """How an output was made: "exact mode (...)", or for retrieval how much of the document was read
     (`each`: said after the share, e.g. " each (on average)"; `selective`: the engine ran in selective
-    mode, so decode steps attended the policy's blocks of those)."""
+    mode, so decode steps attended the policy's blocks of those; `indexed`: (tokens indexed when the
+    answer was given, the document's tokens), said where the index was not yet whole)."""
     if mode == "retrieval" and total:
-        return (f"retrieval mode: attended {attended:,} of {total:,} blocks, {100 * attended / total:.0f}% of the "
+        note = (f"retrieval mode: attended {attended:,} of {total:,} blocks, {100 * attended / total:.0f}% of the "
                 f"document{each}" + (SELECTIVE_DECODE if selective else ""))
+        if indexed is not None and indexed[1] and indexed[0] < indexed[1]:
+            note += (f"; chosen from the {100 * indexed[0] / indexed[1]:.0f}% of it indexed so far "
+                     f"({indexed[0]:,} of {indexed[1]:,} tokens)")
+        return note
     return MODE_NOTES.get(mode, f"{mode} mode")
 
 

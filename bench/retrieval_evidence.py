@@ -1,0 +1,235 @@
+"""Evidence under answers (issue 47), measured over bench/retrieval.py's question set: whether the
+top-1 and top-3 evidence spans `kvpage ask` prints hold the question's key facts (every regex
+of the question matches the spans' text, as an answer is judged) and its evidence quotes (every
+quote of the question set lies inside one of the spans).
+
+Beside kvpage's ranking (`tasks.evidence.DEFAULT_SIGNAL`) the same answer's attention is ranked
+by each signal alone (attention, lexical: the question's BM25 over the lines of the blocks read),
+and the text baseline: BM25's best spans of the same kind (lines, sentences) over the whole
+document, no model at all. `bench/retrieval.py questions --systems retrieval` adds these columns;
+`--evidence-dump PATH` also writes each answer's attention per document token (JSON lines) so
+that rankings can be compared again without the model (`python bench/retrieval_evidence.py
+rerank PATH`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from statistics import mean
+
+import torch
+
+SIGNAL_COLUMNS = ("fused", "attention", "lexical")
+
+
+def holds_facts(texts: list[str], regexes: list[str]) -> bool:
+    """Every key fact's regex matches the spans' text (joined), case-insensitive."""
+    joined = "\n".join(texts)
+    return bool(texts) and all(re.search(rx, joined, re.IGNORECASE) for rx in regexes)
+
+
+def holds_quotes(spans: list[tuple[int, int]], wanted: list[tuple[int, int]]) -> bool:
+    """Every evidence quote (character range) lies inside one of the spans."""
+    return bool(spans) and all(any(a <= s and e <= b for a, b in spans) for s, e in wanted)
+
+
+def hits(doc, evidence: list, q: dict, prefix: str) -> dict:
+    """The four hit flags of one ranking's spans (Evidence objects or dicts), best first."""
+    def get(e, key):
+        return e[key] if isinstance(e, dict) else getattr(e, key)
+
+    out = {}
+    for k in (1, 3):
+        top = evidence[:k]
+        out[f"{prefix}_top{k}_facts"] = holds_facts([get(e, "text") for e in top], q["regexes"])
+        out[f"{prefix}_top{k}_quotes"] = holds_quotes([(get(e, "start"), get(e, "end")) for e in top],
+                                                       q["evidence_ranges"])
+    return out
+
+
+def bm25_whole(doc, question: str, state: dict) -> list:
+    """The text baseline: BM25 over every unit of the document (the units kvpage's evidence is
+    made of), its best three spans grown as kvpage grows its spans."""
+    from kvpage_cli.tasks import evidence
+
+    if "units" not in state:
+        state["units"] = evidence.units_of(doc, [(0, len(doc.text))])
+    units = state["units"]
+    lexical = evidence.lexical_scores(doc, units, question)
+    return evidence.spans(doc, units, lexical, lexical.clamp_min(0), min_share=0.0)
+
+
+def measure(doc, q: dict, asker, state: dict, dump: Path | None = None) -> dict:
+    """The evidence columns of one answered question (asker: the Asker that answered it)."""
+    from kvpage_cli.tasks import evidence
+
+    row = {"evidence": [e.to_dict() for e in asker.evidence[0]]}
+    row.update(hits(doc, asker.evidence[0], q, "ev"))
+    if asker.attention[0] is not None:
+        chars, mass = asker.attention[0]
+        units = evidence.units_of(doc, chars)
+        attention = evidence.unit_mass(units, chars, mass)
+        lexical = evidence.lexical_scores(doc, units, q["question"])
+        for signal in SIGNAL_COLUMNS:
+            ranked = evidence.spans(doc, units, evidence.fuse(attention, lexical, signal), attention)
+            row.update(hits(doc, ranked, q, f"ev_{signal}"))
+        if dump is not None:
+            with open(dump, "a") as f:
+                f.write(json.dumps({"id": q["id"], "source": q["source"], "question": q["question"],
+                                    "chars": chars, "mass": [round(m, 6) for m in mass.tolist()]}) + "\n")
+    row.update(hits(doc, bm25_whole(doc, q["question"], state), q, "bm25_spans"))
+    return row
+
+
+SUMMARY = [("ev", "kvpage"), ("ev_attention", "attention alone"), ("ev_lexical", "lexical in blocks"),
+           ("ev_fused", "fused"), ("bm25_spans", "BM25 whole doc")]
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Per ranking, the share of questions whose top-1 / top-3 spans hold the key facts and the
+    quotes; beside them, the share of answers that are right."""
+    ran = [r for r in rows if any(k.endswith("_top1_facts") for k in r)]
+    out = []
+    for prefix, name in SUMMARY:
+        mine = [r for r in ran if f"{prefix}_top1_facts" in r]
+        if not mine:
+            continue
+        out.append({"ranking": name, "questions": len(mine),
+                    **{f"{k}_{what}_pct": 100 * mean(r[f"{prefix}_top{k}_{what}"] for r in mine)
+                       for k in (1, 3) for what in ("facts", "quotes")}})
+    answered = [r for r in ran if "right" in r]
+    if answered:
+        out.append({"ranking": "answer text (right)", "questions": len(answered),
+                    "1_facts_pct": 100 * mean(r["right"] for r in answered)})
+    return out
+
+
+COLUMNS = [("ranking", "spans ranked by"), ("questions", "questions"), ("1_facts_pct", "top-1 facts %"),
+           ("3_facts_pct", "top-3 facts %"), ("1_quotes_pct", "top-1 quotes %"), ("3_quotes_pct", "top-3 quotes %")]
+
+
+def rerank(dump: Path, question_set: dict, cache: Path, grow: float | None = None) -> list[dict]:
+    """The rankings again from a dump (no model): per question, each signal's hits."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from retrieval_parts.sources import evidence_ranges, fetch_source
+
+    from kvpage_cli.ingest import load
+    from kvpage_cli.tasks import evidence
+
+    if grow is not None:
+        evidence.GROW_SHARE = grow
+    questions = {q["id"]: q for q in question_set["questions"]}
+    docs, states, rows = {}, {}, []
+    for line in open(dump):
+        item = json.loads(line)
+        q = questions[item["id"]]
+        if q["source"] not in docs:
+            docs[q["source"]] = load(str(fetch_source(q["source"], question_set["sources"][q["source"]], cache)))
+            states[q["source"]] = {}
+        doc = docs[q["source"]]
+        q = {**q, "evidence_ranges": evidence_ranges(doc, q["evidence"])}
+        chars = [tuple(c) for c in item["chars"]]
+        mass = torch.tensor(item["mass"])
+        units = evidence.units_of(doc, chars)
+        attention = evidence.unit_mass(units, chars, mass)
+        lexical = evidence.lexical_scores(doc, units, q["question"])
+        row = {"id": q["id"]}
+        for signal in SIGNAL_COLUMNS:
+            row.update(hits(doc, evidence.spans(doc, units, evidence.fuse(attention, lexical, signal), attention), q,
+                            f"ev_{signal}"))
+        row.update(hits(doc, bm25_whole(doc, q["question"], states[q["source"]]), q, "bm25_spans"))
+        rows.append(row)
+    return rows
+
+
+def baseline(question_set: dict, cache: Path) -> list[dict]:
+    """The text baseline alone over every question (no model): BM25's best spans of the whole document."""
+    from retrieval_parts.sources import evidence_ranges, fetch_source
+
+    from kvpage_cli.ingest import load
+
+    docs, states, rows = {}, {}, []
+    for q in question_set["questions"]:
+        if q["source"] not in docs:
+            docs[q["source"]] = load(str(fetch_source(q["source"], question_set["sources"][q["source"]], cache)))
+            states[q["source"]] = {}
+        doc = docs[q["source"]]
+        q = {**q, "evidence_ranges": evidence_ranges(doc, q["evidence"])}
+        rows.append({"id": q["id"], **hits(doc, bm25_whole(doc, q["question"], states[q["source"]]), q, "bm25_spans")})
+    return rows
+
+
+def find_latency(model: str, home: str | None, question_set: dict, cache: Path, source: str, limit: int) -> list[dict]:
+    """`kvpage find`'s latency, in process (the model loaded once, as a server would hold it; the
+    command adds its load): per question, a first find (which indexes the windows it needs where
+    the saved index lacks them) and a second one over the saved index, each from the document's
+    text (tokenizing it, ranking its passages, mapping the saved windows, computing the question);
+    beside them, BM25's spans over the whole document (the text baseline, no model) in the same run."""
+    import time
+
+    from retrieval_parts.sources import fetch_source
+
+    from kvpage_cli.engine import Engine, EngineConfig
+    from kvpage_cli.ingest import load
+    from kvpage_cli.tasks.find import Finder
+
+    engine = Engine.load(model, EngineConfig(home=home, kv_cache=True, cache_mib=20000))
+    doc = load(str(fetch_source(source, question_set["sources"][source], cache)))
+    rows = []
+    for q in [q for q in question_set["questions"] if q["source"] == source][:limit]:
+        row = {"id": q["id"]}
+        for run in ("first", "lookup"):
+            before = engine.stats().prefill_tokens
+            started = time.perf_counter()
+            finder = Finder(engine, doc)
+            finder.find(q["question"])
+            row[f"{run}_s"] = time.perf_counter() - started
+            row[f"{run}_prefill_tokens"] = engine.stats().prefill_tokens - before
+            row["document_tokens"] = finder.total_tokens
+            row["indexed_tokens"] = finder.indexed_tokens
+            finder.release()
+        started = time.perf_counter()
+        bm25_whole(doc, q["question"], {})
+        row["bm25_spans_s"] = time.perf_counter() - started
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":
+    import argparse
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import table
+    from retrieval_parts.sources import DEFAULT_CACHE, load_question_set
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("part", choices=("rerank", "baseline", "find"))
+    parser.add_argument("dump", nargs="?")
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--home", default=None, help="find: KVPAGE_HOME whose saved-KV cache holds the index")
+    parser.add_argument("--source", default="packaging", help="find: the question set's source")
+    parser.add_argument("--limit", type=int, default=3, help="find: questions")
+    parser.add_argument("--cache", default=str(DEFAULT_CACHE))
+    parser.add_argument("--grow", type=float, default=None, help="GROW_SHARE to rank with")
+    args = parser.parse_args()
+    if args.part == "find":
+        from common import peak_rss_mib
+
+        rows = find_latency(args.model, args.home, load_question_set(), Path(args.cache).expanduser(), args.source,
+                            args.limit)
+        print(table(rows, [("id", "question"), ("document_tokens", "document tokens"),
+                           ("indexed_tokens", "indexed tokens"), ("first_s", "first find s"),
+                           ("first_prefill_tokens", "its prefill tok"), ("lookup_s", "find over the saved index s"),
+                           ("lookup_prefill_tokens", "its prefill tok"), ("bm25_spans_s", "BM25 spans s")]))
+        print(f"model {args.model}; source {args.source}; peak RSS {peak_rss_mib():.0f} MiB")
+        raise SystemExit(0)
+    if args.part == "baseline":
+        rows = baseline(load_question_set(), Path(args.cache).expanduser())
+        print(table(summary(rows), COLUMNS))
+        raise SystemExit(0)
+    rows = rerank(Path(args.dump), load_question_set(), Path(args.cache).expanduser(), args.grow)
+    print(table(summary(rows), COLUMNS))

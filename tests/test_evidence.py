@@ -1,0 +1,329 @@
+"""Issue 47: the evidence under answers (the attention mass it is ranked from, the spans it
+quotes), `kvpage find` and `kvpage index`, lazy indexing, answers that stop, the live decode line."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+import torch
+
+from kvpage_cli.cli.app import app
+from kvpage_cli.engine import Engine, EngineConfig
+from kvpage_cli.engine.attention.evidence import token_mass
+from kvpage_cli.ingest import load
+from kvpage_cli.tasks import Asker
+from kvpage_cli.tasks.ask import BASE_TURNS, PROMPT_TURNS, AnswerText
+from kvpage_cli.tasks.find import Finder
+
+from .conftest import SAMPLES, random_prompt, tiny_model, with_native_library
+
+# -- the attention mass ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer_tokens", [1, 17, 37])
+def test_token_mass_is_the_attention_transformers_computes(answer_tokens, kv_home):
+    """Every appended row's queries are kept (in pieces of 16, none of one row) and the mass per
+    key is the softmax share transformers' own attention gives it, summed over rows, heads and layers."""
+    model = tiny_model("llama")
+    model.config._attn_implementation = "eager"  # its attention weights, to compare with
+    engine = Engine.load(model, EngineConfig(home=str(kv_home), backend="native"))
+    prompt, answer = random_prompt(150, seed=11), random_prompt(answer_tokens, seed=12)
+    ctx = engine.prefill(prompt)
+    queries = engine.append_with_queries(ctx, answer)
+    assert all(q.shape[0] == answer_tokens and start == len(prompt) for q, start in queries.values())
+    assert ctx.tokens[:len(prompt) + answer_tokens] == prompt + answer
+    mass = token_mass(engine, ctx, queries)
+    with torch.no_grad():
+        out = model(torch.tensor([prompt + answer]), output_attentions=True)
+    expected = sum(a[0, :, len(prompt):, :].sum(dim=(0, 1)) for a in out.attentions)  # [positions]
+    length = len(prompt) + answer_tokens
+    assert torch.allclose(mass[:length], expected[:length].float(), atol=1e-3, rtol=1e-3)
+    assert mass[:length].sum().item() == pytest.approx(answer_tokens * 4 * 3, rel=1e-4)  # rows x heads x layers
+
+
+# -- spans ---------------------------------------------------------------------------------------
+
+def _repo(tmp_path, fact_line: int = 143):
+    """A repository of three files; src/vault/config.py holds a planted fact at `fact_line`."""
+    root = tmp_path / "shop"
+    (root / "src" / "vault").mkdir(parents=True)
+    lines = []
+    for i in range(1, 400):
+        if i == fact_line:
+            lines.append("VAULT_COMBINATION = \"4-8-15-16\"  # the vault combination, set by the owner")
+        elif i % 9 == 0:
+            lines.append("")
+        else:
+            lines.append(f"    total_{i} = compute_line({i}, rate=Decimal(\"0.{i % 7}\"))  # ledger entry {i}")
+    (root / "src" / "vault" / "config.py").write_text("\n".join(lines) + "\n")
+    (root / "README.md").write_text("# Shop\n\nA ledger of sales, one line a sale.\n")
+    (root / "src" / "vault" / "__init__.py").write_text("from .config import *\n")
+    return root
+
+
+def _sed(root, where: str) -> str:
+    """`sed -n A,Bp FILE` for a place `FILE:A-B`."""
+    path, lines = where.rsplit(":", 1)
+    a, _, b = lines.partition("-")
+    return subprocess.run(["sed", "-n", f"{a},{b or a}p", str(root / path)], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def _check_spans(doc, root, spans):
+    for e in spans:
+        assert doc.text[e.start:e.end] == e.text  # exact, at its offsets
+        assert re.fullmatch(r"[\w./-]+:\d+(-\d+)?", e.where), e.where
+        assert _sed(root, e.where).rstrip("\n") == e.text  # the place names exactly those lines
+
+
+@pytest.mark.real_model
+def test_a_planted_fact_is_the_top_evidence_of_the_answer_and_of_find(smollm2, tmp_path):
+    """SmolLM2 over a repository longer than its (here shortened) context: the answer's top span,
+    quoted exactly with lines that `sed -n` agrees with, holds the planted fact; so does find's,
+    which reads the saved index and computes nothing of the document."""
+    root = _repo(tmp_path)
+    doc = load(str(root))
+    engine = Engine.load("smollm2", EngineConfig(home=str(smollm2.home), max_context=2048, kv_cache=True))
+    question = "What is the vault combination?"
+    asker = Asker(engine, doc, question, max_new_tokens=16)
+    assert asker.mode == "retrieval"
+    answer = "".join(piece for _, piece in asker.answers())
+    assert "4-8-15-16" in answer
+    spans = asker.evidence[0]
+    assert 1 <= len(spans) <= 3 and "4-8-15-16" in spans[0].text
+    _check_spans(doc, root, spans)
+    # the attention alone puts it first too: the lexical match is not what finds it
+    from kvpage_cli.tasks import evidence
+    alone = evidence.rank(doc, *asker.attention[0], question, signal="attention")
+    assert "4-8-15-16" in alone[0].text
+
+    asker.retriever.index.release()
+    before = engine.stats().prefill_tokens
+    finder = Finder(engine, doc)
+    found = finder.find("Where is the combination of the vault set?", count=3)
+    assert "4-8-15-16" in found[0].text
+    _check_spans(doc, root, found)
+    assert finder.asker.retriever.index.computed_tokens == 0  # every window mapped from the saved index
+    asked = len(finder.asker.question_ids[0]) + len(finder.asker.retriever.tail)
+    assert engine.stats().prefill_tokens - before <= asked + 64  # the question (and the head's last block)
+    finder.release()
+
+
+def test_units_are_whole_lines_of_code_and_sentences_of_running_text(tmp_path):
+    from kvpage_cli.tasks.evidence import units_of
+
+    root = _repo(tmp_path)
+    doc = load(str(root))
+    units = units_of(doc, [(0, len(doc.text))])
+    texts = [doc.text[u.start:u.end] for u in units]
+    assert not any(t.startswith("==>") for t in texts)  # a file's heading says nothing
+    assert any(t.startswith("    total_1 = ") for t in texts)  # indented as in the file
+    pdf = load(str(SAMPLES / "contract.pdf"))
+    sentences = units_of(pdf, [(0, 3000)])
+    assert all(u.line is None and pdf.text[u.start:u.end].strip() for u in sentences)
+    assert max(u.end - u.start for u in sentences) < 800  # sentences, not the page
+
+
+# -- lazy indexing -------------------------------------------------------------------------------
+
+def test_a_lazy_index_gives_the_full_index_answer_and_reuses_its_windows(tiny_cli_model, tmp_path, native_library):
+    """A question whose blocks are all indexed either way: the same tokens, the same logits; the
+    lazy index computed only some windows, and a later question over the saved index computes
+    only windows it did not have."""
+    doc = load(str(SAMPLES / "contract.txt"))  # about 6K tokens: past a 1,024-token context
+    for home in (tmp_path / "lazy", tmp_path / "full"):
+        with_native_library(home, native_library)
+    config = EngineConfig(home=str(tmp_path / "lazy"), max_context=1024, backend="native", kv_cache=True)
+    question = "Which State's laws govern the agreement?"
+
+    def ask(lazy: bool, home_engine=None):
+        engine = home_engine or Engine.load(str(tiny_cli_model), config)
+        asker = Asker(engine, doc, question, max_new_tokens=6, lazy=lazy, evidence=False)
+        tokens = []
+        for request, token in _tokens(asker):
+            tokens.append(token)
+        return engine, asker, tokens
+
+    full_engine = Engine.load(str(tiny_cli_model), EngineConfig(home=str(tmp_path / "full"), max_context=1024,
+                                                                 backend="native", kv_cache=True))
+    _, full, full_tokens = ask(False, full_engine)
+    engine, lazy, lazy_tokens = ask(True)
+    index = lazy.retriever.index
+    chosen = set(full.selections[0].blocks)
+    assert lazy.selections[0].blocks == full.selections[0].blocks and lazy_tokens == full_tokens
+    assert [p for p in lazy.selections[0].best if chosen >= set(p)] == [p for p in full.selections[0].best if chosen >= set(p)]
+    assert 0 < index.computed_tokens < len(index.tokens) and index.missing
+    assert lazy.indexed[0] == index.indexed_tokens < len(index.tokens)
+    computed = {index.window_of(b) for b in lazy.selections[0].blocks}
+    assert set(range(len(index.windows))) - index.missing == computed  # those windows, no other
+    # a later run: the same question maps every window it needs, computes none
+    _, again, again_tokens = ask(True)
+    assert again_tokens == lazy_tokens and again.retriever.index.computed_tokens == 0
+    assert computed <= set(range(len(index.windows))) - again.retriever.index.missing
+
+
+def _tokens(asker):
+    """(request, token) of the asker's run, through its own answers() (the text is not needed)."""
+    engine = asker.engine
+    seen = []
+    real = engine.run
+
+    def run(requests, **kwargs):
+        for request, token in real(requests, **kwargs):
+            seen.append((request, token))
+            yield request, token
+
+    engine.run = run
+    try:
+        list(asker.answers())
+    finally:
+        del engine.run
+    return seen
+
+
+# -- answers that stop ----------------------------------------------------------------------------
+
+def _stream(words, turns):
+    text = AnswerText(lambda tokens: "".join(words[t] for t in tokens), turns)
+    shown, ended = "", False
+    for t in range(len(words)):
+        piece, ended = text.add(t)
+        shown += piece
+        if ended:
+            break
+    return shown + text.finish(), ended
+
+
+def test_a_question_of_the_models_own_ends_the_answer_inside_a_line_too():
+    text, ended = _stream([" The", " rate", " is", " 0", ".21", ".", " Question", ":", " What", " is"], BASE_TURNS)
+    assert ended and text == "The rate is 0.21."
+    text, ended = _stream([" The", " rate", " is", " 0", ".21", ".", " Question", "s", " remain", "."], BASE_TURNS)
+    assert not ended and text == "The rate is 0.21. Questions remain."  # a word that only starts like one
+    # a chat model: its own next question, or the prompt's heading again, ends it
+    text, ended = _stream([" Delaware", ".", "\n", "\n", "Question", ":", " Who"], PROMPT_TURNS)
+    assert ended and text == "Delaware."
+    text, ended = _stream([" See", " below", ":", "\n", "==>", " src", "/app", ".py", " <=="], PROMPT_TURNS)
+    assert ended and text == "See below:"
+    text, ended = _stream([" The", " answer", ":", " Delaware", "."], PROMPT_TURNS)
+    assert not ended and text == "The answer: Delaware."  # "Answer:" inside a chat answer is its own words
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cli(kv_home, tiny_cli_model, native_library):
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+
+    def run(*args, home=None):
+        if home is not None:
+            with_native_library(home, native_library)
+        argv = [str(a) for a in args] + ["--model", str(tiny_cli_model)]
+        env = {"KVPAGE_HOME": str(home or kv_home), "KVPAGE_MODEL": None, "KVPAGE_DEBUG": None, "NO_COLOR": None}
+        return runner.invoke(app, argv, env=env)
+
+    return run
+
+
+def test_ask_prints_the_evidence_under_the_answer_and_json_carries_it(cli, tmp_path):
+    root = _repo(tmp_path)
+    args = ("ask", root, "What is the vault combination?", "--max-new-tokens", "4")
+    text = cli(*args)
+    assert text.exit_code == 0, text.stderr
+    assert "\nEvidence:\n" in text.stdout and "Evidence" not in text.stderr
+    data = json.loads(cli(*args, "--json").stdout)
+    doc = load(str(root))
+    assert 1 <= len(data["evidence"]) <= 3
+    for e in data["evidence"]:
+        assert set(e) == {"text", "where", "start", "end", "score"}
+        assert doc.text[e["start"]:e["end"]] == e["text"] and _sed(root, e["where"]).rstrip("\n") == e["text"]
+        assert f"  {e['where']}\n" in text.stdout
+    hidden = cli(*args, "--no-evidence")
+    assert "Evidence" not in hidden.stdout and json.loads(cli(*args, "--no-evidence", "--json").stdout)["evidence"] == []
+
+
+def test_find_builds_what_it_needs_then_reads_the_saved_index(cli, tmp_path):
+    doc_path = SAMPLES / "contract.txt"
+    home = tmp_path / "home"
+    first = cli("find", doc_path, "Which law governs?", "--json", home=home)
+    assert first.exit_code == 0, first.stderr
+    assert re.search(r"^kvpage: indexed [\d,]+ tokens of .* for this question", first.stderr, re.M)
+    data = json.loads(first.stdout)
+    doc = load(str(doc_path))
+    assert 1 <= len(data["spans"]) <= 5 and all(doc.text[s["start"]:s["end"]] == s["text"] for s in data["spans"])
+    again = cli("find", doc_path, "Which law governs?", "--json", "-n", "2", home=home)
+    assert not re.search(r"^kvpage: indexed", again.stderr, re.M)  # nothing of the document computed again
+    second = json.loads(again.stdout)
+    assert second["spans"] == data["spans"][:2]
+    assert second["prefill_tokens"] < 128  # the question (and the head's last block), not a window
+    assert cli("index", doc_path, home=home).exit_code == 0
+    plain = cli("find", doc_path, "Which law governs?", home=home)
+    assert plain.stdout.startswith(data["spans"][0]["where"] + "\n")
+
+
+def test_index_builds_all_of_it_and_refuses_what_it_cannot_save(cli, tmp_path):
+    home = tmp_path / "home"
+    built = cli("index", SAMPLES / "contract.txt", "--json", home=home)
+    assert built.exit_code == 0, built.stderr
+    data = json.loads(built.stdout)
+    assert data["tokens"] > 1000 and data["computed_tokens"] == data["tokens"]
+    assert data["mode"] == "exact"  # it fits the tiny model's context: prefilled whole, as ask reads it
+    again = json.loads(cli("index", SAMPLES / "contract.txt", "--json", home=home).stdout)
+    assert again["computed_tokens"] < 256  # saved: all but the last part of a 256-token segment
+    for args, words in ((("index", "-"), "not stdin"), (("index", SAMPLES / "contract.txt", "--no-cache"), "--no-cache")):
+        result = cli(*args, home=home)
+        assert result.exit_code == 2 and words in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+# -- the live decode line ---------------------------------------------------------------------------
+
+def test_the_decode_line_stays_live_below_a_streamed_answer():
+    """On a terminal the bars give way to the streamed answer, but tokens and tok/s go on in a line
+    pinned to the last row, outside the scroll region the answer is written in."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    from rich.console import Console
+
+    from kvpage_cli.cli.progress import Reporter
+    from kvpage_cli.engine.events import DecodeProgress
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    stream = os.fdopen(slave, "w")
+    try:
+        reporter = Reporter(Console(file=stream, force_terminal=True, width=80), bars=True)
+        with reporter:
+            reporter(DecodeProgress(1, 0.1, 5))
+            reporter.pin_status()
+            for n in (10, 20):
+                reporter(DecodeProgress(n, n / 10, 5))
+                reporter._status._drawn_at = 0.0  # the next event redraws at once
+        stream.flush()
+        out = _read_all(master)
+    finally:
+        stream.close()
+        os.close(master)
+    region = out.index("\x1b[1;23r")
+    assert out.index("\x1b[24;1H\x1b[2Kdecode 10 tok  10.0 tok/s") > region
+    assert out.index("decode 20 tok  10.0 tok/s") > out.index("decode 10 tok")
+    assert out.rindex("\x1b[r") > out.index("decode 20 tok")  # the whole screen back at the end
+
+
+def _read_all(fd) -> str:
+    import select
+
+    data = b""
+    while select.select([fd], [], [], 0.2)[0]:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode("utf-8", errors="replace")
