@@ -156,31 +156,38 @@ def test_int8_activations_give_the_product_of_the_rounded_activations(qtype, lib
         assert torch.equal(matrix.matmul(lib, x[r:r + 1], few_rows=True, int8=True)[0], got[r])
 
 
+WEIGHT_UNITS = ("formats.c", "rows.c", "int8.c", "tiles.c", "amx.c")  # the kernels over weight formats
+
+
 def _build(tmp_path, march: str):
-    """quant.c alone, compiled for `march`: the paths of CPUs other than this one."""
+    """The weight formats' kernels alone, compiled for `march` (the paths of CPUs other than this
+    one) without a warning (-Wall -Wextra, every exported function declared in kvpage.h), bound
+    from kvpage.h as the loader binds them."""
     import ctypes
     import shutil
     import subprocess
 
     compiler = next(c for c in ("cc", "gcc", "clang") if shutil.which(c))
-    source = tmp_path / "quant.c"
-    source.write_bytes(native.sources()["quant.c"])
-    out = tmp_path / f"quant-{march}.so"
+    for name, text in native.sources().items():
+        (tmp_path / name).write_bytes(text)
+    out = tmp_path / f"weights-{march}.so"
     flags = [f for f in native._FLAGS if not f.startswith("-march")]
-    subprocess.run([compiler, *flags, f"-march={march}", str(source), "-o", str(out), "-lm"], check=True)
+    strict = ["-Wall", "-Wextra", "-Wmissing-prototypes", "-Werror"]
+    subprocess.run([compiler, *flags, *strict, f"-march={march}", *(str(tmp_path / u) for u in WEIGHT_UNITS), "-o",
+                    str(out), "-lm"], check=True)
     lib = ctypes.CDLL(str(out))
-    for name in ("kvp_qgemm_rows", "kvp_qgemm_rows_q8"):
-        getattr(lib, name).argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64]
-        getattr(lib, name).restype = ctypes.c_int
+    for name, (restype, argtypes) in native.prototypes(native.sources()[native.HEADER].decode()).items():
+        if hasattr(lib, name):
+            getattr(lib, name).restype, getattr(lib, name).argtypes = restype, argtypes
     return lib
 
 
 @pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"), reason="x86-64 instruction sets")
 def test_the_kernels_for_other_cpus_compute_the_same(tmp_path, lib):
-    """quant.c built for AVX2 without VNNI or AVX-512 gives the bits of this machine's build, float and
-    int8 activations alike (the same float operations in the same order; integer sums are exact),
-    and built for plain x86-64 (portable C) the same products up to fp32 rounding."""
+    """The weight formats' kernels built for AVX2 without VNNI or AVX-512 give the bits of this
+    machine's build, float and int8 activations alike (the same float operations in the same order;
+    integer sums are exact), and built for plain x86-64 (portable C) the same products up to fp32
+    rounding; both builds compile without a warning."""
     flags = set(native._cpu_flags().decode().split())
     portable = _build(tmp_path, "x86-64")
     avx2 = _build(tmp_path, "x86-64-v3") if {"avx2", "fma", "f16c", "bmi2"} <= flags else None  # runs here?

@@ -13,7 +13,7 @@ gives each row what it gives alone (dispatch: a short prompt segment's rows as d
 the backend's prompt attention would not)."""
 
 TILE_MIN_ROWS = 8
-"""Products of this many rows or more may multiply on AMX tiles where the CPU has them (native/quant.c
+"""Products of this many rows or more may multiply on AMX tiles where the CPU has them (native/tiles.c
 gets it at build time): per matrix 1.2-1.6x the rows' path at 8 rows (a throwaway script); stop 40's
 prototype was even at 4 rows and slower at 1."""
 

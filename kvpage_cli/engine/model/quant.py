@@ -1,7 +1,7 @@
 """Weight matrices kept in a compact format and multiplied without expanding them.
 
 A `QuantMatrix` is W[N, K] as rows of bytes in one of the formats the native kernels read
-(native/quant.c): a GGUF file's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+(native/formats.h): a GGUF file's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
 F16, BF16, F32), memory-mapped from the file, or a format made at load from float weights:
 bfloat16, int8 (one fp32 scale per output channel) and int4 (groups of 32 with a scale and a
 minimum: GGUF's Q4_1 layout). A few rows (decode steps, batches) go through the native
@@ -10,7 +10,7 @@ activations (EngineConfig.activations), through integer dot products with the ro
 int8 in groups of 32; a long prompt chunk dequantizes W (a layer's parts that share an input
 together, or a slice of output rows at a time) into fp32 and multiplies it through oneDNN or
 MKL, whichever this CPU's instructions favour (`matmul_nt`). On a CPU with AMX, Q4_0, Q4_1 and
-Q8_0 products of 8 rows or more run on tiles instead (quant.c's kvp_qgemm_tiles;
+Q8_0 products of 8 rows or more run on tiles instead (native/tiles.c's kvp_qgemm_tiles;
 `native.qgemm_tiles`), each row's result still its own, in
 other bits than the rows' path: a long chunk's, and a few rows' where the caller says
 (model.Rows). On the Triton backend a `DeviceMatrix` holds the same values decoded for the
@@ -33,9 +33,9 @@ WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8", "int4", "gguf")
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
 I8_ROW = 1000  # kvpage's int8 rows: an fp32 scale, then K int8 values
 FLOAT_FORMATS = (F32, F16, BF16)
-TILE_FORMATS = (Q4_0, Q4_1, Q8_0)  # multiplied on AMX tiles from 8 rows, where the CPU has them (quant.c)
+TILE_FORMATS = (Q4_0, Q4_1, Q8_0)  # multiplied on AMX tiles from 8 rows, where the CPU has them (native/tiles.c)
 
-# values per block, bytes per block (native/quant.c's kvp_quant_block)
+# values per block, bytes per block (native/formats.c's kvp_quant_block)
 BLOCKS = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
           Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
 NAMES = {F32: "F32", F16: "F16", BF16: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0",
@@ -182,7 +182,7 @@ class QuantMatrix:
         return y
 
     def on_tiles(self, lib: ctypes.CDLL) -> bool:
-        """Whether products of 8 rows or more multiply on AMX tiles (quant.c), prompt chunks' too:
+        """Whether products of 8 rows or more multiply on AMX tiles (native/tiles.c), prompt chunks' too:
         faster there than the matrix dequantized through oneDNN (`python bench/decode_gemm.py
         --rows 64,256,1024`)."""
         return self.qtype in TILE_FORMATS and native.qgemm_tiles(lib)

@@ -55,7 +55,7 @@ class RopeAt:
 class Rows:
     """A step's rows as consecutive parts: (rows, small, tiles). Small parts that follow each other
     are run in one call, a long part alone. `tiles`: the part's products may run on AMX tiles
-    (quant.c's kvp_qgemm_tiles, from TILE_MIN_ROWS rows), whose bits differ from the rows' path's.
+    (native/tiles.c's kvp_qgemm_tiles, from TILE_MIN_ROWS rows), whose bits differ from the rows' path's.
     A long part does (it took oneDNN's bits before). Short prompt segments never do: the same
     tokens can come in a segment of another length in a batch than alone (a review's clause
     prompts do), and must get the same bits. One-row segments do where `single_tiles`: a batch's

@@ -1,6 +1,6 @@
 /* kvpage native CPU kernels: a decoder layer's work around attention, for the few rows of a
  * decode step or a batch (llama family: RMSNorm, SiLU-gated MLP) over weights in a compact
- * format (quant.c).
+ * format (formats.h).
  *
  * A decode step of a small model is hundreds of small operations; run one by one from Python,
  * their calls cost as much as their arithmetic. Here the layer is two calls: `kvp_layer_pre`
@@ -15,30 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K, int N,
-                   float *y, int64_t ldy);
-int kvp_qgemm_rows_q8(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K,
-                      int N, float *y, int64_t ldy);
-int kvp_qgemm_tiles(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K, int N,
-                    float *y, int64_t ldy);
-
-/* One weight matrix W[rows, cols] in a quant.c format; output i is W's row perm[i] (NULL: in order). */
-typedef struct {
-    int32_t type, rows, cols, is_float;
-    const uint8_t *data;
-    int64_t row_bytes;
-    const int64_t *perm;
-} kvp_matrix;
-
-/* A layer as kvp_layer_pre / kvp_layer_post read it (built once at load by model.py). */
-typedef struct {
-    int32_t hidden, q_size, kv_size, inter, int8;
-    float eps;
-    const float *norm_attn, *norm_mlp;                           /* [hidden] */
-    const float *qkv_bias, *o_bias, *gate_up_bias, *down_bias;    /* NULL where the model has none */
-    kvp_matrix q, k, v, o, gate, up, down;
-    int32_t head_dim;
-} kvp_layer;
+#include "kvpage.h"
 
 /* out = w * (x / sqrt(mean(x^2) + eps)), row by row. */
 static void rms_norm(const float *x, int M, int H, const float *w, float eps, float *out) {
@@ -98,7 +75,7 @@ static void rope_heads(float *x, int n, int D, const float *cos, const float *si
 /* qkv[M, q_size + 2 kv_size] = the Q, K, V projections of norm(h) (h: [M, hidden]), biases added;
  * with cos and sin ([M, head_dim], each row's position; NULL: none) Q and K leave rotated. tiles:
  * products through kvp_qgemm_tiles (AMX from 8 rows: other bits than the rows' path) rather than
- * kvp_qgemm_rows. Returns 0, a quant.c error code, or -2 out of memory. */
+ * kvp_qgemm_rows. Returns 0, a kvp_qgemm_rows error code, or -2 out of memory. */
 int kvp_layer_pre(const kvp_layer *L, const float *h, int M, const float *cos, const float *sin, float *qkv, int tiles) {
     const int H = L->hidden, width = L->q_size + 2 * L->kv_size;
     float *x = malloc(sizeof(float) * (size_t)M * (size_t)(H + L->q_size));
@@ -121,7 +98,7 @@ int kvp_layer_pre(const kvp_layer *L, const float *h, int M, const float *cos, c
 }
 
 /* h[M, hidden] += o(a); then h += down(silu(gate(x)) * up(x)), x = norm(h): the rest of the layer
- * (a: attention's output [M, q_size]; tiles: as kvp_layer_pre's). Returns 0, a quant.c error code,
+ * (a: attention's output [M, q_size]; tiles: as kvp_layer_pre's). Returns 0, a kvp_qgemm_rows error code,
  * or -2 out of memory. */
 int kvp_layer_post(const kvp_layer *L, float *h, const float *a, int M, int tiles) {
     const int H = L->hidden, I = L->inter;
