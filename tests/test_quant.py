@@ -116,10 +116,11 @@ def test_one_row_read_straight_from_the_blocks_gets_the_bits_of_a_batch(qtype, c
             assert torch.equal(matrix.matmul(lib, x[r:r + 1], few_rows=True, int8=int8)[0], batch[r]), (int8, r)
 
 
-def rounded_activations(x: torch.Tensor) -> torch.Tensor:
-    """x as int8 activations see it (llama.cpp's rounding): per group of 32, round(x * 127 / max|x|)
-    times max|x| / 127, in float32 as the kernel computes it."""
-    groups = x.float().view(x.shape[0], -1, 32)
+def rounded_activations(x: torch.Tensor, qtype: int = Q8_0) -> torch.Tensor:
+    """x as int8 activations see it beside `qtype` (llama.cpp's rounding): per group of 32 (of 256
+    for the K-quants), round(x * 127 / max|x|) times max|x| / 127, in float32 as the kernel
+    computes it."""
+    groups = x.float().view(x.shape[0], -1, 256 if qtype in (Q4_K, Q5_K, Q6_K) else 32)
     amax = groups.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
     return (torch.round(groups * inv) * (amax / 127.0)).view_as(x)
@@ -146,7 +147,7 @@ def test_int8_activations_give_the_product_of_the_rounded_activations(qtype, lib
     matrix, w = _matrix(qtype, rows, cols, lib)
     x = torch.randn(6, cols, generator=torch.Generator().manual_seed(2))
     x[1, :32] = 0.0  # a group of zeros
-    rounded = rounded_activations(x).double()
+    rounded = rounded_activations(x, qtype).double()
     exact = (rounded @ w.double().t()).float()
     tolerance = 1e-5 * (rounded.abs() @ w.double().abs().t()).float()
     got = matrix.matmul(lib, x, few_rows=True, int8=True)
@@ -156,13 +157,13 @@ def test_int8_activations_give_the_product_of_the_rounded_activations(qtype, lib
         assert torch.equal(matrix.matmul(lib, x[r:r + 1], few_rows=True, int8=True)[0], got[r])
 
 
-WEIGHT_UNITS = ("formats.c", "rows.c", "int8.c", "tiles.c", "amx.c")  # the kernels over weight formats
+WEIGHT_UNITS = ("formats.c", "rows.c", "int8.c", "kquants.c", "tiles.c", "amx.c")  # the kernels over weight formats
 
 
 def _build(tmp_path, march: str):
     """The weight formats' kernels alone, compiled for `march` (the paths of CPUs other than this
     one) without a warning (-Wall -Wextra, every exported function declared in kvpage.h), bound
-    from kvpage.h as the loader binds them."""
+    from kvpage.h as the loader binds them (a library of its own: its settings are its own)."""
     import ctypes
     import shutil
     import subprocess
@@ -182,21 +183,32 @@ def _build(tmp_path, march: str):
     return lib
 
 
-@pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"), reason="x86-64 instruction sets")
-def test_the_kernels_for_other_cpus_compute_the_same(tmp_path, lib):
+@pytest.fixture(scope="module")
+def other_cpus(tmp_path_factory) -> dict:
+    """The weight formats' kernels built for plain x86-64 (portable C) and, where this CPU runs it,
+    for AVX2 without VNNI or AVX-512 (x86-64-v3): the paths of CPUs other than this one."""
+    if __import__("platform").machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86-64 instruction sets")
+    folder = tmp_path_factory.mktemp("other-cpus")
+    flags = set(native._cpu_flags().decode().split())
+    builds = {"x86-64": _build(folder, "x86-64")}
+    if {"avx2", "fma", "f16c", "bmi2"} <= flags:
+        builds["x86-64-v3"] = _build(folder, "x86-64-v3")
+    return builds
+
+
+def test_the_kernels_for_other_cpus_compute_the_same(other_cpus, lib):
     """The weight formats' kernels built for AVX2 without VNNI or AVX-512 give the bits of this
     machine's build, float and int8 activations alike (the same float operations in the same order;
     integer sums are exact), and built for plain x86-64 (portable C) the same products up to fp32
     rounding; both builds compile without a warning."""
-    flags = set(native._cpu_flags().decode().split())
-    portable = _build(tmp_path, "x86-64")
-    avx2 = _build(tmp_path, "x86-64-v3") if {"avx2", "fma", "f16c", "bmi2"} <= flags else None  # runs here?
+    portable, avx2 = other_cpus["x86-64"], other_cpus.get("x86-64-v3")
     x = torch.randn(5, 768, generator=torch.Generator().manual_seed(3))
     for qtype in [Q4_1, Q8_0, Q4_K, Q5_K, Q6_K]:
         matrix, w = _matrix(qtype, 40, 768, lib)
         for int8, name in ((False, "kvp_qgemm_rows"), (True, "kvp_qgemm_rows_q8")):
             here = matrix.matmul(lib, x, few_rows=True, int8=int8)
-            xs = rounded_activations(x) if int8 else x
+            xs = rounded_activations(x, qtype) if int8 else x
             tolerance = 1e-5 * (xs.abs().double() @ w.double().abs().t()).float()
             for other in filter(None, (avx2, portable)):
                 y = torch.empty(5, 40)
@@ -205,6 +217,64 @@ def test_the_kernels_for_other_cpus_compute_the_same(tmp_path, lib):
                 if other is avx2:
                     assert torch.equal(y, here), (qtype, name)
                 assert ((y - here).abs() <= 2 * tolerance).all(), (qtype, name)
+
+
+KQUANTS = [Q4_K, Q5_K, Q6_K]
+
+
+def awkward_kquant_matrix(qtype: int, rows: int, cols: int) -> QuantMatrix:
+    """Random K-quant superblocks, and rows of awkward ones: every scale and min zero (row 0), d 0
+    (row 1), the largest scales and mins with a dmin that outweighs d (row 2; Q6_K: scales -128
+    and 127), a d and dmin of fp16's largest normal magnitude (row 3)."""
+    values, size = BLOCKS[qtype]
+    blocks = random_matrix(qtype, rows, cols, seed=11).reshape(rows, cols // values, size)
+    scales, d = (slice(192, 208), slice(208, 210)) if qtype == Q6_K else (slice(4, 16), slice(0, 2))
+    blocks[0, :, scales] = 0
+    blocks[1, :, d] = 0
+    if qtype == Q6_K:
+        blocks[2, :, scales] = np.array([128, 127] * 8, np.uint8)  # int8 -128, 127
+    else:
+        blocks[2, :, scales] = 0xFF  # six-bit scales and mins all 63
+        blocks[2, :, 2:4] = np.array([0.9], np.float16).view(np.uint8)  # dmin 0.9 against d of at most 0.05
+    blocks[3, :, d] = np.array([-65504.0], np.float16).view(np.uint8)
+    if qtype != Q6_K:
+        blocks[3, :, 2:4] = np.array([65504.0], np.float16).view(np.uint8)
+    return QuantMatrix(qtype, np.ascontiguousarray(blocks.reshape(rows, -1)), rows, cols)
+
+
+@pytest.mark.parametrize("qtype", KQUANTS, ids=str)
+def test_k_quants_with_int8_activations_are_the_rounded_product_on_every_path(qtype, lib, other_cpus):
+    """Q4_K, Q5_K and Q6_K rows read straight from their blocks against activations rounded to int8
+    in groups of 256: within fp32 rounding of the dequantized weights times the rounded activations,
+    awkward blocks and activations included (a group of zeros, one of a single outlier), and the
+    same bits whichever path computes them: one row of W at a time or VNNI tiles of 16, AVX2 or
+    portable C, each row of a batch alone or beside others."""
+    rows, cols = 37, 768  # outputs not a multiple of 8 or 16
+    matrix = awkward_kquant_matrix(qtype, rows, cols)
+    w = reference(qtype, matrix.data, rows, cols).double()
+    assert torch.isfinite(w).all()
+    x = torch.randn(20, cols, generator=torch.Generator().manual_seed(12))
+    x[1, 256:512] = 0.0
+    x[2, 300] = 1e4
+    rounded = rounded_activations(x, qtype).double()
+    exact = rounded @ w.t()
+    tolerance = 1e-5 * (rounded.abs() @ w.abs().t())
+    before = lib.kvp_kquant_set_gemm_rows(0)
+    try:
+        lib.kvp_kquant_set_gemm_rows(10**6)  # one row of W at a time
+        by_rows = matrix.matmul(lib, x, few_rows=True, int8=True)
+        lib.kvp_kquant_set_gemm_rows(1)  # tiles wherever the CPU has AVX512-VNNI
+        on_tiles = matrix.matmul(lib, x, few_rows=True, int8=True)
+        alone = torch.cat([matrix.matmul(lib, x[r:r + 1], few_rows=True, int8=True) for r in range(x.shape[0])])
+    finally:
+        lib.kvp_kquant_set_gemm_rows(before)
+    assert ((by_rows.double() - exact).abs() <= tolerance).all()
+    assert torch.equal(on_tiles, by_rows) and torch.equal(alone, by_rows)
+    for name, other in other_cpus.items():
+        y = torch.empty(x.shape[0], rows)
+        assert other.kvp_qgemm_rows_q8(qtype, x.data_ptr(), cols, matrix._addr, matrix.data.shape[1], x.shape[0], cols,
+                                       rows, y.data_ptr(), rows) == 0
+        assert torch.equal(y, by_rows), name
 
 
 def test_a_permuted_matrix_gives_its_outputs_in_feature_order(lib):
@@ -221,7 +291,7 @@ def test_a_long_chunk_multiplies_every_part_as_a_few_rows_do(lib, monkeypatch):
     """A prompt chunk's product (one dequantized matrix for Q, K and V together, or one slice of
     output rows at a time past the budget) gives, within fp32 rounding, what the native
     few-rows kernel gives, outputs in feature order for a permuted part."""
-    from kvpage_cli.engine import quant
+    from kvpage_cli.engine.model import quant
 
     cols = 256
     perm = torch.randperm(48, generator=torch.Generator().manual_seed(4))

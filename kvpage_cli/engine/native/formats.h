@@ -81,6 +81,7 @@ static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m
 static inline int block_of(int type) { return type == T_Q6_K ? 16 : 32; }
 static inline int has_offset(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K; }
 static inline int is_float(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
+static inline int is_kquant(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
 
 /* Whether W's rows of K values in `type` are something these kernels read. */
 static inline int check(int type, int K) {
@@ -114,4 +115,7 @@ KVP_INTERNAL void decode_row(int type, const uint8_t *p, int K, float *q, float 
 KVP_INTERNAL void float_row(int type, const uint8_t *p, int K, float *out);
 /* rows.c */
 KVP_INTERNAL float *block_sums(const float *x, int64_t ldx, int M, int K, int bs);
+/* kquants.c: kvp_qgemm_rows_q8 for Q4_K, Q5_K, Q6_K */
+KVP_INTERNAL int kquant_q8(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K,
+                           int N, float *y, int64_t ldy);
 #endif

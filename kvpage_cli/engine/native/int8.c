@@ -180,6 +180,7 @@ static float direct_q8_dot(int type, const uint8_t *p, const int8_t *q, const fl
 int kvp_qgemm_rows_q8(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K,
                       int N, float *y, int64_t ldy) {
     if (!check(type, K) || is_float(type)) return -1;
+    if (is_kquant(type)) return kquant_q8(type, x, ldx, w, row_bytes, M, K, N, y, ldy);
     const int bs = block_of(type), nb = K / bs, nc = K / 32, offset = has_offset(type);
     int8_t *q = malloc((size_t)M * (size_t)K);
     float *e = malloc(sizeof(float) * 2 * (size_t)M * (size_t)nc);

@@ -77,7 +77,7 @@ int kvp_dequant_rows(int type, const uint8_t *w, int64_t row_bytes, const int64_
                      int64_t ldo);
 int kvp_decode_i8_rows(int type, const uint8_t *w, int64_t row_bytes, int n, int K, int8_t *q, float *d, float *m);
 
-/* rows.c, tiles.c, int8.c: y[M, N] = x[M, K] @ W^T, W in a weight format */
+/* rows.c, tiles.c, int8.c, kquants.c: y[M, N] = x[M, K] @ W^T, W in a weight format */
 int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K, int N,
                    float *y, int64_t ldy);
 int kvp_qgemm_tiles(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K, int N,
@@ -85,4 +85,5 @@ int kvp_qgemm_tiles(int type, const float *x, int64_t ldx, const uint8_t *w, int
 int kvp_qgemm_set_tiles(int on);
 int kvp_qgemm_rows_q8(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K,
                       int N, float *y, int64_t ldy);
+int kvp_kquant_set_gemm_rows(int n);
 #endif
