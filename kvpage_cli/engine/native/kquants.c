@@ -159,9 +159,14 @@ static inline __attribute__((always_inline)) void values_512(const int type, con
     PICK(c, sub, 19), PICK(c, sub, 20), PICK(c, sub, 21), PICK(c, sub, 22), PICK(c, sub, 23), PICK(c, sub, 24),             \
     PICK(c, sub, 25), PICK(c, sub, 26), PICK(c, sub, 27), PICK(c, sub, 28), PICK(c, sub, 29), PICK(c, sub, 30), PICK(c, sub, 31)
 static const int16_t pick16[4][32] __attribute__((aligned(64))) = {{PICK32(0, 16)}, {PICK32(1, 16)}, {PICK32(2, 16)}, {PICK32(3, 16)}};
-static const int16_t pick32[4][32] __attribute__((aligned(64))) = {{PICK32(0, 32)}, {PICK32(1, 32)}, {PICK32(2, 32)}, {PICK32(3, 32)}};
 #undef PICK32
 #undef PICK
+/* Q4_K, Q5_K in dot8_512's order (a 64-byte load's low nibbles: sub-blocks 4h and 4h + 2; its high
+ * nibbles: 4h + 1 and 4h + 3): pair lanes 0-15 and 16-31 of chunk c take these sub-blocks' scales. */
+#define HALVES(a, b) a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b
+static const int16_t pick_nibbles[4][32] __attribute__((aligned(64))) = {{HALVES(0, 2)}, {HALVES(1, 3)}, {HALVES(4, 6)},
+                                                                          {HALVES(5, 7)}};
+#undef HALVES
 
 /* A superblock's scales as int16: Q6_K sc0..sc15; Q4_K, Q5_K sc0..sc7 then mn0..mn7. */
 static inline __m256i scales16(const int type, const uint8_t *p) {
@@ -171,11 +176,45 @@ static inline __m256i scales16(const int type, const uint8_t *p) {
     return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)words));
 }
 
-/* Lane i of the result: the sum of the 16 lanes of v[i]. */
-static inline __m256i sum8_512(const __m512i *v) {
-    __m512i t[4], u[2];
-    for (int i = 0; i < 4; i++)
-        t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+/* A superblock's values as four 64-byte chunks, each from one 64-byte load of nibbles: Q6_K's in
+ * value order, Q4_K's and Q5_K's in the order of their bytes (see dot8_512). */
+static inline __attribute__((always_inline)) void nibble_values_512(const int type, const uint8_t *p, __m512i *u) {
+    const __m512i f = _mm512_set1_epi8(0x0F);
+    if (type == T_Q6_K) {
+        const __m512i top = _mm512_set1_epi8(0x30);
+        for (int h = 0; h < 2; h++) {
+            const __m512i l = _mm512_loadu_si512(p + 64 * h);
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+            const __m512i hq = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+            u[2 * h] = _mm512_or_si512(_mm512_and_si512(l, f), _mm512_and_si512(_mm512_slli_epi16(hq, 4), top));
+            u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), f), _mm512_and_si512(hq, top));
+        }
+        return;
+    }
+    const int five = type == T_Q5_K;
+    const uint8_t *qs = p + (five ? 48 : 16);
+    __m512i hq = _mm512_setzero_si512();
+    if (five) { /* bit j of qh[l]: value l of sub-block j's fifth bit; [qh | qh >> 2] lines bits 4h, 4h+2 up */
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 16));
+        hq = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+    }
+    const __m512i bit4 = _mm512_set1_epi8(0x10);
+    for (int h = 0; h < 2; h++) {
+        const __m512i b = _mm512_loadu_si512(qs + 64 * h);
+        __m512i lo = _mm512_and_si512(b, f), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), f);
+        if (five) { /* bit 4h of hq to bit 4 for lo, bit 4h + 1 for hi */
+            lo = _mm512_or_si512(lo, _mm512_and_si512(h ? hq : _mm512_slli_epi16(hq, 4), bit4));
+            hi = _mm512_or_si512(hi, _mm512_and_si512(h ? _mm512_srli_epi16(hq, 1) : _mm512_slli_epi16(hq, 3), bit4));
+        }
+        u[2 * h] = lo;
+        u[2 * h + 1] = hi;
+    }
+}
+
+/* Lane i of the result: the sum of the 16 lanes of v[i], from t[k] = unpacklo32(v[2k], v[2k+1]) +
+ * unpackhi32(v[2k], v[2k+1]) (each 128-bit part: pair sums of v[2k] and v[2k+1], interleaved). */
+static inline __m256i sum8_512_pairs(const __m512i *t) {
+    __m512i u[2];
     for (int i = 0; i < 2; i++) /* per 128-bit part: partial sums of v[4i] .. v[4i+3] */
         u[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]), _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
     const __m512i c = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
@@ -184,55 +223,76 @@ static inline __m256i sum8_512(const __m512i *v) {
     return _mm512_castsi512_si256(_mm512_shuffle_i32x4(d, d, _MM_SHUFFLE(2, 0, 2, 0)));
 }
 
-/* Lane i of the result: the sum of the 8 lanes of v[i]. */
-static inline __m256i sum8_256(const __m256i *v) {
-    __m256i t[4], u[2];
-    for (int i = 0; i < 4; i++)
-        t[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]), _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+/* Lane i of the result: the sum of the 8 lanes of v[i], from t[k] as sum8_512_pairs takes it. */
+static inline __m256i sum8_256_pairs(const __m256i *t) {
+    __m256i u[2];
     for (int i = 0; i < 2; i++)
         u[i] = _mm256_add_epi32(_mm256_unpacklo_epi64(t[2 * i], t[2 * i + 1]), _mm256_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
     return _mm256_add_epi32(_mm256_permute2x128_si256(u[0], u[1], 0x20), _mm256_permute2x128_si256(u[0], u[1], 0x31));
 }
 
+/* One row of W's superblock (p) against x's chunks (in nibble_values_512's order): the int32 lanes
+ * whose sum is I_s (Q6_K: less 32 sum_j sc_j bs_j) and those whose sum is J_s (Q6_K: sum_j sc_j bs_j). */
+static inline __attribute__((always_inline)) void row_sums_512(const int type, const uint8_t *p, const __m512i *x,
+                                                               __m256i sums, __m512i *v_out, __m256i *j_out) {
+    const int q6 = type == T_Q6_K;
+    __m512i u[4];
+    nibble_values_512(type, p, u);
+    const __m256i sc = scales16(type, p);
+    const __m512i sc512 = _mm512_zextsi256_si512(sc);
+    __m512i v = _mm512_setzero_si512();
+    for (int c = 0; c < 4; c++) {
+        const __m512i S = _mm512_permutexvar_epi16(_mm512_load_si512(q6 ? pick16[c] : pick_nibbles[c]), sc512);
+        v = _mm512_add_epi32(v, _mm512_madd_epi16(_mm512_maddubs_epi16(u[c], x[c]), S));
+    }
+    const __m256i j = _mm256_madd_epi16(sc, sums); /* Q6_K: sum_j sc_j bs_j; else sum_j mn_j bs_j */
+    *v_out = q6 ? _mm512_sub_epi32(v, _mm512_zextsi256_si512(_mm256_slli_epi32(j, 5))) : v;
+    *j_out = j;
+}
+
 /* Eight rows of W (row i's superblocks at w[i]) with one row of x, AVX-512: per superblock and
  * row of W, int16 pair sums of u q (maddubs: at most 2 * 63 * 127), times their sub-block's
  * scale into int32 lanes (madd), summed, less the Q6_K correction; the eight rows' sums reduced
- * together into one vector, whose lanes then take the shared float steps side by side. */
+ * together (pairs as they come) into one vector, whose lanes then take the shared float steps
+ * side by side. The next eight rows' bytes are prefetched a superblock's worth at a time. */
 static inline __attribute__((always_inline)) void dot8_512(const int type, const uint8_t *const *w, int64_t block_bytes,
         int nsb, const int8_t *q, const float *e, const int16_t *bs, const uint8_t *next, float *out) {
     const int q6 = type == T_Q6_K, nsub = q6 ? 16 : 8;
-    const int64_t ahead = 8 * block_bytes; /* the next eight rows' bytes, a superblock's worth per step */
+    const int64_t ahead = 8 * block_bytes;
     __m256 F = _mm256_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         if (next)
             for (int64_t b = 0; b < ahead; b += 64) _mm_prefetch((const char *)next + s * ahead + b, _MM_HINT_T0);
+        /* x in the order of the weights' chunks: Q6_K's in value order; Q4_K's and Q5_K's as a 64-byte
+         * load of nibbles holds them (low nibbles: sub-blocks 4h and 4h + 2, high: 4h + 1, 4h + 3) */
         __m512i x[4];
-        for (int c = 0; c < 4; c++) x[c] = _mm512_loadu_si512(q + SUPER * s + 64 * c);
+        for (int h = 0; h < 2; h++) {
+            const __m512i a = _mm512_loadu_si512(q + SUPER * s + 128 * h), b = _mm512_loadu_si512(q + SUPER * s + 128 * h + 64);
+            x[2 * h] = q6 ? a : _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(1, 0, 1, 0));
+            x[2 * h + 1] = q6 ? b : _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 2, 3, 2));
+        }
         /* the sub-block sums of q, where the coefficients' int16 lanes are (Q4_K, Q5_K: lanes 8-15) */
         const __m256i sums = q6 ? _mm256_loadu_si256((const __m256i *)(bs + nsub * s))
                                 : _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_loadu_si128((const __m128i *)(bs + nsub * s)), 1);
-        __m512i V[8];
-        __m256i J[8];
+        __m512i T[4];
+        __m256i JT[4];
         float d[8], dmin[8];
-        for (int i = 0; i < 8; i++) {
-            const uint8_t *p = w[i] + (int64_t)s * block_bytes;
-            __m512i u[4];
-            values_512(type, p, u);
-            const __m256i sc = scales16(type, p);
-            const __m512i sc512 = _mm512_zextsi256_si512(sc);
-            __m512i v = _mm512_setzero_si512();
-            for (int c = 0; c < 4; c++) {
-                const __m512i S = _mm512_permutexvar_epi16(_mm512_load_si512(q6 ? pick16[c] : pick32[c]), sc512);
-                v = _mm512_add_epi32(v, _mm512_madd_epi16(_mm512_maddubs_epi16(u[c], x[c]), S));
-            }
-            J[i] = _mm256_madd_epi16(sc, sums); /* Q6_K: sum_j sc_j bs_j; else sum_j mn_j bs_j */
-            V[i] = q6 ? _mm512_sub_epi32(v, _mm512_zextsi256_si512(_mm256_slli_epi32(J[i], 5))) : v;
-            d[i] = half_value(q6 ? p + 208 : p);
-            dmin[i] = q6 ? 0.0f : half_value(p + 2);
+        for (int i = 0; i < 8; i += 2) { /* lane sums of rows i, i + 1 interleaved: see sum8_512 */
+            __m512i v0, v1;
+            __m256i j0, j1;
+            const uint8_t *p0 = w[i] + (int64_t)s * block_bytes, *p1 = w[i + 1] + (int64_t)s * block_bytes;
+            row_sums_512(type, p0, x, sums, &v0, &j0);
+            row_sums_512(type, p1, x, sums, &v1, &j1);
+            T[i / 2] = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
+            JT[i / 2] = _mm256_add_epi32(_mm256_unpacklo_epi32(j0, j1), _mm256_unpackhi_epi32(j0, j1));
+            d[i] = half_value(q6 ? p0 + 208 : p0);
+            d[i + 1] = half_value(q6 ? p1 + 208 : p1);
+            dmin[i] = q6 ? 0.0f : half_value(p0 + 2);
+            dmin[i + 1] = q6 ? 0.0f : half_value(p1 + 2);
         }
         const __m256 es = _mm256_set1_ps(e[s]);
-        F = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(d), es), _mm256_cvtepi32_ps(sum8_512(V)), F);
-        if (!q6) F = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(dmin), es), _mm256_cvtepi32_ps(sum8_256(J)), F);
+        F = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(d), es), _mm256_cvtepi32_ps(sum8_512_pairs(T)), F);
+        if (!q6) F = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(dmin), es), _mm256_cvtepi32_ps(sum8_256_pairs(JT)), F);
     }
     _mm256_storeu_ps(out, F);
 }
