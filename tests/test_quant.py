@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,7 +35,7 @@ from kvpage_cli.engine.model.quant import (
 from kvpage_cli.engine.model.rope import rope_cos_sin
 from kvpage_cli.errors import ModelError, UsageError
 
-from .conftest import TINY_ARCHS, random_prompt, tiny_config, tiny_model
+from .conftest import REPO, TINY_ARCHS, random_prompt, tiny_config, tiny_model
 from .test_batch import batched, one_at_a_time
 
 FORMATS = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32]
@@ -247,8 +248,8 @@ def test_k_quants_with_int8_activations_are_the_rounded_product_on_every_path(qt
     """Q4_K, Q5_K and Q6_K rows read straight from their blocks against activations rounded to int8
     in groups of 256: within fp32 rounding of the dequantized weights times the rounded activations,
     awkward blocks and activations included (a group of zeros, one of a single outlier), and the
-    same bits whichever path computes them: one row of W at a time or VNNI tiles of 16, AVX2 or
-    portable C, each row of a batch alone or beside others."""
+    same bits whichever path computes them: one row of W at a time or VNNI tiles of 16 (any number
+    of rows, a long chunk's too), AVX2 or portable C, each row of a batch alone or beside others."""
     rows, cols = 37, 768  # outputs not a multiple of 8 or 16
     matrix = awkward_kquant_matrix(qtype, rows, cols)
     w = reference(qtype, matrix.data, rows, cols).double()
@@ -270,6 +271,7 @@ def test_k_quants_with_int8_activations_are_the_rounded_product_on_every_path(qt
         lib.kvp_kquant_set_gemm_rows(before)
     assert ((by_rows.double() - exact).abs() <= tolerance).all()
     assert torch.equal(on_tiles, by_rows) and torch.equal(alone, by_rows)
+    assert torch.equal(matrix.matmul(lib, x, few_rows=False, int8=True), by_rows)  # a long chunk's
     for name, other in other_cpus.items():
         y = torch.empty(x.shape[0], rows)
         assert other.kvp_qgemm_rows_q8(qtype, x.data_ptr(), cols, matrix._addr, matrix.data.shape[1], x.shape[0], cols,
@@ -513,6 +515,52 @@ def test_the_native_layer_computes_what_the_torch_layer_computes(arch, activatio
     assert calls == [1] * 6  # each decode step's row went through the native layer (the prompt did not)
     gemma = Engine.load(tiny_model("gemma3_text"), config)
     assert gemma.runner.native_layers is None  # Gemma's norms and GELU stay op by op
+
+
+@pytest.fixture(scope="module")
+def kquant_gguf(tmp_path_factory) -> Path:
+    """A two-layer llama of hidden size 256 as a GGUF file in Q4_K_M's formats (Q4_K; V, the MLP's
+    down projection and the output in Q6_K), random superblocks, SmolLM2's tokenizer: the writer
+    of bench/quant_models.py."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import quant_models
+
+    path = tmp_path_factory.mktemp("kquant") / "tiny-Q4_K_M.gguf"
+    quant_models.write_model(path, dict(hidden=256, layers=2, heads=4, kv_heads=1, intermediate=512), "Q4_K_M")
+    return path
+
+
+def test_a_k_quant_file_decodes_on_int8_activations_each_sequence_with_its_own_bits(kquant_gguf, kv_home):
+    """activations auto on a K-quant file: decode steps, batches and prompt chunks round x to int8
+    for every Q4_K and Q6_K product (logits other than float32 activations give, and close to
+    them); a batch gives every sequence the bits it gets alone; the native layer computes what the
+    layer run op by op computes (the same greedy tokens, logits within 1e-4 of their largest)."""
+    config = EngineConfig(home=str(kv_home), backend="native", activations="auto", pool_mib=1)
+    engine = Engine.load(str(kquant_gguf), config)
+    assert engine.runner.native_layers is not None
+    assert set(engine.runner.weight_formats()) == {"Q4_K", "Q6_K"}
+    prompt = random_prompt(150, seed=21)
+    fp32 = Engine.load(str(kquant_gguf), EngineConfig(home=str(kv_home), backend="native", activations="float32"))
+    assert engine.runner.int8_activation_formats() == ["Q4_K", "Q6_K"] and fp32.runner.int8_activation_formats() == []
+    a, b = engine.prefill(prompt).last_logits, fp32.prefill(prompt).last_logits
+    assert not torch.equal(a, b) and (a - b).abs().max() <= 0.05 * b.abs().max()
+
+    doc = engine.prefill(random_prompt(3 * BLOCK_TOKENS + 9, seed=22))
+    questions = [random_prompt(n, seed=30 + n) for n in (1, 7, 70)]
+    new_tokens = [5, 3, 6]
+    alone_tokens, alone_logits = one_at_a_time(engine, doc, questions, new_tokens)
+    tokens, logits, _ = batched(engine, doc, questions, new_tokens, max_batch=3)
+    assert tokens == alone_tokens
+    assert all(torch.equal(x, y) for x, y in zip(alone_logits, logits))
+
+    op_by_op = Engine.load(str(kquant_gguf), config)
+    op_by_op.runner.native_layers = None
+    runs = []
+    for e in (engine, op_by_op):
+        ctx = e.prefill(prompt)
+        runs.append((list(e.generate(ctx, max_new_tokens=6, stop=())), e.logits(ctx)))
+    assert runs[0][0] == runs[1][0]
+    assert (runs[0][1] - runs[1][1]).abs().max() <= 1e-4 * runs[1][1].abs().max()
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -21,9 +21,10 @@ enum {
  * store.decode_rows computes. */
 enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_INT8 = 2 };
 
-/* One weight matrix W[rows, cols] in a weight format; output i is W's row perm[i] (NULL: in order). */
+/* One weight matrix W[rows, cols] in a weight format; output i is W's row perm[i] (NULL: in order);
+ * int8: its products round x to int8 (kvp_qgemm_rows_q8), else fp32 products. */
 typedef struct {
-    int32_t type, rows, cols, is_float;
+    int32_t type, rows, cols, int8;
     const uint8_t *data;
     int64_t row_bytes;
     const int64_t *perm;
@@ -31,7 +32,7 @@ typedef struct {
 
 /* A layer as kvp_layer_pre / kvp_layer_post read it (built once at load by the model runner). */
 typedef struct {
-    int32_t hidden, q_size, kv_size, inter, int8;
+    int32_t hidden, q_size, kv_size, inter;
     float eps;
     const float *norm_attn, *norm_mlp;                           /* [hidden] */
     const float *qkv_bias, *o_bias, *gate_up_bias, *down_bias;    /* NULL where the model has none */

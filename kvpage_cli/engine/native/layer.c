@@ -33,12 +33,12 @@ static void rms_norm(const float *x, int M, int H, const float *w, float eps, fl
 
 /* y[:, 0:m->rows] (row stride ldy) = x[M, m->cols] @ W^T (+ bias), outputs in feature order;
  * tmp: M * m->rows floats of scratch. */
-static int product(const kvp_matrix *m, int int8, int tiles, const float *x, int M, const float *bias, float *y,
-                   int64_t ldy, float *tmp) {
+static int product(const kvp_matrix *m, int tiles, const float *x, int M, const float *bias, float *y, int64_t ldy,
+                   float *tmp) {
     const int N = m->rows;
     float *out = m->perm ? tmp : y;
     const int64_t ldo = m->perm ? N : ldy;
-    const int rc = (int8 && !m->is_float ? kvp_qgemm_rows_q8 : tiles ? kvp_qgemm_tiles : kvp_qgemm_rows)(
+    const int rc = (m->int8 ? kvp_qgemm_rows_q8 : tiles ? kvp_qgemm_tiles : kvp_qgemm_rows)(
         m->type, x, m->cols, m->data, m->row_bytes, M, m->cols, N, out, ldo);
     if (rc != 0) return rc;
     for (int r = 0; r < M; r++) {
@@ -83,9 +83,9 @@ int kvp_layer_pre(const kvp_layer *L, const float *h, int M, const float *cos, c
     float *tmp = x + (size_t)M * H;
     rms_norm(h, M, H, L->norm_attn, L->eps, x);
     const float *b = L->qkv_bias;
-    int rc = product(&L->q, L->int8, tiles, x, M, b, qkv, width, tmp);
-    if (rc == 0) rc = product(&L->k, L->int8, tiles, x, M, b ? b + L->q_size : NULL, qkv + L->q_size, width, tmp);
-    if (rc == 0) rc = product(&L->v, L->int8, tiles, x, M, b ? b + L->q_size + L->kv_size : NULL, qkv + L->q_size + L->kv_size,
+    int rc = product(&L->q, tiles, x, M, b, qkv, width, tmp);
+    if (rc == 0) rc = product(&L->k, tiles, x, M, b ? b + L->q_size : NULL, qkv + L->q_size, width, tmp);
+    if (rc == 0) rc = product(&L->v, tiles, x, M, b ? b + L->q_size + L->kv_size : NULL, qkv + L->q_size + L->kv_size,
                               width, tmp);
     if (rc == 0 && cos != NULL) {
         const int D = L->head_dim;
@@ -105,17 +105,17 @@ int kvp_layer_post(const kvp_layer *L, float *h, const float *a, int M, int tile
     float *t = malloc(sizeof(float) * (size_t)M * (size_t)(3 * H + 3 * I));
     if (t == NULL) return -2;
     float *x = t + (size_t)M * H, *g = x + (size_t)M * H, *u = g + (size_t)M * I, *tmp = u + (size_t)M * I;
-    int rc = product(&L->o, L->int8, tiles, a, M, L->o_bias, t, H, tmp);
+    int rc = product(&L->o, tiles, a, M, L->o_bias, t, H, tmp);
     if (rc == 0) {
         for (int64_t i = 0; i < (int64_t)M * H; i++) h[i] += t[i];
         rms_norm(h, M, H, L->norm_mlp, L->eps, x);
         const float *b = L->gate_up_bias;
-        rc = product(&L->gate, L->int8, tiles, x, M, b, g, I, tmp);
-        if (rc == 0) rc = product(&L->up, L->int8, tiles, x, M, b ? b + I : NULL, u, I, tmp);
+        rc = product(&L->gate, tiles, x, M, b, g, I, tmp);
+        if (rc == 0) rc = product(&L->up, tiles, x, M, b ? b + I : NULL, u, I, tmp);
     }
     if (rc == 0) {
         for (int64_t i = 0; i < (int64_t)M * I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-        rc = product(&L->down, L->int8, tiles, g, M, L->down_bias, t, H, tmp);
+        rc = product(&L->down, tiles, g, M, L->down_bias, t, H, tmp);
     }
     if (rc == 0)
         for (int64_t i = 0; i < (int64_t)M * H; i++) h[i] += t[i];
