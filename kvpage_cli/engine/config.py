@@ -75,9 +75,11 @@ class EngineConfig:
         32, of 256 for the K-quants Q4_K, Q5_K and Q6_K, and integer dot products: AVX-VNNI /
         AVX-512 VNNI where the CPU has them, AVX2 or portable C where not; faster, and its logits
         differ by that rounding; a row's bits still its own, whatever the rows beside it) or
-        "auto" (int8 for K-quant matrices, float32 for the others). Decode steps and batches
-        round; a prefill chunk's products round for K-quants (read from their blocks on VNNI
-        tiles), and multiply fp32 activations for other formats.
+        "auto", the default (int8 for K-quant matrices, float32 for the others: on Gemma 3 270M's
+        Q4_K_M file, greedy tokens over the sample contract stay with float32 activations' longer
+        than llama.cpp's do, bench/quant_models.py --agreement). Decode steps and batches round; a
+        prefill chunk's products round for K-quants (read from their blocks on VNNI tiles), and
+        multiply fp32 activations for other formats.
     backend: "auto" (Triton on CUDA for the head sizes its kernels take, 64, 128 and 256, else
         torch; the native CPU kernels on CPU when a C compiler is available, else torch), "torch",
         "native" or "triton".
@@ -115,7 +117,7 @@ class EngineConfig:
     dtype: str = "float32"
     kv_dtype: str = "auto"
     weights: str = "auto"
-    activations: str = "float32"
+    activations: str = "auto"
     backend: str = "auto"
     device: str = "auto"
     prefill_chunk: int = 1024
