@@ -325,6 +325,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    load_start = os.getloadavg()  # a shared machine's other work slows both systems, unevenly: recorded with the figures
     bandwidth = read_bandwidth_gbs()
     print(f"measured memory read bandwidth: {bandwidth:.1f} GB/s ({args.threads} threads)", flush=True)
     rows = []
@@ -376,7 +377,9 @@ def main() -> None:
     print(f"Random weights (speed and memory only); decode over {args.new_tokens} greedy tokens; {args.threads} "
           f"threads each; x = kvpage / llama.cpp, same run; % of BW limit: decode tok/s against {bandwidth:.1f} GB/s "
           "(measured) over the file's bytes; peak RSS is the process's VmHWM (file pages read count).")
-    write_result("quant_models", args, {"bandwidth_gbs": bandwidth, "rows": rows}, args.json_path)
+    load = {"start": load_start, "end": os.getloadavg()}
+    print(f"load average (1, 5, 15 min) at the start {load_start}, at the end {load['end']}, on {os.cpu_count()} CPUs")
+    write_result("quant_models", args, {"bandwidth_gbs": bandwidth, "load_average": load, "rows": rows}, args.json_path)
 
 
 if __name__ == "__main__":
