@@ -207,7 +207,12 @@ def quant_models(results: dict, stamp: dict) -> str:
             parts.append(text)
         elif ours:
             parts.append(f"{shape} {fmt} {ours['decode_tok_s']:.1f} tok/s")
-    return "decode against llama.cpp: " + ", ".join(parts) if any(p.endswith(("x", "x)")) for p in parts) else ", ".join(parts)
+    text = "decode against llama.cpp: " + ", ".join(parts) if any(p.endswith(("x", "x)")) for p in parts) else ", ".join(parts)
+    load = results.get("load_average")
+    if load and max(load["start"][0], load["end"][0]) > (stamp.get("cores") or 1):  # other work shared the CPUs
+        text = (f"on a loaded machine (load average {load['start'][0]:.1f} to {load['end'][0]:.1f} on "
+                f"{stamp['cores']} CPUs: decode figures swing with it), {text}")
+    return text
 
 
 def quant_agreement(results: dict, stamp: dict) -> str:
