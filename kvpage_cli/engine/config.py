@@ -13,7 +13,7 @@ gives each row what it gives alone (dispatch: a short prompt segment's rows as d
 the backend's prompt attention would not)."""
 
 TILE_MIN_ROWS = 8
-"""Products of this many rows or more may multiply on AMX tiles where the CPU has them (native/quant.c
+"""Products of this many rows or more may multiply on AMX tiles where the CPU has them (native/tiles.c
 gets it at build time): per matrix 1.2-1.6x the rows' path at 8 rows (a throwaway script); stop 40's
 prototype was even at 4 rows and slower at 1."""
 
@@ -29,7 +29,7 @@ MODES = ("auto", "exact", "selective", "retrieval")
 DTYPES = ("float32", "bfloat16")
 KV_DTYPES = ("auto", "float32", "bfloat16", "int8")
 WEIGHTS = ("auto", "float32", "bfloat16", "int8", "int4", "gguf")
-ACTIVATIONS = ("float32", "int8")
+ACTIVATIONS = ("auto", "float32", "int8")
 BACKENDS = ("auto", "torch", "native", "triton")
 KV_PATHS = ("auto", "pool", "store")
 DEVICES = ("auto", "cpu", "cuda")
@@ -70,12 +70,17 @@ class EngineConfig:
         load: "bfloat16", "int8" (a scale per output channel), "int4" (groups of 32). All but
         float32 run on the native CPU kernels. "auto": gguf for a GGUF source where the native
         kernels run, else float32 (bench/engine.py --weights measures the choice).
-    activations: what quantized weights (gguf, int8, int4) are multiplied with in decode steps and
-        batches: "float32" (the weights' values times the fp32 activations: the model the weights
-        dequantized to fp32 describe) or "int8" (each activation row rounded to int8 in groups of 32,
-        as llama.cpp does, and integer dot products: AVX-VNNI / AVX-512 VNNI where the CPU has them,
-        AVX2 or portable C where not; faster, and its logits differ by that rounding). Prefill
-        chunks multiply fp32 activations either way.
+    activations: what quantized weights (gguf, int8, int4) are multiplied with: "float32" (the
+        weights' values times the fp32 activations: the model the weights dequantized to fp32
+        describe), "int8" (each activation row rounded to int8 as llama.cpp rounds it, in groups of
+        32, of 256 for the K-quants Q4_K, Q5_K and Q6_K, and integer dot products: AVX-VNNI /
+        AVX-512 VNNI where the CPU has them, AVX2 or portable C where not; faster, and its logits
+        differ by that rounding; a row's bits still its own, whatever the rows beside it) or
+        "auto", the default (int8 for K-quant matrices, float32 for the others: on Gemma 3 270M's
+        Q4_K_M file, greedy tokens over the sample contract stay with float32 activations' longer
+        than llama.cpp's do, bench/quant_models.py --agreement). Decode steps and batches round; a
+        prefill chunk's products round for K-quants (read from their blocks on VNNI tiles), and
+        multiply fp32 activations for other formats.
     backend: "auto" (Triton on CUDA for the head sizes its kernels take, 64, 128 and 256, else
         torch; the native CPU kernels on CPU when a C compiler is available, else torch), "torch",
         "native" or "triton".
@@ -118,7 +123,7 @@ class EngineConfig:
     dtype: str = "float32"
     kv_dtype: str = "auto"
     weights: str = "auto"
-    activations: str = "float32"
+    activations: str = "auto"
     backend: str = "auto"
     device: str = "auto"
     prefill_chunk: int = 1024

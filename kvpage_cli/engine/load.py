@@ -91,8 +91,10 @@ def load(engine_class, source=DEFAULT_MODEL, config: EngineConfig | None = None,
                                      "positions the model was trained on; expect worse answers past that"))
     # the weights' format changes the KV they compute: it is part of the saved KV's key
     computed = config.dtype if weights_format == "float32" else f"{config.dtype}|{weights_format} weights"
-    if config.activations != "float32":
-        computed += f"|{config.activations} activations"
+    if config.activations == "int8":
+        computed += "|int8 activations"
+    elif config.activations == "auto" and runner.int8_activation_formats():  # else auto multiplies float32
+        computed += f"|int8 activations for {','.join(runner.int8_activation_formats())}"
     if kv_dtype != config.dtype:
         computed += f"|{kv_dtype} KV"
     if runner.native_layers is not None:  # decode rows' norms and SiLU are rounded as layer.c rounds them

@@ -1,7 +1,7 @@
 """Weight matrices kept in a compact format and multiplied without expanding them.
 
 A `QuantMatrix` is W[N, K] as rows of bytes in one of the formats the native kernels read
-(native/quant.c): a GGUF file's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+(native/formats.h): a GGUF file's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
 F16, BF16, F32), memory-mapped from the file, or a format made at load from float weights:
 bfloat16, int8 (one fp32 scale per output channel) and int4 (groups of 32 with a scale and a
 minimum: GGUF's Q4_1 layout). A few rows (decode steps, batches) go through the native
@@ -10,7 +10,7 @@ activations (EngineConfig.activations), through integer dot products with the ro
 int8 in groups of 32; a long prompt chunk dequantizes W (a layer's parts that share an input
 together, or a slice of output rows at a time) into fp32 and multiplies it through oneDNN or
 MKL, whichever this CPU's instructions favour (`matmul_nt`). On a CPU with AMX, Q4_0, Q4_1 and
-Q8_0 products of 8 rows or more run on tiles instead (quant.c's kvp_qgemm_tiles;
+Q8_0 products of 8 rows or more run on tiles instead (native/tiles.c's kvp_qgemm_tiles;
 `native.qgemm_tiles`), each row's result still its own, in
 other bits than the rows' path: a long chunk's, and a few rows' where the caller says
 (model.Rows). On the Triton backend a `DeviceMatrix` holds the same values decoded for the
@@ -33,9 +33,10 @@ WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8", "int4", "gguf")
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
 I8_ROW = 1000  # kvpage's int8 rows: an fp32 scale, then K int8 values
 FLOAT_FORMATS = (F32, F16, BF16)
-TILE_FORMATS = (Q4_0, Q4_1, Q8_0)  # multiplied on AMX tiles from 8 rows, where the CPU has them (quant.c)
+TILE_FORMATS = (Q4_0, Q4_1, Q8_0)  # multiplied on AMX tiles from 8 rows, where the CPU has them (native/tiles.c)
+KQUANT_FORMATS = (Q4_K, Q5_K, Q6_K)  # int8 products read straight from the blocks, long chunks too (native/kquants.c)
 
-# values per block, bytes per block (native/quant.c's kvp_quant_block)
+# values per block, bytes per block (native/formats.c's kvp_quant_block)
 BLOCKS = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
           Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
 NAMES = {F32: "F32", F16: "F16", BF16: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0",
@@ -153,20 +154,34 @@ class QuantMatrix:
             data = self.data[:, start // values * size:stop // values * size]
         return QuantMatrix(self.qtype, np.ascontiguousarray(data), self.rows, stop - start, self.out_perm)
 
+    def rounds_activations(self, activations: str) -> bool:
+        """Whether products with this matrix round x to int8 under EngineConfig.activations: "int8"
+        for every block format, "auto" for the K-quants (Q4_K, Q5_K, Q6_K), "float32" for none."""
+        if self.qtype in FLOAT_FORMATS:
+            return False
+        return activations == "int8" or (activations == "auto" and self.qtype in KQUANT_FORMATS)
+
+    def reads_long_chunks(self, lib: ctypes.CDLL, int8: bool) -> bool:
+        """Whether a long chunk's product reads this matrix's blocks itself (AMX tiles, or a
+        K-quant's int8 products on VNNI tiles) rather than multiplying the matrix dequantized."""
+        return (int8 and self.qtype in KQUANT_FORMATS) or (not int8 and self.on_tiles(lib))
+
     def matmul(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool, int8: bool = False,
                tiles: bool = False) -> torch.Tensor:
-        """x: [M, K] -> x @ W^T: [M, N] fp32. int8: few rows of x are rounded to int8 in groups of
-        32 and multiplied with integer dot products (block formats; float formats ignore it).
-        tiles: few rows may multiply on AMX tiles (model.Rows says when); a long chunk's do where
-        they apply."""
+        """x: [M, K] -> x @ W^T: [M, N] fp32. int8: rows of x are rounded to int8 (in groups of 32;
+        for K-quants 256, llama.cpp's Q8_K) and multiplied with integer dot products (block
+        formats; float formats ignore it): a few rows, and a long chunk's for K-quants (other
+        formats' long chunks multiply fp32). tiles: few rows may multiply on AMX tiles (model.Rows
+        says when); a long chunk's do where they apply."""
         x = x.float().contiguous()
-        long_tiles = not few_rows and not int8 and self.on_tiles(lib)
-        if few_rows or long_tiles:
+        int8 = int8 and self.qtype not in FLOAT_FORMATS
+        direct = not few_rows and self.reads_long_chunks(lib, int8)
+        if few_rows or direct:
             y = torch.empty(x.shape[0], self.rows)
-            if int8 and few_rows and self.qtype not in FLOAT_FORMATS:
+            if int8 and (few_rows or direct):
                 kernel = lib.kvp_qgemm_rows_q8
             else:
-                kernel = lib.kvp_qgemm_tiles if tiles or long_tiles else lib.kvp_qgemm_rows
+                kernel = lib.kvp_qgemm_tiles if tiles or direct else lib.kvp_qgemm_rows
             rc = kernel(self.qtype, x.data_ptr(), x.stride(0), self._addr, self.data.shape[1], x.shape[0],
                         self.cols, self.rows, y.data_ptr(), y.stride(0))
             if rc != 0:
@@ -182,7 +197,7 @@ class QuantMatrix:
         return y
 
     def on_tiles(self, lib: ctypes.CDLL) -> bool:
-        """Whether products of 8 rows or more multiply on AMX tiles (quant.c), prompt chunks' too:
+        """Whether products of 8 rows or more multiply on AMX tiles (native/tiles.c), prompt chunks' too:
         faster there than the matrix dequantized through oneDNN (`python bench/decode_gemm.py
         --rows 64,256,1024`)."""
         return self.qtype in TILE_FORMATS and native.qgemm_tiles(lib)
@@ -287,14 +302,17 @@ class QuantLinear:
         self.parts = parts
         self.out_features = sum(p.rows for p in parts)
 
-    def __call__(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool, int8: bool = False,
+    def __call__(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool, activations: str = "float32",
                  tiles: bool = False) -> torch.Tensor:
+        """x [M, K] -> [M, out_features]; activations: EngineConfig.activations, applied part by part
+        (QuantMatrix.rounds_activations)."""
+        int8 = [isinstance(p, QuantMatrix) and p.rounds_activations(activations) for p in self.parts]
         if len(self.parts) == 1:
-            return self.parts[0].matmul(lib, x, few_rows, int8, tiles)
+            return self.parts[0].matmul(lib, x, few_rows, int8[0], tiles)
         cols = self.parts[0].cols
         if (not few_rows and all(isinstance(p, QuantMatrix) for p in self.parts)
                 and 4 * self.out_features * cols <= DEQUANT_CHUNK_BYTES
-                and (int8 or not all(p.on_tiles(lib) for p in self.parts))):
+                and not all(p.reads_long_chunks(lib, i) for p, i in zip(self.parts, int8))):
             # a long chunk: every part's rows dequantized into one matrix, one product, no concatenation
             w = torch.empty(self.out_features, cols)
             start = 0
@@ -302,7 +320,7 @@ class QuantLinear:
                 p.dequantize(lib, w[start:start + p.rows])
                 start += p.rows
             return matmul_nt(x.float().contiguous(), w)
-        return torch.cat([p.matmul(lib, x, few_rows, int8, tiles) for p in self.parts], dim=-1)
+        return torch.cat([p.matmul(lib, x, few_rows, i, tiles) for p, i in zip(self.parts, int8)], dim=-1)
 
     @property
     def nbytes(self) -> int:

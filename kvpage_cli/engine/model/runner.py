@@ -31,7 +31,7 @@ from ...errors import ModelError, UsageError
 from .. import native
 from ..config import SMALL_ROWS
 from .parallel import Shard
-from .quant import FLOAT_FORMATS, DeviceMatrix, QuantLinear, QuantMatrix, matmul_nt, quantize
+from .quant import DeviceMatrix, QuantLinear, QuantMatrix, matmul_nt, quantize
 from .rope import RopeParams, apply_rope, rope_cos_sin
 from .spec import ModelSpec
 
@@ -56,7 +56,7 @@ class RopeAt:
 class Rows:
     """A step's rows as consecutive parts: (rows, small, tiles). Small parts that follow each other
     are run in one call, a long part alone. `tiles`: the part's products may run on AMX tiles
-    (quant.c's kvp_qgemm_tiles, from TILE_MIN_ROWS rows), whose bits differ from the rows' path's.
+    (native/tiles.c's kvp_qgemm_tiles, from TILE_MIN_ROWS rows), whose bits differ from the rows' path's.
     A long part does (it took oneDNN's bits before). Short prompt segments never do: the same
     tokens can come in a segment of another length in a batch than alone (a review's clause
     prompts do), and must get the same bits. One-row segments do where `single_tiles`: a batch's
@@ -109,15 +109,15 @@ class LayerWeights:
 COMPACT = (QuantMatrix, DeviceMatrix)  # weight matrices not kept as float W^T tensors
 
 
-class _Matrix(ctypes.Structure):  # native/layer.c's kvp_matrix
+class _Matrix(ctypes.Structure):  # native/kvpage.h's kvp_matrix
     _fields_ = [("type", ctypes.c_int32), ("rows", ctypes.c_int32), ("cols", ctypes.c_int32),
-                ("is_float", ctypes.c_int32), ("data", ctypes.c_void_p), ("row_bytes", ctypes.c_int64),
+                ("int8", ctypes.c_int32), ("data", ctypes.c_void_p), ("row_bytes", ctypes.c_int64),
                 ("perm", ctypes.c_void_p)]
 
 
-class _Layer(ctypes.Structure):  # native/layer.c's kvp_layer
+class _Layer(ctypes.Structure):  # native/kvpage.h's kvp_layer
     _fields_ = [("hidden", ctypes.c_int32), ("q_size", ctypes.c_int32), ("kv_size", ctypes.c_int32),
-                ("inter", ctypes.c_int32), ("int8", ctypes.c_int32), ("eps", ctypes.c_float)]
+                ("inter", ctypes.c_int32), ("eps", ctypes.c_float)]
     _fields_ += [(name, ctypes.c_void_p) for name in ("norm_attn", "norm_mlp", "qkv_bias", "o_bias", "gate_up_bias",
                                                       "down_bias")]
     _fields_ += [(name, _Matrix) for name in ("q", "k", "v", "o", "gate", "up", "down")]
@@ -130,7 +130,7 @@ class NativeLayer:
     norm, MLP, residual) instead of a dozen torch operations and seven kernel calls. For the
     llama family (RMSNorm, SiLU) on compact weights; the tensors it points into are kept alive."""
 
-    def __init__(self, lib, spec: ModelSpec, w: "LayerWeights", int8: bool) -> None:
+    def __init__(self, lib, spec: ModelSpec, w: "LayerWeights", activations: str) -> None:
         self.lib = lib
         self.keep: list = []
 
@@ -146,12 +146,12 @@ class NativeLayer:
             if m.out_perm is not None:
                 perm = m.out_perm.to(torch.int64).contiguous()
                 self.keep.append(perm)
-            return _Matrix(m.qtype, m.rows, m.cols, int(m.qtype in FLOAT_FORMATS), m._addr, m.data.shape[1],
+            return _Matrix(m.qtype, m.rows, m.cols, int(m.rounds_activations(activations)), m._addr, m.data.shape[1],
                            perm.data_ptr() if perm is not None else None)
 
         (q, k, v), (gate, up), (o,), (down,) = (w.qkv_t.parts, w.gate_up_t.parts, w.o_t.parts, w.down_t.parts)
         self.q_size, self.kv_size = q.rows, k.rows
-        self.layer = _Layer(spec.hidden_size, q.rows, k.rows, gate.rows, int(int8), spec.rms_eps,
+        self.layer = _Layer(spec.hidden_size, q.rows, k.rows, gate.rows, spec.rms_eps,
                             pointer(w.norm_attn), pointer(w.norm_mlp), pointer(w.qkv_bias), pointer(w.o_bias),
                             pointer(w.gate_up_bias), pointer(w.down_bias),
                             matrix(q), matrix(k), matrix(v), matrix(o), matrix(gate), matrix(up), matrix(down),
@@ -222,7 +222,7 @@ class ModelRunner:
             raise UsageError(f"int8 activations multiply quantized weights (gguf, int8, int4), not {weights} weights")
         if activations == "int8" and kernels is not None:
             raise UsageError("int8 activations run on the native CPU kernels, not on the Triton kernels")
-        self.int8_dot = activations == "int8"
+        self.activations = activations  # per matrix: QuantMatrix.rounds_activations
 
         def get(name: str, required: bool = True) -> torch.Tensor | None:
             tensor = tensors.get(name)
@@ -304,7 +304,7 @@ class ModelRunner:
         # kernels, fp32, one process
         fused = (compact and self.native is not None and kernels is None and shard is None and dtype == torch.float32
                  and not spec.gemma_norms and spec.activation == "silu")
-        self.native_layers = [NativeLayer(self.native, spec, w, self.int8_dot) for w in self.layers] if fused else None
+        self.native_layers = [NativeLayer(self.native, spec, w, activations) for w in self.layers] if fused else None
 
     def _to_device_matrices(self, lib, kernels) -> None:
         """Every QuantMatrix decoded for the Triton kernels (a tied LM head stays the embedding's)."""
@@ -330,7 +330,7 @@ class ModelRunner:
 
     def _part(self, x: torch.Tensor, w_t: torch.Tensor | QuantLinear, small: bool, tiles: bool) -> torch.Tensor:
         if isinstance(w_t, QuantLinear):
-            return w_t(self.native, x, small, self.int8_dot, tiles).to(x.dtype)
+            return w_t(self.native, x, small, self.activations, tiles).to(x.dtype)
         if small and self.native is not None:
             return native.gemm_rows(self.native, x.float().contiguous(), w_t).to(x.dtype)
         return matmul_nt(x.contiguous(), w_t.t())
@@ -370,6 +370,12 @@ class ModelRunner:
                 name, size = str(m.dtype).removeprefix("torch."), m.numel() * m.element_size()
             sizes[name] = sizes.get(name, 0) + size
         return dict(sorted(sizes.items(), key=lambda item: -item[1]))
+
+    def int8_activation_formats(self) -> list[str]:
+        """The weight formats whose products round activations to int8 under EngineConfig.activations
+        (none on the Triton kernels, which multiply float32 activations)."""
+        return sorted({m.format for m in self._matrices()
+                       if isinstance(m, QuantMatrix) and m.rounds_activations(self.activations)})
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm as the architecture does it (Gemma: (1 + w), scaled in fp32 before the cast)."""

@@ -1,4 +1,5 @@
-"""The native CPU kernels: compiled once per machine from native/*.c, loaded with ctypes.
+"""The native CPU kernels: compiled once per machine from native/*.c, loaded with ctypes, their
+functions bound from the prototypes of native/kvpage.h (the interface is said there once).
 
 Compilation needs a C compiler (`cc`, `gcc` or `clang`); without one the engine falls back to
 the torch backend. The shared library is cached under `<home>/native/`, keyed by the source,
@@ -14,6 +15,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import stat
 import subprocess
@@ -30,7 +32,9 @@ from ..home import private_dir
 _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
           "-ffp-contract=off",  # no fused multiply-adds the source does not ask for: torch's bits
           f"-DBLOCK_TOKENS={BLOCK_TOKENS}", f"-DTILE_MIN_ROWS={TILE_MIN_ROWS}"]
-_SOURCES = ("amx.c", "attention.c", "layer.c", "linear.c", "prefill.c", "quant.c")
+HEADER = "kvpage.h"  # the library's interface: every kvp_* prototype, bound from here (`prototypes`)
+_SOURCES = (HEADER, "formats.h", "amx.c", "attention.c", "formats.c", "int8.c", "kquants.c", "layer.c", "linear.c",
+            "prefill.c", "rows.c", "tiles.c")
 _LIB: ctypes.CDLL | None = None
 
 
@@ -55,40 +59,47 @@ def load(home: Path) -> ctypes.CDLL:
     if compiler is None:
         raise NativeUnavailable("no C compiler found (cc, gcc or clang)")
     lib = _open_verified(library_path(home, texts), home, lambda out: _compile(compiler, texts, out))
-    i32, i64, f32, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-    lib.kvp_decode_states.argtypes = [i32, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i64, f32,
-                                      ptr, ptr, i32]
-    lib.kvp_decode_states.restype = i32
-    lib.kvp_write_rows.argtypes = [i32, ptr, i32, i32, i32, ptr, ptr, ptr]
-    lib.kvp_write_rows.restype = None
-    lib.kvp_merge_pairs.argtypes = [ptr, ptr, i32, ptr, ptr, i32, i32, ptr]
-    lib.kvp_merge_pairs.restype = None
-    lib.kvp_fold_states.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, ptr]
-    lib.kvp_fold_states.restype = None
-    lib.kvp_gemm_rows.argtypes = [i32, ptr, i64, ptr, i64, i32, i32, i32, ptr, i64]
-    lib.kvp_gemm_rows.restype = None
-    lib.kvp_qgemm_rows.argtypes = [i32, ptr, i64, ptr, i64, i32, i32, i32, ptr, i64]
-    lib.kvp_qgemm_rows.restype = i32
-    lib.kvp_qgemm_tiles.argtypes = [i32, ptr, i64, ptr, i64, i32, i32, i32, ptr, i64]
-    lib.kvp_qgemm_tiles.restype = i32
-    lib.kvp_qgemm_rows_q8.argtypes = [i32, ptr, i64, ptr, i64, i32, i32, i32, ptr, i64]
-    lib.kvp_qgemm_rows_q8.restype = i32
-    lib.kvp_dequant_rows.argtypes = [i32, ptr, i64, ptr, i32, i32, ptr, i64]
-    lib.kvp_dequant_rows.restype = i32
-    lib.kvp_decode_i8_rows.argtypes = [i32, ptr, i64, i32, i32, ptr, ptr, ptr]
-    lib.kvp_decode_i8_rows.restype = i32
-    lib.kvp_layer_pre.argtypes = [ptr, ptr, i32, ptr, ptr, ptr, i32]
-    lib.kvp_layer_pre.restype = i32
-    lib.kvp_layer_post.argtypes = [ptr, ptr, ptr, i32, i32]
-    lib.kvp_layer_post.restype = i32
-    lib.kvp_prefill_bf16.argtypes = [ptr, i64, i64, i32, i32, i32, i32, i32, ptr, i32, i32, f32, ptr, ptr]
-    lib.kvp_prefill_bf16.restype = i32
-    lib.kvp_prefill_set_amx.argtypes = [i32]
-    lib.kvp_prefill_set_amx.restype = i32
-    lib.kvp_qgemm_set_tiles.argtypes = [i32]
-    lib.kvp_qgemm_set_tiles.restype = i32
+    for name, (restype, argtypes) in prototypes(texts[HEADER].decode()).items():
+        try:
+            function = getattr(lib, name)
+        except AttributeError:  # built only where the CPU has it (kvp_amx_configure)
+            continue
+        function.restype, function.argtypes = restype, argtypes
     _LIB = lib
     return lib
+
+
+_C_TYPES = {"int": ctypes.c_int, "int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctypes.c_float,
+            "void": None}
+_PROTOTYPE = re.compile(r"^(\w+)\s+(kvp_\w+)\(([^)]*)\);", re.M)
+
+
+def prototypes(header: str) -> dict[str, tuple]:
+    """Each kvp_* function the header declares: (restype, argtypes) for ctypes. Pointers of any
+    type are c_void_p; a type outside int, int32_t, int64_t, float and void is an error here, so
+    that a new kind of parameter cannot be bound wrong."""
+    text = re.sub(r"/\*.*?\*/", " ", header, flags=re.S)
+    found = {}
+    for restype, name, params in _PROTOTYPE.findall(text):
+        argtypes = []
+        for param in params.split(","):
+            words = param.replace("*", " * ").split()
+            if words == ["void"]:
+                continue
+            if "*" in words:
+                argtypes.append(ctypes.c_void_p)
+                continue
+            kind = " ".join(w for w in words[:-1] if w != "const")
+            if kind not in _C_TYPES or _C_TYPES[kind] is None:
+                raise ValueError(f"{name}: no ctypes type for parameter {param.strip()!r} in {HEADER}")
+            argtypes.append(_C_TYPES[kind])
+        if restype not in _C_TYPES:
+            raise ValueError(f"{name}: no ctypes type for its result {restype!r} in {HEADER}")
+        found[name] = (_C_TYPES[restype], argtypes)
+    missed = set(re.findall(r"\b(kvp_\w+)\(", text)) - set(found)
+    if missed:  # declared in another form (a pointer result, a line break before the name)
+        raise ValueError(f"{HEADER}: cannot read the prototypes of {', '.join(sorted(missed))}")
+    return found
 
 
 def sources() -> dict[str, bytes]:
@@ -109,7 +120,8 @@ def _compile(compiler: str, texts: dict[str, bytes], out: Path) -> None:
     for name, text in texts.items():
         paths.append(out.with_name(name))
         paths[-1].write_bytes(text)
-    result = subprocess.run([compiler, *_FLAGS, *map(str, paths), "-o", str(out), "-lm"], capture_output=True, text=True)
+    units = [str(path) for path in paths if path.suffix == ".c"]  # the headers beside them are included
+    result = subprocess.run([compiler, *_FLAGS, *units, "-o", str(out), "-lm"], capture_output=True, text=True)
     if result.returncode != 0:
         raise NativeUnavailable(f"compiling the native kernels failed: {result.stderr.strip()[:300]}")
 
@@ -299,7 +311,7 @@ def prefill_amx(lib: ctypes.CDLL, on: bool | None = None) -> bool:
 def qgemm_tiles(lib: ctypes.CDLL, on: bool | None = None) -> bool:
     """Whether kvp_qgemm_tiles multiplies Q4_0/Q4_1/Q8_0 products of TILE_MIN_ROWS rows or more on
     AMX tiles (where the CPU has them and Linux grants their state; the default): faster than the
-    rows' path there, and not its bits (quant.c); `on` sets which from now on (where it can)."""
+    rows' path there, and not its bits (native/tiles.c); `on` sets which from now on (where it can)."""
     return bool(lib.kvp_qgemm_set_tiles(-1 if on is None else int(on)))
 
 

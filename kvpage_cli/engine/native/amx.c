@@ -1,5 +1,5 @@
 /* kvpage native CPU kernels: the AMX tile state (Intel's matrix unit, from Sapphire Rapids) that
- * the kernels multiplying on tiles share (prefill.c's prompt attention, quant.c's products).
+ * the kernels multiplying on tiles share (prefill.c's prompt attention, tiles.c's products).
  *
  * Linux hands the tile state to a process that asks for it (ARCH_REQ_XCOMP_PERM for XTILEDATA);
  * every tile is configured as 16 rows of 64 bytes: 16 x 16 fp32 (C), 16 x 32 bf16 (A), or 16
@@ -10,6 +10,8 @@
 #endif
 #include <stdint.h>
 #include <string.h>
+
+#include "kvpage.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #include <immintrin.h>

@@ -14,6 +14,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "kvpage.h"
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -92,10 +94,6 @@ static __attribute__((noinline)) void softmax_rows_any(float scores[][BLOCK_TOKE
 }
 #endif
 
-/* Element kinds of a block: fp32, bf16, or int8 rows each followed (after the block's 64 rows) by
- * its float32 scale; an int8 element's value is (float)x * the row's scale, the product
- * store.decode_rows computes. */
-enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_INT8 = 2 };
 
 static inline float row_scale(const void *block, int KIND, int D, int t) {
     return KIND == KIND_INT8 ? ((const float *)((const int8_t *)block + (int64_t)BLOCK_TOKENS * D))[t] : 1.0f;
@@ -330,6 +328,8 @@ static inline __attribute__((always_inline)) void pair_state(
 #endif
             continue;
         }
+#else
+        (void)SPECIAL, (void)pk_addr, (void)pv_addr;
 #endif
         for (int j = 0; j < QN; j++)
             block_head_generic(q[j] + (int64_t)h * G * D, kb, vb, KIND, G, D, (int)lo, (int)hi, scale,
@@ -442,6 +442,8 @@ static item_fn pick_item_fn(int kind, int G, int D) {
     } else {
         PICK(KIND_F32)
     }
+#else
+    (void)G, (void)D;
 #endif
     return kind == KIND_BF16 ? item_generic_bf16 : kind == KIND_INT8 ? item_generic_int8 : item_generic_f32;
 }
@@ -462,12 +464,6 @@ static int first_item_of(const int32_t *item_off, int n_items, int64_t part, int
     }
     return lo;
 }
-
-int kvp_decode_tiles(const float *q, const int64_t *k_addr, const int64_t *v_addr, int n_items,
-                     const int32_t *item_ids, const int32_t *item_pos, const int32_t *item_off,
-                     const int32_t *pair_query, const int64_t *q_pos, const int64_t *q_end, int Hq, int Hkv, int D,
-                     int64_t window, float scale, float *states, float *lse, int min_pairs,
-                     int max_run); /* prefill.c */
 
 /* Blocks read by this many queries of a batch or more go to AMX tiles where the CPU has them, bfloat16
  * KV only (measured against this file's fp32 products, bench/native_attention.py: 0.8x at two

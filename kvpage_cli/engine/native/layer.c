@@ -1,6 +1,6 @@
 /* kvpage native CPU kernels: a decoder layer's work around attention, for the few rows of a
  * decode step or a batch (llama family: RMSNorm, SiLU-gated MLP) over weights in a compact
- * format (quant.c).
+ * format (formats.h).
  *
  * A decode step of a small model is hundreds of small operations; run one by one from Python,
  * their calls cost as much as their arithmetic. Here the layer is two calls: `kvp_layer_pre`
@@ -15,30 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int kvp_qgemm_rows(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K, int N,
-                   float *y, int64_t ldy);
-int kvp_qgemm_rows_q8(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K,
-                      int N, float *y, int64_t ldy);
-int kvp_qgemm_tiles(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K, int N,
-                    float *y, int64_t ldy);
-
-/* One weight matrix W[rows, cols] in a quant.c format; output i is W's row perm[i] (NULL: in order). */
-typedef struct {
-    int32_t type, rows, cols, is_float;
-    const uint8_t *data;
-    int64_t row_bytes;
-    const int64_t *perm;
-} kvp_matrix;
-
-/* A layer as kvp_layer_pre / kvp_layer_post read it (built once at load by model.py). */
-typedef struct {
-    int32_t hidden, q_size, kv_size, inter, int8;
-    float eps;
-    const float *norm_attn, *norm_mlp;                           /* [hidden] */
-    const float *qkv_bias, *o_bias, *gate_up_bias, *down_bias;    /* NULL where the model has none */
-    kvp_matrix q, k, v, o, gate, up, down;
-    int32_t head_dim;
-} kvp_layer;
+#include "kvpage.h"
 
 /* out = w * (x / sqrt(mean(x^2) + eps)), row by row. */
 static void rms_norm(const float *x, int M, int H, const float *w, float eps, float *out) {
@@ -56,12 +33,12 @@ static void rms_norm(const float *x, int M, int H, const float *w, float eps, fl
 
 /* y[:, 0:m->rows] (row stride ldy) = x[M, m->cols] @ W^T (+ bias), outputs in feature order;
  * tmp: M * m->rows floats of scratch. */
-static int product(const kvp_matrix *m, int int8, int tiles, const float *x, int M, const float *bias, float *y,
-                   int64_t ldy, float *tmp) {
+static int product(const kvp_matrix *m, int tiles, const float *x, int M, const float *bias, float *y, int64_t ldy,
+                   float *tmp) {
     const int N = m->rows;
     float *out = m->perm ? tmp : y;
     const int64_t ldo = m->perm ? N : ldy;
-    const int rc = (int8 && !m->is_float ? kvp_qgemm_rows_q8 : tiles ? kvp_qgemm_tiles : kvp_qgemm_rows)(
+    const int rc = (m->int8 ? kvp_qgemm_rows_q8 : tiles ? kvp_qgemm_tiles : kvp_qgemm_rows)(
         m->type, x, m->cols, m->data, m->row_bytes, M, m->cols, N, out, ldo);
     if (rc != 0) return rc;
     for (int r = 0; r < M; r++) {
@@ -98,7 +75,7 @@ static void rope_heads(float *x, int n, int D, const float *cos, const float *si
 /* qkv[M, q_size + 2 kv_size] = the Q, K, V projections of norm(h) (h: [M, hidden]), biases added;
  * with cos and sin ([M, head_dim], each row's position; NULL: none) Q and K leave rotated. tiles:
  * products through kvp_qgemm_tiles (AMX from 8 rows: other bits than the rows' path) rather than
- * kvp_qgemm_rows. Returns 0, a quant.c error code, or -2 out of memory. */
+ * kvp_qgemm_rows. Returns 0, a kvp_qgemm_rows error code, or -2 out of memory. */
 int kvp_layer_pre(const kvp_layer *L, const float *h, int M, const float *cos, const float *sin, float *qkv, int tiles) {
     const int H = L->hidden, width = L->q_size + 2 * L->kv_size;
     float *x = malloc(sizeof(float) * (size_t)M * (size_t)(H + L->q_size));
@@ -106,9 +83,9 @@ int kvp_layer_pre(const kvp_layer *L, const float *h, int M, const float *cos, c
     float *tmp = x + (size_t)M * H;
     rms_norm(h, M, H, L->norm_attn, L->eps, x);
     const float *b = L->qkv_bias;
-    int rc = product(&L->q, L->int8, tiles, x, M, b, qkv, width, tmp);
-    if (rc == 0) rc = product(&L->k, L->int8, tiles, x, M, b ? b + L->q_size : NULL, qkv + L->q_size, width, tmp);
-    if (rc == 0) rc = product(&L->v, L->int8, tiles, x, M, b ? b + L->q_size + L->kv_size : NULL, qkv + L->q_size + L->kv_size,
+    int rc = product(&L->q, tiles, x, M, b, qkv, width, tmp);
+    if (rc == 0) rc = product(&L->k, tiles, x, M, b ? b + L->q_size : NULL, qkv + L->q_size, width, tmp);
+    if (rc == 0) rc = product(&L->v, tiles, x, M, b ? b + L->q_size + L->kv_size : NULL, qkv + L->q_size + L->kv_size,
                               width, tmp);
     if (rc == 0 && cos != NULL) {
         const int D = L->head_dim;
@@ -121,24 +98,24 @@ int kvp_layer_pre(const kvp_layer *L, const float *h, int M, const float *cos, c
 }
 
 /* h[M, hidden] += o(a); then h += down(silu(gate(x)) * up(x)), x = norm(h): the rest of the layer
- * (a: attention's output [M, q_size]; tiles: as kvp_layer_pre's). Returns 0, a quant.c error code,
+ * (a: attention's output [M, q_size]; tiles: as kvp_layer_pre's). Returns 0, a kvp_qgemm_rows error code,
  * or -2 out of memory. */
 int kvp_layer_post(const kvp_layer *L, float *h, const float *a, int M, int tiles) {
     const int H = L->hidden, I = L->inter;
     float *t = malloc(sizeof(float) * (size_t)M * (size_t)(3 * H + 3 * I));
     if (t == NULL) return -2;
     float *x = t + (size_t)M * H, *g = x + (size_t)M * H, *u = g + (size_t)M * I, *tmp = u + (size_t)M * I;
-    int rc = product(&L->o, L->int8, tiles, a, M, L->o_bias, t, H, tmp);
+    int rc = product(&L->o, tiles, a, M, L->o_bias, t, H, tmp);
     if (rc == 0) {
         for (int64_t i = 0; i < (int64_t)M * H; i++) h[i] += t[i];
         rms_norm(h, M, H, L->norm_mlp, L->eps, x);
         const float *b = L->gate_up_bias;
-        rc = product(&L->gate, L->int8, tiles, x, M, b, g, I, tmp);
-        if (rc == 0) rc = product(&L->up, L->int8, tiles, x, M, b ? b + I : NULL, u, I, tmp);
+        rc = product(&L->gate, tiles, x, M, b, g, I, tmp);
+        if (rc == 0) rc = product(&L->up, tiles, x, M, b ? b + I : NULL, u, I, tmp);
     }
     if (rc == 0) {
         for (int64_t i = 0; i < (int64_t)M * I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-        rc = product(&L->down, L->int8, tiles, g, M, L->down_bias, t, H, tmp);
+        rc = product(&L->down, tiles, g, M, L->down_bias, t, H, tmp);
     }
     if (rc == 0)
         for (int64_t i = 0; i < (int64_t)M * H; i++) h[i] += t[i];

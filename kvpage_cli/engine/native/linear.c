@@ -7,6 +7,8 @@
  */
 #include <stdint.h>
 #include <string.h>
+
+#include "kvpage.h"
 #if defined(_OPENMP)
 #include <omp.h>
 #endif

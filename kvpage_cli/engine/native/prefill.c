@@ -33,6 +33,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvpage.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
 
@@ -286,8 +288,6 @@ static inline __attribute__((always_inline)) void tile_rows(const int T, const u
 #define KVP_AMX 1
 #define AMX_ROWS 16
 
-int kvp_amx_granted(void); /* amx.c */
-void kvp_amx_configure(void);
 static int amx_wanted = 1;
 
 static int amx_ready(void) { return amx_wanted && kvp_amx_granted(); }
