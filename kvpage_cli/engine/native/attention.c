@@ -1,7 +1,7 @@
 /* kvpage native CPU kernels: decode attention over blocks read through an address table, and
  * the in-order fold of per-block attention states.
  *
- * Built on first use by kvpage_cli/engine/native.py with the machine's C compiler and loaded
+ * Built on first use by kvpage_cli/engine/native/__init__.py with the machine's C compiler and loaded
  * with ctypes (no torch headers, no Python API). OpenMP resolves to the runtime torch already
  * loaded (libgomp.so.1), so torch.set_num_threads governs these kernels too.
  *
@@ -25,7 +25,7 @@
 #endif
 
 #ifndef BLOCK_TOKENS
-#error "BLOCK_TOKENS is defined by the build (kvpage_cli/engine/native.py)"
+#error "BLOCK_TOKENS is defined by the build (kvpage_cli/engine/native/__init__.py)"
 #endif
 #define MAX_GROUP 16
 /* Rows of a block's pass in the SIMD path: several queries' G rows each where G is small. */

@@ -17,7 +17,7 @@
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(KVP_DIRECT_512)
 #define KVP_TILES 1
 #ifndef TILE_MIN_ROWS
-#error "TILE_MIN_ROWS is defined by the build (kvpage_cli/engine/native.py)"
+#error "TILE_MIN_ROWS is defined by the build (kvpage_cli/engine/native/__init__.py)"
 #endif
 #define TILE_GROUP 48     /* rows of W decoded at a time: three tiles of 16 */
 #define TILE_ROW_CHUNK 128 /* rows of x per pass over W (their terms stay in L2) */
