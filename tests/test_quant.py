@@ -214,7 +214,7 @@ def test_a_long_chunk_multiplies_every_part_as_a_few_rows_do(lib, monkeypatch):
     """A prompt chunk's product (one dequantized matrix for Q, K and V together, or one slice of
     output rows at a time past the budget) gives, within fp32 rounding, what the native
     few-rows kernel gives, outputs in feature order for a permuted part."""
-    from kvpage_cli.engine import quant
+    from kvpage_cli.engine.model import quant
 
     cols = 256
     perm = torch.randperm(48, generator=torch.Generator().manual_seed(4))
