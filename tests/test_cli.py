@@ -95,16 +95,46 @@ def stats_only(stderr: str, decoded: bool = True) -> None:
 
 # -- help ---------------------------------------------------------------------------------------
 
-def test_the_cli_defaults_are_the_engine_configs():
-    """Every option that feeds EngineConfig shows and uses EngineConfig's own default."""
-    from kvpage_cli.cli.options import SHARED
+@pytest.fixture()
+def engine_loads(monkeypatch) -> list[tuple[str, object]]:
+    """(model, EngineConfig) of each engine a command loads, the engine loaded as it would be."""
+    from kvpage_cli.engine import Engine
+
+    real, seen = Engine.load, []
+
+    def load(source, config=None, **kwargs):
+        seen.append((source, config))
+        return real(source, config, **kwargs)
+
+    monkeypatch.setattr(Engine, "load", load)
+    return seen
+
+
+def test_the_cli_defaults_are_the_engine_configs(cli, kv_home, engine_loads):
+    """A command given no engine option builds EngineConfig's own defaults, and says them."""
+    import dataclasses
+
     from kvpage_cli.engine import EngineConfig
 
-    config = EngineConfig()
-    fed = [s for s in SHARED if isinstance(s.config, str) and s.name != "model"]
-    assert {s.name for s in fed} >= {"mode", "pool_mib", "dtype", "device", "backend", "policy", "cache_mib"}
-    for shared in fed:
-        assert shared.default == getattr(config, shared.config), shared.name
+    result = cli("info", "--json")
+    assert result.exit_code == 0, result.stderr
+    [(_, config)] = engine_loads
+    assert config.home == str(kv_home) and config.kv_cache  # the CLI saves a document's KV unless --no-cache
+    assert dataclasses.replace(config, home=None, kv_cache=False) == EngineConfig()
+    shown = json.loads(result.stdout)
+    assert (shown["mode"], shown["pool_mib"], shown["dtype"], shown["weights_option"], shown["kv_dtype_option"]) == (
+        "auto", 64.0, "float32", "auto", "auto")
+
+
+def test_engine_options_and_KVPAGE_MODEL_reach_the_engine(cli, tiny_cli_model, engine_loads):
+    result = cli("info", "--json", "--threads", "1", "--policy", "lru", "--device", "cpu", "--backend", "torch",
+                 "--dtype", "bfloat16", model=False, env={"KVPAGE_MODEL": str(tiny_cli_model)})
+    assert result.exit_code == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert (shown["model"], shown["device"], shown["backend"], shown["dtype"]) == (
+        str(tiny_cli_model), "cpu", "torch", "bfloat16")
+    [(model, config)] = engine_loads
+    assert model == str(tiny_cli_model) and (config.threads, config.policy) == (1, "lru")
 
 
 def test_help_lists_the_commands(cli):
@@ -267,17 +297,24 @@ def test_review_selective_mode_says_so(cli, contract):
     assert all(f["category"] in BY_NAME for f in data["findings"])
 
 
-def test_fail_on_exits_3_only_when_a_finding_reaches_the_level(cli, contract, reviewed):
-    risks = [f["risk"] for f in json.loads(reviewed.stdout)["findings"]]
-    worst = min(RISK_LEVELS.index(r) for r in risks)
-    if RISK_LEVELS[worst] != "none":
-        hit = cli("review", contract, "--json", "--fail-on", RISK_LEVELS[worst])
-        assert hit.exit_code == 3
-        assert json.loads(hit.stdout)["complete"] is True  # the output is printed in full first
-        assert "--fail-on" in hit.stderr.splitlines()[-1]
-    if worst > 0:
-        miss = cli("review", contract, "--json", "--fail-on", RISK_LEVELS[worst - 1])
-        assert miss.exit_code == 0, miss.stderr
+def test_fail_on_exits_3_only_when_a_finding_reaches_the_level(cli, contract, reviewed, tmp_path):
+    assert "high" in [f["risk"] for f in json.loads(reviewed.stdout)["findings"]]  # 1.2's 180 days' notice
+    hit = cli("review", contract, "--json", "--fail-on", "high")
+    assert hit.exit_code == 3
+    assert json.loads(hit.stdout)["complete"] is True  # the output is printed in full first
+    assert hit.stderr.splitlines()[-1] == "kvpage: 2 finding(s) at high risk or above (--fail-on high): 1.2, 2.1"
+    # the term and the governing law alone: low risk at worst
+    mild = tmp_path / "mild.txt"
+    mild.write_text(CONTRACT.split("1.2 Renewal")[0] + "3. GOVERNING LAW" + CONTRACT.split("3. GOVERNING LAW")[1])
+    assert {f["risk"] for f in json.loads(cli("review", mild, "--json").stdout)["findings"]} == {"low"}
+    for level, code in (("high", 0), ("medium", 0), ("low", 3)):
+        assert cli("review", mild, "--json", "--fail-on", level).exit_code == code, level
+
+
+def test_quiet_fail_on_exits_3_and_says_nothing(cli, contract):
+    result = cli("review", contract, "--json", "-q", "--fail-on", "high")
+    assert result.exit_code == 3
+    assert json.loads(result.stdout)["complete"] is True and result.stderr == ""
 
 
 def test_several_documents_give_one_review_each_and_jsonl_names_the_document(cli, contract, tmp_path):
