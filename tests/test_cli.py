@@ -766,3 +766,116 @@ def test_an_empty_document_is_refused_in_the_words_of_the_command_used(cli, tmp_
     path.write_text("\n \n")
     line = one_error_line(cli("ask", path, "What is it about?"))
     assert "is empty" in line and "review" not in line, line
+
+
+# -- paths a user takes that nothing else checks -------------------------------------------------
+
+def test_several_documents_where_one_cannot_be_read(cli, contract, tmp_path):
+    """The unreadable one is a warning, the others are reviewed, and the run exits 1."""
+    blob = tmp_path / "blob.txt"
+    blob.write_bytes(b"\x00\x01\x02binary")
+    result = cli("review", contract, blob, "--jsonl")
+    assert result.exit_code == 1
+    summaries = [json.loads(line) for line in result.stdout.splitlines() if '"summary"' in line]
+    assert [s["document"] for s in summaries] == [str(contract)]
+    lines = result.stderr.splitlines()
+    assert f"kvpage: warning: {blob} skipped: {blob} looks binary, not text" in lines
+    assert lines[-1] == "kvpage: error: 1 of 2 documents could not be read (see the warnings above)"
+
+
+@pytest.mark.parametrize("args, code, says", [
+    (["-", "-"], 2, "kvpage: error: stdin (-) can be read only once"),
+    (["{folder}"], 1, "kvpage: error: {folder} holds no contract (PDF, DOCX, TXT or MD files)"),
+    (["{contract}", "--shard", "x"], 2, "kvpage: error: --shard x: expected I/N with 0 <= I < N, e.g. 0/4"),
+    (["{contract}", "--shard", "1/0"], 2, "kvpage: error: --shard 1/0: expected I/N with 0 <= I < N, e.g. 0/4"),
+    (["{contract}", "--shard", "1/2"], 2, "kvpage: error: --shard 1/2: no document falls to this shard (1 given)"),
+])
+def test_documents_a_review_cannot_take_are_one_line(cli, contract, tmp_path, args, code, says):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "notes.csv").write_text("not a contract")
+    names = {"{folder}": str(folder), "{contract}": str(contract)}
+    args = [names.get(a, a) for a in args]
+    line = one_error_line(cli("review", *args, input=CONTRACT), exit_code=code)
+    assert line == says.replace("{folder}", str(folder))
+
+
+def test_version_and_no_arguments(cli):
+    from importlib.metadata import version
+
+    shown = cli("--version", model=False)
+    assert shown.exit_code == 0 and shown.stdout == f"kvpage {version('kvpage')}\n"
+    bare = cli(model=False)  # `kvpage` alone: the help, as a usage error
+    assert bare.exit_code == 2
+    assert "Usage: kvpage" in bare.output and all(c in bare.output for c in ("review", "ask", "info", "cache"))
+
+
+def test_ask_out_writes_the_answer_and_nothing_on_stdout(cli, contract, tmp_path):
+    out = tmp_path / "answer.json"
+    result = cli("ask", contract, "How long is the initial term?", "--out", out)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ""
+    printed = json.loads(cli("ask", contract, "How long is the initial term?", "--json").stdout)
+    assert json.loads(out.read_text())["answer"] == printed["answer"] != ""
+
+
+def test_ctrl_c_during_an_answer_keeps_what_was_printed(cli, contract, monkeypatch):
+    def answers(self):
+        yield 0, "The term"
+        yield 0, " is three"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Asker, "answers", answers)
+    result = cli("ask", contract, "How long is the initial term?")
+    assert result.exit_code == 130
+    assert result.stdout == "The term is three\n"
+    assert result.stderr.splitlines()[-1] == "kvpage: interrupted: stopped after 4 words; the answers printed are partial"
+
+
+def test_cache_ls_as_a_table_and_rm_by_key_prefix(cli, tmp_path):
+    env = {"KVPAGE_HOME": str(tmp_path)}
+    contract = SAMPLES / "contract.txt"  # long enough for whole 256-token segments
+    assert cli("ask", contract, "What is the term?", env=env).exit_code == 0
+    [entry] = json.loads(cli("cache", "ls", "--json", env=env).stdout)
+    table = cli("cache", "ls", "--format", "table", env=env)
+    assert table.exit_code == 0, table.stderr
+    header, row = [line for line in table.stdout.splitlines() if entry["key"] in line or "label" in line]
+    assert header.split() == ["┃", "label", "┃", "model", "┃", "tokens", "┃", "MiB", "┃", "last", "used", "┃", "key", "┃"]
+    assert row.split()[1] == entry["label"] and f"{entry['tokens']:,}" in row  # the model's path is cut to fit
+    assert table.stderr.splitlines()[-1] == f"kvpage: 1 saved document(s), {entry['mib']:.1f} MiB"
+    removed = cli("cache", "rm", entry["key"][:8], env=env)
+    assert removed.exit_code == 0 and removed.stderr.startswith("kvpage: removed 1 saved document(s)"), removed.stderr
+    assert json.loads(cli("cache", "ls", "--json", env=env).stdout) == []
+
+
+def test_a_busy_cache_is_one_error_saying_try_again(cli, tmp_path, monkeypatch):
+    """Another process holds the cache's lock (stuck, or stopped with Ctrl-Z): `cache clear` gives up."""
+    from filelock import FileLock
+
+    from kvpage_cli.engine.kv.saved import disk
+
+    monkeypatch.setattr(disk, "LOCK_NOTICE_S", 0.05)
+    monkeypatch.setattr(disk, "LOCK_TIMEOUT_S", 0.1)
+    folder = disk.KVCache.open(tmp_path).folder
+    with FileLock(str(folder / "lock")):  # a lock of its own on the file: flock excludes it as another process
+        result = cli("cache", "clear", env={"KVPAGE_HOME": str(tmp_path)})
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[-1] == (
+        f"kvpage: error: the saved-KV cache is unavailable: another kvpage process held the lock of {folder} "
+        "for 0 s; try again later")
+
+
+def test_an_index_larger_than_the_free_disk_is_refused(cli, tmp_path, monkeypatch):
+    import collections
+    import shutil
+
+    path = tmp_path / "long.txt"  # longer than the model's context: indexed
+    path.write_text("\n\n".join(f"{i}. The Supplier shall deliver the goods on time and in full." for i in range(1, 900)))
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: usage(2**30, 2**30 - 2**20, 2**20))
+    result = cli("ask", path, "When are goods delivered?", env={"KVPAGE_HOME": str(tmp_path / "home")})
+    assert result.exit_code == 1 and result.stdout == ""
+    line = result.stderr.splitlines()[-1]
+    assert re.fullmatch(r"kvpage: error: indexing this document needs \d+\.\d GiB of disk for its KV and \S+ has "
+                        r"0\.0 GiB free: free some space, set KVPAGE_HOME to a larger disk, or use --kv-dtype "
+                        r"bfloat16 \(half the bytes\)", line), line
