@@ -6,8 +6,11 @@ The model is a tiny random llama with SmolLM2's tokenizer (`tiny_cli_model` in c
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -879,3 +882,62 @@ def test_an_index_larger_than_the_free_disk_is_refused(cli, tmp_path, monkeypatc
     assert re.fullmatch(r"kvpage: error: indexing this document needs \d+\.\d GiB of disk for its KV and \S+ has "
                         r"0\.0 GiB free: free some space, set KVPAGE_HOME to a larger disk, or use --kv-dtype "
                         r"bfloat16 \(half the bytes\)", line), line
+
+
+# -- as a shell runs it: a closed pipe, a terminal ------------------------------------------------
+
+ROOT = SAMPLES.parent
+
+
+def kvpage_process(args: list[str], kv_home, **popen) -> subprocess.Popen:
+    """`kvpage ARGS` in a process of its own, from this tree (not an installed copy)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KVPAGE_MODEL", "NO_COLOR", "FORCE_COLOR")}
+    env.update(KVPAGE_HOME=str(kv_home), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+               **popen.pop("env", {}))
+    kvpage = Path(sys.executable).with_name("kvpage")  # the console script a user runs
+    return subprocess.Popen([str(kvpage), *args], env=env, cwd=ROOT, **popen)
+
+
+def test_a_closed_pipe_exits_141_quietly(contract, tiny_cli_model, kv_home):
+    """`kvpage review ... | head -0`: the reader is gone before the first line; exit 141 as from SIGPIPE."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    process = kvpage_process(["review", str(contract), "--jsonl", "--model", str(tiny_cli_model), "--max-new-tokens",
+                              "3"], kv_home, stdout=writer, stderr=subprocess.PIPE, text=True)
+    os.close(writer)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 141 and stderr == ""
+
+
+def on_a_terminal(args: list[str], kv_home, env: dict) -> str:
+    """What `kvpage ARGS` shows on a terminal (stdout and stderr both), read through a pty."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))  # 160 columns: room for the bars
+    process = kvpage_process(args, kv_home, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the process closed its end
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    assert process.wait(timeout=300) == 0, shown.decode(errors="replace")
+    return shown.decode(errors="replace")
+
+
+def test_NO_COLOR_takes_the_colour_off_tables_and_bars_on_a_terminal(contract, tiny_cli_model, kv_home):
+    args = ["review", str(contract), "--model", str(tiny_cli_model), "--max-new-tokens", "3"]
+    for env, coloured in (({}, True), ({"NO_COLOR": "1"}, False)):
+        shown = on_a_terminal(args, kv_home, env)
+        plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown)
+        assert re.search(r"clauses +━+ 4/4", plain) and "┃" in plain  # a bar was drawn, and a table
+        assert bool(COLOR_CODE.search(shown)) == coloured, env
