@@ -259,11 +259,21 @@ def test_the_shipped_models_on_two_ranks_give_their_tokens(model, tmp_path, kv_h
 # -- the command line: `--tp 2` starts its ranks; torchrun starts them too -------------------------
 
 KVPAGE = Path(sys.executable).with_name("kvpage")
+
+
+def kvpage_env(kv_home) -> dict:
+    """The environment the `kvpage` processes run in: this checkout first on the path (the console
+    script would import the installed package), the home folder the tests' own."""
+    root = str(Path(__file__).resolve().parents[1])
+    return dict(os.environ, KVPAGE_HOME=str(kv_home),
+                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+
+
 QUESTION = "Which law governs this agreement?"
 
 
 def cli(args: list[str], kv_home, **extra) -> subprocess.CompletedProcess:
-    env = dict(os.environ, KVPAGE_HOME=str(kv_home))
+    env = kvpage_env(kv_home)
     env.pop("KVPAGE_MODEL", None)
     return subprocess.run(args, capture_output=True, text=True, env=env, timeout=600, **extra)
 
@@ -335,7 +345,7 @@ def test_an_error_on_rank_0_ends_every_rank_with_one_message(tiny_cli_model, kv_
 
 
 def _start(args: list[str], kv_home) -> subprocess.Popen:
-    env = dict(os.environ, KVPAGE_HOME=str(kv_home))
+    env = kvpage_env(kv_home)
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True,  # its own process group, as a terminal gives a command
                             preexec_fn=_interruptible)
