@@ -124,9 +124,9 @@ def test_the_cli_defaults_are_the_engine_configs(cli, kv_home, engine_loads):
     [(_, config)] = engine_loads
     assert config.home == str(kv_home) and config.kv_cache  # the CLI saves a document's KV unless --no-cache
     assert dataclasses.replace(config, home=None, kv_cache=False) == EngineConfig()
-    shown = json.loads(result.stdout)
+    shown, engine = json.loads(result.stdout), EngineConfig()
     assert (shown["mode"], shown["pool_mib"], shown["dtype"], shown["weights_option"], shown["kv_dtype_option"]) == (
-        "auto", 64.0, "float32", "auto", "auto")
+        engine.mode, engine.pool_mib, engine.dtype, engine.weights, engine.kv_dtype)
 
 
 def test_engine_options_and_KVPAGE_MODEL_reach_the_engine(cli, tiny_cli_model, engine_loads):
