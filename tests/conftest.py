@@ -73,6 +73,67 @@ def native_library(kv_home) -> Path | None:
     return target
 
 
+AMX_EMULATION = Path(__file__).with_name("amx_emulation.h")
+
+
+@pytest.fixture(scope="session")
+def tile_library(kv_home, native_library):
+    """(lib, how): the native kernels where their AMX tile paths run. "hardware": this CPU's own
+    library, where the CPU has AMX and Linux grants its tile state; "emulated" elsewhere: a copy of
+    the library built with tests/amx_emulation.h, the tile instructions done in C as Intel's manual
+    defines them (the same sources, their tile branches compiled as on an AMX machine; built once
+    into kv_home, about 20 s). Emulating needs AVX512-BF16, which the tile paths' other instructions
+    use; a CPU with neither skips."""
+    import hashlib
+
+    from kvpage_cli.engine import native
+
+    if native_library is None:
+        pytest.skip("no C compiler: the native kernels cannot be built")
+    lib = native.load(kv_home)
+    if native.qgemm_tiles(lib) and native.prefill_amx(lib):
+        return lib, "hardware"
+    if not native.has_bf16_prefill(lib):
+        pytest.skip("this CPU has no AMX and no AVX512-BF16: its tile paths can be neither run nor emulated")
+    # the header's own hash in the flags: the library's cache key covers the sources and the flags
+    tag = hashlib.sha256(AMX_EMULATION.read_bytes()).hexdigest()[:16]
+    flags, loaded = list(native._FLAGS), native._LIB
+    native._FLAGS[:] = flags + ["-mamx-tile", "-mamx-bf16", "-include", str(AMX_EMULATION),
+                                f"-DKVP_AMX_EMULATION={tag}"]
+    native._LIB = None
+    try:
+        emulated = native.load(kv_home)
+    except native.NativeUnavailable as exc:
+        pytest.fail(f"the kernels with emulated AMX tiles do not build: {exc}")
+    finally:
+        native._FLAGS[:] = flags
+        native._LIB = loaded
+    assert native.qgemm_tiles(emulated) and native.prefill_amx(emulated)
+    return emulated, "emulated"
+
+
+@pytest.fixture
+def on_tiles(tile_library, monkeypatch):
+    """The tile library, its tiles on, as the one engines load for this test (native._LIB)."""
+    from kvpage_cli.engine import native
+
+    lib, _ = tile_library
+    monkeypatch.setattr(native, "_LIB", lib)
+    native.qgemm_tiles(lib, True)
+    native.prefill_amx(lib, True)
+    return lib
+
+
+@pytest.fixture
+def tiles_if_any(request):
+    """on_tiles where the tile paths can run (the CPU's or emulated), else None: the plain library,
+    which has no tiles to change a result."""
+    try:
+        return request.getfixturevalue("on_tiles")
+    except pytest.skip.Exception:
+        return None
+
+
 def with_native_library(home: Path, library: Path | None) -> Path:
     """`home`, holding a copy of `library` (and its hash) where kvpage looks for it; returns `home`."""
     from kvpage_cli.engine import native

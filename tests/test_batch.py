@@ -65,13 +65,12 @@ def test_a_batch_gives_every_sequence_the_bits_it_gets_alone(arch, kv_path, thre
 @pytest.fixture(params=[False, True], ids=["dot-products", "amx-tiles"])
 def attention_tiles(request, kv_home):
     """The native attention's two ways over bfloat16 KV: AVX512-BF16 dot products (prefill) and fp32
-    products (decode) everywhere, or AMX tiles where the CPU has them (their default there)."""
+    products (decode) everywhere, or AMX tiles (the CPU's, or emulated: conftest's tile_library)."""
     from kvpage_cli.engine import native
 
-    lib = native.load(kv_home)
-    if native.prefill_amx(lib, request.param) != request.param:
-        native.prefill_amx(lib, True)
-        pytest.skip("this CPU has no AMX tiles (or Linux does not grant them)")
+    lib = request.getfixturevalue("on_tiles") if request.param else native.load(kv_home)
+    native.prefill_amx(lib, request.param)
+    assert native.prefill_amx(lib) == request.param
     yield request.param
     native.prefill_amx(lib, True)
 
@@ -152,10 +151,12 @@ def test_forks_in_a_batch_hold_the_document_once(kv_home):
 
 @pytest.mark.parametrize("policy,kv_dtype", [("quest", "float32"), ("scores", "float32"), ("draft", "float32"),
                                              ("draft", "bfloat16")])
-def test_selective_mode_in_a_batch_chooses_per_sequence(policy, kv_dtype, kv_home):
+def test_selective_mode_in_a_batch_chooses_per_sequence(policy, kv_dtype, kv_home, request):
     """Each sequence of a batch selects its own blocks, as it does alone: the same tokens. With
-    bfloat16 KV (head dim 64) on a CPU with AMX, blocks four sequences share go to tiles, each
-    block's own state still (the draft policy reads each block's attention)."""
+    bfloat16 KV (head dim 64) on AMX tiles (the CPU's, or emulated), blocks four sequences share go
+    to tiles, each block's own state still (the draft policy reads each block's attention)."""
+    if kv_dtype == "bfloat16":
+        request.getfixturevalue("tiles_if_any")
     model = tiny_model("llama", head_dim=64) if kv_dtype == "bfloat16" else tiny_model("llama")
     cfg = model.config
     slot_bytes = 2 * cfg.num_key_value_heads * BLOCK_TOKENS * cfg.head_dim * 4

@@ -223,30 +223,47 @@ def test_fragments_join_a_neighbour():
 
 
 # Text shaped to make backtracking regular expressions and per-match slicing quadratic: 16K spaces
-# took 6.5 s before they were made linear, 200K hours. Each runs in a child process so a
-# regression shows up as the hang limit below (a guard against hours, not a speed check).
-ADVERSARIAL_TEXTS = {
-    "a run of spaces": "1. Definitions" + " " * 200_000 + "x 3",
-    "a run of blank lines": "1. Definitions" + "\n" * 200_000 + "x 3",
-    "no-break spaces and tabs": "1. Definitions" + "\u00a0\t" * 100_000 + "x 3",
-    "a megabyte line of inline numbers": "1. Definitions " + "1.1 A " * 170_000,
-    "thousands of capital headings": "1. DEFINITIONS\n" + "AAAA BBBB\n" * 20_000,
+# took 6.5 s before they were made linear, 200K hours. Each shape is split at n/64, n/8 and n units
+# in one run: from one size to the next, linear work grows 8-fold and quadratic work 64-fold. The
+# test takes the CPU time of its own thread for each size (the least of three runs: a busy machine
+# slows every size alike) and judges the growth, never a time: below 24, the geometric middle, a
+# factor 3 from either. The smaller pair first, so that a regression as costly as the old one fails
+# in seconds; the larger pair catches a quadratic term too small to show at the smaller sizes (a
+# copy of the rest of a megabyte line for each match in it).
+ADVERSARIAL_SHAPES = {
+    "a run of spaces": (lambda n: "1. Definitions" + " " * n + "x 3", 200_000),
+    "a run of blank lines": (lambda n: "1. Definitions" + "\n" * n + "x 3", 200_000),
+    "no-break spaces and tabs": (lambda n: "1. Definitions" + "\u00a0\t" * n + "x 3", 100_000),
+    "a megabyte line of inline numbers": (lambda n: "1. Definitions " + "1.1 A " * n, 170_000),
+    "thousands of capital headings": (lambda n: "1. DEFINITIONS\n" + "AAAA BBBB\n" * n, 20_000),
 }
+LINEAR_GROWTH = 8
+QUADRATIC_GROWTH = LINEAR_GROWTH ** 2
 
 
-@pytest.mark.parametrize("name", ADVERSARIAL_TEXTS)
+def split_cost(text: str) -> float:
+    """CPU seconds this thread spends splitting `text` (the least of three runs), its clauses checked."""
+    import time
+
+    doc = make_doc(text)
+    spent = []
+    for _ in range(3):
+        started = time.thread_time()
+        clauses = split_clauses(doc)
+        spent.append(time.thread_time() - started)
+    check_well_formed(doc, clauses, min_coverage=1.0)
+    return min(spent)
+
+
+@pytest.mark.parametrize("name", ADVERSARIAL_SHAPES)
 def test_whitespace_runs_and_long_lines_are_split_in_linear_time(name):
-    import subprocess
-    import sys
-
-    script = (
-        "import sys\n"
-        "from tests.test_clauses import ADVERSARIAL_TEXTS, make_doc, check_well_formed\n"
-        "from kvpage_cli.ingest import split_clauses\n"
-        f"doc = make_doc(ADVERSARIAL_TEXTS[{name!r}])\n"
-        "clauses = split_clauses(doc)\n"
-        "check_well_formed(doc, clauses, min_coverage=1.0)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[1])
-    assert done.returncode == 0, done.stderr
+    shape, units = ADVERSARIAL_SHAPES[name]
+    split_cost(shape(100))  # the regular expressions compiled, the allocator warm
+    sizes = [units // LINEAR_GROWTH ** 2, units // LINEAR_GROWTH, units]
+    costs = [split_cost(shape(sizes[0]))]
+    for smaller, size in zip(sizes, sizes[1:]):
+        costs.append(split_cost(shape(size)))
+        growth = costs[-1] / costs[-2]
+        assert growth < (LINEAR_GROWTH * QUADRATIC_GROWTH) ** 0.5, (
+            f"{name}: {size:,} units took {growth:.1f}x the work of {smaller:,} (linear: {LINEAR_GROWTH}x, "
+            f"quadratic: {QUADRATIC_GROWTH}x)")

@@ -6,8 +6,11 @@ The model is a tiny random llama with SmolLM2's tokenizer (`tiny_cli_model` in c
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -95,16 +98,46 @@ def stats_only(stderr: str, decoded: bool = True) -> None:
 
 # -- help ---------------------------------------------------------------------------------------
 
-def test_the_cli_defaults_are_the_engine_configs():
-    """Every option that feeds EngineConfig shows and uses EngineConfig's own default."""
-    from kvpage_cli.cli.options import SHARED
+@pytest.fixture()
+def engine_loads(monkeypatch) -> list[tuple[str, object]]:
+    """(model, EngineConfig) of each engine a command loads, the engine loaded as it would be."""
+    from kvpage_cli.engine import Engine
+
+    real, seen = Engine.load, []
+
+    def load(source, config=None, **kwargs):
+        seen.append((source, config))
+        return real(source, config, **kwargs)
+
+    monkeypatch.setattr(Engine, "load", load)
+    return seen
+
+
+def test_the_cli_defaults_are_the_engine_configs(cli, kv_home, engine_loads):
+    """A command given no engine option builds EngineConfig's own defaults, and says them."""
+    import dataclasses
+
     from kvpage_cli.engine import EngineConfig
 
-    config = EngineConfig()
-    fed = [s for s in SHARED if isinstance(s.config, str) and s.name != "model"]
-    assert {s.name for s in fed} >= {"mode", "pool_mib", "dtype", "device", "backend", "policy", "cache_mib"}
-    for shared in fed:
-        assert shared.default == getattr(config, shared.config), shared.name
+    result = cli("info", "--json")
+    assert result.exit_code == 0, result.stderr
+    [(_, config)] = engine_loads
+    assert config.home == str(kv_home) and config.kv_cache  # the CLI saves a document's KV unless --no-cache
+    assert dataclasses.replace(config, home=None, kv_cache=False) == EngineConfig()
+    shown, engine = json.loads(result.stdout), EngineConfig()
+    assert (shown["mode"], shown["pool_mib"], shown["dtype"], shown["weights_option"], shown["kv_dtype_option"]) == (
+        engine.mode, engine.pool_mib, engine.dtype, engine.weights, engine.kv_dtype)
+
+
+def test_engine_options_and_KVPAGE_MODEL_reach_the_engine(cli, tiny_cli_model, engine_loads):
+    result = cli("info", "--json", "--threads", "1", "--policy", "lru", "--device", "cpu", "--backend", "torch",
+                 "--dtype", "bfloat16", model=False, env={"KVPAGE_MODEL": str(tiny_cli_model)})
+    assert result.exit_code == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert (shown["model"], shown["device"], shown["backend"], shown["dtype"]) == (
+        str(tiny_cli_model), "cpu", "torch", "bfloat16")
+    [(model, config)] = engine_loads
+    assert model == str(tiny_cli_model) and (config.threads, config.policy) == (1, "lru")
 
 
 def test_help_lists_the_commands(cli):
@@ -267,17 +300,24 @@ def test_review_selective_mode_says_so(cli, contract):
     assert all(f["category"] in BY_NAME for f in data["findings"])
 
 
-def test_fail_on_exits_3_only_when_a_finding_reaches_the_level(cli, contract, reviewed):
-    risks = [f["risk"] for f in json.loads(reviewed.stdout)["findings"]]
-    worst = min(RISK_LEVELS.index(r) for r in risks)
-    if RISK_LEVELS[worst] != "none":
-        hit = cli("review", contract, "--json", "--fail-on", RISK_LEVELS[worst])
-        assert hit.exit_code == 3
-        assert json.loads(hit.stdout)["complete"] is True  # the output is printed in full first
-        assert "--fail-on" in hit.stderr.splitlines()[-1]
-    if worst > 0:
-        miss = cli("review", contract, "--json", "--fail-on", RISK_LEVELS[worst - 1])
-        assert miss.exit_code == 0, miss.stderr
+def test_fail_on_exits_3_only_when_a_finding_reaches_the_level(cli, contract, reviewed, tmp_path):
+    assert "high" in [f["risk"] for f in json.loads(reviewed.stdout)["findings"]]  # 1.2's 180 days' notice
+    hit = cli("review", contract, "--json", "--fail-on", "high")
+    assert hit.exit_code == 3
+    assert json.loads(hit.stdout)["complete"] is True  # the output is printed in full first
+    assert hit.stderr.splitlines()[-1] == "kvpage: 2 finding(s) at high risk or above (--fail-on high): 1.2, 2.1"
+    # the term and the governing law alone: low risk at worst
+    mild = tmp_path / "mild.txt"
+    mild.write_text(CONTRACT.split("1.2 Renewal")[0] + "3. GOVERNING LAW" + CONTRACT.split("3. GOVERNING LAW")[1])
+    assert {f["risk"] for f in json.loads(cli("review", mild, "--json").stdout)["findings"]} == {"low"}
+    for level, code in (("high", 0), ("medium", 0), ("low", 3)):
+        assert cli("review", mild, "--json", "--fail-on", level).exit_code == code, level
+
+
+def test_quiet_fail_on_exits_3_and_says_nothing(cli, contract):
+    result = cli("review", contract, "--json", "-q", "--fail-on", "high")
+    assert result.exit_code == 3
+    assert json.loads(result.stdout)["complete"] is True and result.stderr == ""
 
 
 def test_several_documents_give_one_review_each_and_jsonl_names_the_document(cli, contract, tmp_path):
@@ -735,3 +775,175 @@ def test_an_empty_document_is_refused_in_the_words_of_the_command_used(cli, tmp_
     path.write_text("\n \n")
     line = one_error_line(cli("ask", path, "What is it about?"))
     assert "is empty" in line and "review" not in line, line
+
+
+# -- paths a user takes that nothing else checks -------------------------------------------------
+
+def test_several_documents_where_one_cannot_be_read(cli, contract, tmp_path):
+    """The unreadable one is a warning, the others are reviewed, and the run exits 1."""
+    blob = tmp_path / "blob.txt"
+    blob.write_bytes(b"\x00\x01\x02binary")
+    result = cli("review", contract, blob, "--jsonl")
+    assert result.exit_code == 1
+    summaries = [json.loads(line) for line in result.stdout.splitlines() if '"summary"' in line]
+    assert [s["document"] for s in summaries] == [str(contract)]
+    lines = result.stderr.splitlines()
+    assert f"kvpage: warning: {blob} skipped: {blob} looks binary, not text" in lines
+    assert lines[-1] == "kvpage: error: 1 of 2 documents could not be read (see the warnings above)"
+
+
+@pytest.mark.parametrize("args, code, says", [
+    (["-", "-"], 2, "kvpage: error: stdin (-) can be read only once"),
+    (["{folder}"], 1, "kvpage: error: {folder} holds no contract (PDF, DOCX, TXT or MD files)"),
+    (["{contract}", "--shard", "x"], 2, "kvpage: error: --shard x: expected I/N with 0 <= I < N, e.g. 0/4"),
+    (["{contract}", "--shard", "1/0"], 2, "kvpage: error: --shard 1/0: expected I/N with 0 <= I < N, e.g. 0/4"),
+    (["{contract}", "--shard", "1/2"], 2, "kvpage: error: --shard 1/2: no document falls to this shard (1 given)"),
+])
+def test_documents_a_review_cannot_take_are_one_line(cli, contract, tmp_path, args, code, says):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "notes.csv").write_text("not a contract")
+    names = {"{folder}": str(folder), "{contract}": str(contract)}
+    args = [names.get(a, a) for a in args]
+    line = one_error_line(cli("review", *args, input=CONTRACT), exit_code=code)
+    assert line == says.replace("{folder}", str(folder))
+
+
+def test_version_and_no_arguments(cli):
+    from importlib.metadata import version
+
+    shown = cli("--version", model=False)
+    assert shown.exit_code == 0 and shown.stdout == f"kvpage {version('kvpage')}\n"
+    bare = cli(model=False)  # `kvpage` alone: the help, as a usage error
+    assert bare.exit_code == 2
+    assert "Usage: kvpage" in bare.output and all(c in bare.output for c in ("review", "ask", "info", "cache"))
+
+
+def test_ask_out_writes_the_answer_and_nothing_on_stdout(cli, contract, tmp_path):
+    out = tmp_path / "answer.json"
+    result = cli("ask", contract, "How long is the initial term?", "--out", out)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ""
+    printed = json.loads(cli("ask", contract, "How long is the initial term?", "--json").stdout)
+    assert json.loads(out.read_text())["answer"] == printed["answer"] != ""
+
+
+def test_ctrl_c_during_an_answer_keeps_what_was_printed(cli, contract, monkeypatch):
+    def answers(self):
+        yield 0, "The term"
+        yield 0, " is three"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Asker, "answers", answers)
+    result = cli("ask", contract, "How long is the initial term?")
+    assert result.exit_code == 130
+    assert result.stdout == "The term is three\n"
+    assert result.stderr.splitlines()[-1] == "kvpage: interrupted: stopped after 4 words; the answers printed are partial"
+
+
+def test_cache_ls_as_a_table_and_rm_by_key_prefix(cli, tmp_path):
+    env = {"KVPAGE_HOME": str(tmp_path)}
+    contract = SAMPLES / "contract.txt"  # long enough for whole 256-token segments
+    assert cli("ask", contract, "What is the term?", env=env).exit_code == 0
+    [entry] = json.loads(cli("cache", "ls", "--json", env=env).stdout)
+    table = cli("cache", "ls", "--format", "table", env=env)
+    assert table.exit_code == 0, table.stderr
+    header, row = [line for line in table.stdout.splitlines() if entry["key"] in line or "label" in line]
+    assert header.split() == ["┃", "label", "┃", "model", "┃", "tokens", "┃", "MiB", "┃", "last", "used", "┃", "key", "┃"]
+    assert row.split()[1] == entry["label"] and f"{entry['tokens']:,}" in row  # the model's path is cut to fit
+    assert table.stderr.splitlines()[-1] == f"kvpage: 1 saved document(s), {entry['mib']:.1f} MiB"
+    removed = cli("cache", "rm", entry["key"][:8], env=env)
+    assert removed.exit_code == 0 and removed.stderr.startswith("kvpage: removed 1 saved document(s)"), removed.stderr
+    assert json.loads(cli("cache", "ls", "--json", env=env).stdout) == []
+
+
+def test_a_busy_cache_is_one_error_saying_try_again(cli, tmp_path, monkeypatch):
+    """Another process holds the cache's lock (stuck, or stopped with Ctrl-Z): `cache clear` gives up."""
+    from filelock import FileLock
+
+    from kvpage_cli.engine.kv.saved import disk
+
+    monkeypatch.setattr(disk, "LOCK_NOTICE_S", 0.05)
+    monkeypatch.setattr(disk, "LOCK_TIMEOUT_S", 0.1)
+    folder = disk.KVCache.open(tmp_path).folder
+    with FileLock(str(folder / "lock")):  # a lock of its own on the file: flock excludes it as another process
+        result = cli("cache", "clear", env={"KVPAGE_HOME": str(tmp_path)})
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[-1] == (
+        f"kvpage: error: the saved-KV cache is unavailable: another kvpage process held the lock of {folder} "
+        "for 0 s; try again later")
+
+
+def test_an_index_larger_than_the_free_disk_is_refused(cli, tmp_path, monkeypatch):
+    import collections
+    import shutil
+
+    path = tmp_path / "long.txt"  # longer than the model's context: indexed
+    path.write_text("\n\n".join(f"{i}. The Supplier shall deliver the goods on time and in full." for i in range(1, 900)))
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: usage(2**30, 2**30 - 2**20, 2**20))
+    result = cli("ask", path, "When are goods delivered?", env={"KVPAGE_HOME": str(tmp_path / "home")})
+    assert result.exit_code == 1 and result.stdout == ""
+    line = result.stderr.splitlines()[-1]
+    assert re.fullmatch(r"kvpage: error: indexing this document needs \d+\.\d GiB of disk for its KV and \S+ has "
+                        r"0\.0 GiB free: free some space, set KVPAGE_HOME to a larger disk, or use --kv-dtype "
+                        r"bfloat16 \(half the bytes\)", line), line
+
+
+# -- as a shell runs it: a closed pipe, a terminal ------------------------------------------------
+
+ROOT = SAMPLES.parent
+
+
+def kvpage_process(args: list[str], kv_home, **popen) -> subprocess.Popen:
+    """`kvpage ARGS` in a process of its own, from this tree (not an installed copy)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KVPAGE_MODEL", "NO_COLOR", "FORCE_COLOR")}
+    env.update(KVPAGE_HOME=str(kv_home), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+               **popen.pop("env", {}))
+    kvpage = Path(sys.executable).with_name("kvpage")  # the console script a user runs
+    return subprocess.Popen([str(kvpage), *args], env=env, cwd=ROOT, **popen)
+
+
+def test_a_closed_pipe_exits_141_quietly(contract, tiny_cli_model, kv_home):
+    """`kvpage review ... | head -0`: the reader is gone before the first line; exit 141 as from SIGPIPE."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    process = kvpage_process(["review", str(contract), "--jsonl", "--model", str(tiny_cli_model), "--max-new-tokens",
+                              "3"], kv_home, stdout=writer, stderr=subprocess.PIPE, text=True)
+    os.close(writer)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 141 and stderr == ""
+
+
+def on_a_terminal(args: list[str], kv_home, env: dict) -> str:
+    """What `kvpage ARGS` shows on a terminal (stdout and stderr both), read through a pty."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))  # 160 columns: room for the bars
+    process = kvpage_process(args, kv_home, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the process closed its end
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    assert process.wait(timeout=300) == 0, shown.decode(errors="replace")
+    return shown.decode(errors="replace")
+
+
+def test_NO_COLOR_takes_the_colour_off_tables_and_bars_on_a_terminal(contract, tiny_cli_model, kv_home):
+    args = ["review", str(contract), "--model", str(tiny_cli_model), "--max-new-tokens", "3"]
+    for env, coloured in (({}, True), ({"NO_COLOR": "1"}, False)):
+        shown = on_a_terminal(args, kv_home, env)
+        plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown)
+        assert re.search(r"clauses +━+ 4/4", plain) and "┃" in plain  # a bar was drawn, and a table
+        assert bool(COLOR_CODE.search(shown)) == coloured, env

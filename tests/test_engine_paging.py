@@ -321,12 +321,16 @@ def test_int8_kv_keeps_each_row_with_its_scale(backend, kv_path, kv_home):
 
 
 def _native_lib(kv_home):
+    """The native kernels; a skip only where there is no C compiler: a compiler whose build fails
+    (or a library that does not load) fails the test."""
     from kvpage_cli.engine import native
 
+    if native._compiler() is None:
+        pytest.skip("no C compiler here (cc, gcc or clang)")
     try:
         return native.load(kv_home)
     except native.NativeUnavailable as exc:
-        pytest.skip(f"no C compiler here: {exc}")
+        pytest.fail(f"the native kernels must build where there is a compiler: {exc}")
 
 
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
@@ -415,22 +419,20 @@ def test_native_kernel_reads_int8_blocks_as_their_decoded_values(head_dim, group
                                                         (16, 2, "float32", 0), (128, 8, "bfloat16", 1),
                                                         (64, 3, "bfloat16", 1), (64, 3, "bfloat16", 8)])
 def test_native_kernel_gives_a_query_the_bits_it_gets_alone_when_others_share_its_blocks(head_dim, group, kind, tiles,
-                                                                                        kv_home):
+                                                                                        kv_home, request):
     """Queries reading the same blocks are computed in one call (an item: a block and every query
     that reads it, read once for all; where several see the same tokens of it, their rows go through
     it together in the SIMD paths); each query's output is what it gets alone, bit for bit,
     whatever the others see of the block (one inside a block, one past it; with and without a
     window), and what the torch reference computes. On AMX tiles (bfloat16 blocks read by four
-    queries or more), within 1e-5 of their scale of what it gets alone (fp32 products): a block at
-    a time (tiles 1), or up to 8 consecutive blocks that the same queries read whole in one pass."""
+    queries or more; the CPU's, or emulated: conftest's tile_library), within 1e-5 of their scale
+    of what it gets alone (fp32 products): a block at a time (tiles 1), or up to 8 consecutive
+    blocks that the same queries read whole in one pass."""
     from kvpage_cli.engine import native
-    from kvpage_cli.engine.attention.backend import DecodePlan, LayerBlocks, NativeBackend, TorchBackend
-    from kvpage_cli.engine.kv.store import head_addresses
 
-    lib = _native_lib(kv_home)
-    if native.prefill_amx(lib, tiles > 0) != (tiles > 0):
-        native.prefill_amx(lib, True)
-        pytest.skip("this CPU has no AMX tiles (or Linux does not grant them)")
+    lib = request.getfixturevalue("on_tiles") if tiles else _native_lib(kv_home)
+    native.prefill_amx(lib, tiles > 0)
+    assert native.prefill_amx(lib) == (tiles > 0)
     try:
         _shared_blocks_case(lib, head_dim, group, kind, tiles)
     finally:
@@ -499,16 +501,17 @@ def _bf16_prefill_or_skip(lib):
 
 @pytest.fixture(params=["amx", "dot products"])
 def prefill_products(request, kv_home):
-    """prefill.c's two ways to multiply: AMX tiles (where the CPU has them; the default there) and
-    the AVX512-BF16 dot products."""
+    """prefill.c's two ways to multiply, and the library that runs them: AMX tiles (the CPU's where
+    it has them, the default there; emulated elsewhere: conftest's tile_library) and the
+    AVX512-BF16 dot products."""
     from kvpage_cli.engine import native
 
-    lib = _native_lib(kv_home)
+    amx = request.param == "amx"
+    lib = request.getfixturevalue("on_tiles") if amx else _native_lib(kv_home)
     _bf16_prefill_or_skip(lib)
-    if native.prefill_amx(lib, request.param == "amx") != (request.param == "amx"):
-        native.prefill_amx(lib, True)
-        pytest.skip("this CPU has no AMX, or Linux did not grant its state")
-    yield request.param
+    native.prefill_amx(lib, amx)
+    assert native.prefill_amx(lib) == amx
+    yield lib
     native.prefill_amx(lib, True)
 
 
@@ -522,7 +525,7 @@ def test_native_bf16_prefill_agrees_with_fp32_attention_and_gives_each_row_its_o
     keys are the rows' own tokens), and causal within a window; on keys that are not a
     whole number of 64-key chunks, read in place from a wider buffer (the store's layout). Each
     row's output is the one it gets alone, and keys split into several runs give the same bits."""
-    lib = _native_lib(kv_home)
+    lib = prefill_products
     attend = _bf16_prefill_or_skip(lib)
     gen = torch.Generator().manual_seed(31)
     num_kv_heads = 2

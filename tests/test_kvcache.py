@@ -400,10 +400,12 @@ def test_a_stuck_lock_holder_means_a_wait_with_a_message_then_no_cache(llama, tm
     saved = random_prompt(2 * SEGMENT + 10, seed=16)
     engine = load(llama, tmp_path)
     prefill(engine, saved)
+    # holds the lock until the test closes its stdin: as long as the prefills take, however slow
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom filelock import FileLock\n"
-         f"lock = FileLock({str(tmp_path / 'kv' / 'lock')!r})\nlock.acquire()\nprint('held', flush=True)\ntime.sleep(120)"],
-        stdout=subprocess.PIPE, text=True)
+        [sys.executable, "-c", "import sys\nfrom filelock import FileLock\n"
+         f"lock = FileLock({str(tmp_path / 'kv' / 'lock')!r})\nlock.acquire()\nprint('held', flush=True)\n"
+         "sys.stdin.read()\nprint('released', flush=True)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         monkeypatch.setattr(kvcache, "LOCK_NOTICE_S", 0.1)
@@ -426,6 +428,8 @@ def test_a_stuck_lock_holder_means_a_wait_with_a_message_then_no_cache(llama, tm
         waiting, gave_up = warnings(events)
         assert "waiting for the saved-KV cache" in waiting and "could not save KV" in gave_up
         assert writes == [1] and torch.equal(logits, fresh_logits(llama, tmp_path, new))
+        holder.stdin.close()  # the signal to let go
+        assert holder.stdout.readline().strip() == "released"  # it held the lock through both prefills
     finally:
         holder.kill()
         holder.wait()
@@ -445,7 +449,7 @@ def _ask_in_child(home: str, seed: int, barrier, cleared, results) -> None:
 
 
 def test_two_processes_and_a_clear_in_the_middle_answer_right_and_leave_it_consistent(llama, tmp_path):
-    import time
+    import multiprocessing.connection
 
     from kvpage_cli.engine.kv.saved.disk import BadSegment
 
@@ -459,9 +463,11 @@ def test_two_processes_and_a_clear_in_the_middle_answer_right_and_leave_it_consi
     cache = KVCache.open(tmp_path)
     assert [e.label for e in cache.clear()] == ["shared"]  # `kvpage cache clear` in the middle
     cleared.set()
-    while any(child.is_alive() for child in children):
-        cache.clear()  # and again while both prefill, restore and save
-        time.sleep(0.05)
+    running = [child.sentinel for child in children]
+    while running:  # and again while both prefill, restore and save: every 50 ms, or as soon as one ends
+        cache.clear()
+        ended = multiprocessing.connection.wait(running, timeout=0.05)
+        running = [sentinel for sentinel in running if sentinel not in ended]
     answers = [results.get(timeout=60) for _ in children]
     for child in children:
         child.join(60)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -184,26 +182,39 @@ def test_scores_follow_a_question_appended_after_a_shared_document(tiny_models, 
 
 
 def test_the_mover_never_lets_attention_read_an_unfinished_copy(tiny_models, kv_home, monkeypatch):
+    """A slow link, made deterministic: each prefetched copy lands only once attention has come to
+    a slot whose copy is still in flight (an event the layer's wait sets), so the layer must wait
+    for it; every slot a layer reads has its valid bit set, and the tokens are the exact run's."""
+    import sys
+    import threading
+
     model = tiny_models["llama"]
     ids = random_prompt(24 * BLOCK_TOKENS, seed=56)
     reference = selective(model, kv_home, "lru", 8, kv_path="pool")
     expected = list(reference.generate(reference.prefill(ids), max_new_tokens=12, stop=()))
 
     engine = selective(model, kv_home, "lru", 8, kv_path="pool")
-    copier = engine.dispatch._copier
-    slow_copies = []
+    mover = engine.pool.mover
+    waited_for = threading.Event()  # set when attention waits for a copy: only then do prefetches land
+    landed, in_flight = [], []  # prefetched copies done; per wait of attention, whether its copy was still out
+    real_start, real_wait = mover.start, mover.wait
 
-    def slow(layer, group):
-        copy_in = copier(layer, group)
+    def start(copy, valid, slot):
+        def slowly():  # on the mover's thread; the bound only turns a regression's hang into a failure
+            assert waited_for.wait(timeout=300), "attention never waited for a copy in flight"
+            copy()
+            landed.append(slot)
 
-        def slowly(block_id, k_slot, v_slot, tokens):
-            time.sleep(0.02)  # a slow link: the layer reaches the slot before the copy lands
-            copy_in(block_id, k_slot, v_slot, tokens)
-            slow_copies.append(block_id)
+        return real_start(slowly, valid, slot)
 
-        return slowly
+    def wait(handle):
+        if sys._getframe(1).f_code.co_name == "load":  # the pool's load for a layer's attention
+            in_flight.append(not handle.done())
+            waited_for.set()
+        return real_wait(handle)
 
-    monkeypatch.setattr(engine.dispatch, "_copier", slow)
+    monkeypatch.setattr(mover, "start", start)
+    monkeypatch.setattr(mover, "wait", wait)
     from kvpage_cli.engine import native
 
     decode = native.decode_states
@@ -220,9 +231,13 @@ def test_the_mover_never_lets_attention_read_an_unfinished_copy(tiny_models, kv_
         return next((i for i, t in enumerate(engine.pool.k_addr) if t is k_addr), None)
 
     monkeypatch.setattr(native, "decode_states", checked)
-    assert list(engine.generate(engine.prefill(ids), max_new_tokens=12, stop=())) == expected
-    assert reads and engine.pool.mover.prefetched > 0 and slow_copies
-    assert engine.stats().copy_wait_seconds > 0  # some reads really waited for a copy in flight
+    try:
+        tokens = list(engine.generate(engine.prefill(ids), max_new_tokens=12, stop=()))
+    finally:
+        waited_for.set()  # a failure leaves no copy waiting
+    assert tokens == expected
+    assert reads and mover.prefetched > 0 and landed
+    assert in_flight and in_flight[0]  # the first wait found its copy still in flight: attention did wait
 
 
 def test_a_separate_draft_model_ranks_the_blocks(tiny_models, kv_home, tmp_path):

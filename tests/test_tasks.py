@@ -223,12 +223,22 @@ def test_quotes_come_from_the_clause_body_not_its_heading(tiny_engine):
             assert starts[c.id] >= doc.text.index(c.heading, c.start) + len(c.heading)
 
 
-def test_ask_streams_text_and_refuses_an_empty_question(tiny_engine):
+def test_ask_streams_text_and_refuses_an_empty_question(tiny_engine, monkeypatch):
     doc = load(str(SAMPLES / "repo"))
     asker = Asker(tiny_engine, doc, "Where is the VAT rate?", max_new_tokens=8)
-    pieces = list(asker.answer())
+    decoded = []  # the tokens the engine has given so far
+    real_run = tiny_engine.run
+
+    def run(*args, **kwargs):
+        for request, token in real_run(*args, **kwargs):
+            decoded.append(token)
+            yield request, token
+
+    monkeypatch.setattr(tiny_engine, "run", run)
+    pieces = [(piece, len(decoded)) for piece in asker.answer()]
     assert all(asker.complete) and asker.document_tokens > 1000
-    assert all(isinstance(p, str) for p in pieces)
+    assert len(pieces) >= 2 and all(piece for piece, _ in pieces)  # text, in several pieces
+    assert pieces[0][1] < len(decoded)  # the first piece came before the last token was decoded
     with pytest.raises(ValueError, match="empty"):
         Asker(tiny_engine, doc, "  ")
 
