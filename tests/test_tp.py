@@ -327,6 +327,19 @@ def test_ask_with_tp_2_prints_what_one_process_prints(tiny_cli_model, kv_home, c
     assert json.loads(piped[1].stdout)["answer"] == json.loads(piped[0].stdout)["answer"]  # rank 0 read stdin
 
 
+def test_the_ranks_run_the_kvpage_rank_0_runs_wherever_it_is_started(tiny_cli_model, kv_home, contract, tmp_path):
+    """Started from a folder that holds another kvpage_cli (a checkout of another version), the
+    ranks still import rank 0's: two versions would run different steps and wait on each other."""
+    other = tmp_path / "kvpage_cli"
+    other.mkdir()
+    (other / "__init__.py").write_text("raise ImportError('the kvpage_cli of the working directory')\n")
+    common = ["ask", str(contract), QUESTION, "--model", str(tiny_cli_model), "--max-new-tokens", "4", "--json"]
+    alone = cli([str(KVPAGE), *common], kv_home)
+    split = cli([str(KVPAGE), *common, "--tp", "2"], kv_home, cwd=tmp_path)
+    assert split.returncode == 0, split.stderr
+    assert json.loads(split.stdout)["answer"] == json.loads(alone.stdout)["answer"]
+
+
 def test_ask_under_torchrun_prints_what_one_process_prints(tiny_cli_model, kv_home, contract):
     common = ["ask", str(contract), QUESTION, "--model", str(tiny_cli_model), "--max-new-tokens", "12"]
     alone = cli([str(KVPAGE), *common], kv_home)

@@ -137,11 +137,15 @@ def _lead(tp: int, backend: str, command: Callable, kwargs: dict, body: Callable
     job = folder / "command.pickle"
     job.write_bytes(pickle.dumps((command, kwargs)))
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(tp), **{WORKER_FILE: str(job)})
+    # the ranks import the kvpage rank 0 runs: `python -c` would put the working directory first on
+    # the path, and a folder there named kvpage_cli (a checkout of another version) would answer
+    root = str(Path(__file__).resolve().parents[2])
+    start = "import sys; sys.path.insert(0, sys.argv[1]); from kvpage_cli.cli.ranks import worker; worker()"
     workers = []
     for r in range(1, tp):
         log = open(folder / f"rank{r}.err", "w+b")
         workers.append((r, log, subprocess.Popen(
-            [sys.executable, "-c", "from kvpage_cli.cli.ranks import worker; worker()"],
+            [sys.executable, "-c", start, root],
             env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=log)))
     failed: list[RankFailed] = []
