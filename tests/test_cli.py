@@ -789,7 +789,7 @@ def test_several_documents_where_one_cannot_be_read(cli, contract, tmp_path):
     assert [s["document"] for s in summaries] == [str(contract)]
     lines = result.stderr.splitlines()
     assert f"kvpage: warning: {blob} skipped: {blob} looks binary, not text" in lines
-    assert lines[-1] == "kvpage: error: 1 of 2 documents could not be read (see the warnings above)"
+    assert lines[-1] == "kvpage: error: 1 of 2 documents could not be reviewed or written (see the warnings above)"
 
 
 @pytest.mark.parametrize("args, code, says", [
