@@ -399,13 +399,7 @@ class _BodyReader:
         return found
 
     def _field_char(self, fld) -> None:
-        kind = fld.get(self.q("fldCharType"))
-        if kind == "begin":
-            self.fields.append("code")
-        elif kind == "separate" and self.fields:
-            self.fields[-1] = "result"
-        elif kind == "end" and self.fields:
-            self.fields.pop()
+        follow_field(self.fields, fld.get(self.q("fldCharType")))
 
     def _visible(self) -> bool:
         """Outside field codes (the result of a field is shown, its instruction is not)."""
@@ -664,6 +658,17 @@ class _BodyReader:
             return _format_number(value, "decimal" if level.legal else lv.fmt)
 
         return re.sub(r"%([1-9])", render, level.text).strip()[:_MAX_LABEL_CHARS]
+
+
+def follow_field(fields: list[str], kind: str | None) -> None:
+    """A w:fldChar of `kind` (begin, separate, end) seen: `fields` holds the open fields, each
+    "code" until its separator (a field's code is not shown), then "result" (its result is)."""
+    if kind == "begin":
+        fields.append("code")
+    elif kind == "separate" and fields:
+        fields[-1] = "result"
+    elif kind == "end" and fields:
+        fields.pop()
 
 
 def _text(element) -> str:

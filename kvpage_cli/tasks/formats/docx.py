@@ -24,6 +24,7 @@ from docx.text.run import Run
 from lxml import etree
 
 from ...ingest import Document
+from ...ingest.docx import follow_field
 from ..schema import Finding, ReviewResult
 from . import FormatError
 from .paragraphs import paragraphs
@@ -245,13 +246,7 @@ class _Runs:
         for child in r:
             tag = child.tag
             if tag == qn("w:fldChar"):  # a field's code is not shown, its result is (as ingest reads it)
-                kind = child.get(qn("w:fldCharType"))
-                if kind == "begin":
-                    self.fields.append("code")
-                elif kind == "separate" and self.fields:
-                    self.fields[-1] = "result"
-                elif kind == "end" and self.fields:
-                    self.fields.pop()
+                follow_field(self.fields, child.get(qn("w:fldCharType")))
                 continue
             if "code" in self.fields:
                 continue
