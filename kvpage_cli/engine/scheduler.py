@@ -67,13 +67,8 @@ class Scheduler:
 
     def run(self, requests: Iterable[Request], max_batch: int | None = None, on_event: EventCallback | None = None,
             restored: int = 0, after_chunk=None) -> Iterator[tuple[Request, int]]:
-        """Advances the requests together, yielding (request, token) for every decoded token.
-
-        Continuous batching: up to `max_batch` requests (default `EngineConfig.max_batch`) run at
-        once; each step runs the next prefill chunk of those still appending and one token of
-        those decoding; a finished request leaves and a waiting one joins at the next step.
-        restored, after_chunk: the single-request prefill's saved-KV bookkeeping (tokens already
-        restored, counted in the progress; a callback after every chunk)."""
+        """Engine.run (its docstring says what a run does); afterwards the store holds every row
+        the device path wrote."""
         try:
             yield from self._run(requests, max_batch, on_event, restored, after_chunk)
         finally:
