@@ -843,14 +843,20 @@ def test_ctrl_c_during_an_answer_keeps_what_was_printed(cli, contract, monkeypat
 
 def test_cache_ls_as_a_table_and_rm_by_key_prefix(cli, tmp_path):
     env = {"KVPAGE_HOME": str(tmp_path)}
-    contract = SAMPLES / "contract.txt"  # long enough for whole 256-token segments
+    contract = tmp_path / ("a-folder-whose-name-is-long-" * 3) / "contract.txt"  # wider than its column
+    contract.parent.mkdir()
+    contract.write_bytes((SAMPLES / "contract.txt").read_bytes())  # long enough for whole 256-token segments
     assert cli("ask", contract, "What is the term?", env=env).exit_code == 0
     [entry] = json.loads(cli("cache", "ls", "--json", env=env).stdout)
+    assert entry["label"] == str(contract)
     table = cli("cache", "ls", "--format", "table", env=env)
     assert table.exit_code == 0, table.stderr
-    header, row = [line for line in table.stdout.splitlines() if entry["key"] in line or "label" in line]
-    assert header.split() == ["┃", "label", "┃", "model", "┃", "tokens", "┃", "MiB", "┃", "last", "used", "┃", "key", "┃"]
-    assert row.split()[1] == entry["label"] and f"{entry['tokens']:,}" in row  # the model's path is cut to fit
+    lines = table.stdout.splitlines()
+    assert lines[1].split() == ["┃", "label", "┃", "model", "┃", "tokens", "┃", "MiB", "┃", "last", "used", "┃", "key", "┃"]
+    rows = [line.split("│")[1:-1] for line in lines[3:-1]]  # a long label folds onto the lines below its row
+    assert "".join(cells[0].strip() for cells in rows) == entry["label"]  # whole, however long the path
+    assert [cell.strip() for cell in rows[0][1:]] == [Path(entry["model"]).name, f"{entry['tokens']:,}",
+                                                      f"{entry['mib']:.1f}", entry["last_used"], entry["key"]]
     assert table.stderr.splitlines()[-1] == f"kvpage: 1 saved document(s), {entry['mib']:.1f} MiB"
     removed = cli("cache", "rm", entry["key"][:8], env=env)
     assert removed.exit_code == 0 and removed.stderr.startswith("kvpage: removed 1 saved document(s)"), removed.stderr

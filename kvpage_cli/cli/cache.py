@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich.table import Column, Table
 
 from ..engine import KVCache
 from ..engine.config import DEFAULT_CACHE_MIB
@@ -67,9 +67,13 @@ def ls(*, opts: Options) -> None:
         if fmt == "json":
             sink.write(json.dumps(rows, indent=2) + "\n")
         elif fmt == "table" and rows:
-            table = Table("label", "model", "tokens", "MiB", "last used", "key")
+            # The label is shown whole (folded onto more lines where it is long); a model given by its path
+            # shows its file name here, the whole path in the text and JSON formats.
+            table = Table(Column("label", overflow="fold"), Column("model", overflow="ellipsis", max_width=32),
+                          "tokens", "MiB", "last used", "key")
             for r in rows:
-                table.add_row(r["label"], r["model"], f"{r['tokens']:,}", f"{r['mib']:.1f}", r["last_used"], r["key"])
+                table.add_row(r["label"], Path(r["model"]).name or r["model"], f"{r['tokens']:,}", f"{r['mib']:.1f}",
+                              r["last_used"], r["key"])
             sink.render(table)
         else:
             sink.write("".join(f"{r['label']}\t{r['model']}\t{r['tokens']}\t{r['mib']:.1f} MiB\t{r['last_used']}\t{r['key']}\n"
