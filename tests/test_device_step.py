@@ -120,6 +120,40 @@ def test_a_steps_tensors_keep_their_storage_and_padding_changes_no_real_row(kv_h
         assert (single.ctx.last_logits - request.ctx.last_logits).abs().max() < 1e-5
 
 
+def test_a_steps_buffer_holds_what_packing_it_afresh_writes(kv_home):
+    """A group's plan is packed into the step's buffer once and kept while the plan and the slots
+    stand. Forks cross into new blocks (new plans, new slots) and finish at different steps (other
+    padded sizes, buffers used again): at every step the buffer holds, field by field, what it holds
+    when every field is packed afresh over a buffer of junk."""
+    model = tiny_model("llama", **SHAPE, num_hidden_layers=2)
+    document = random_prompt(BLOCK_TOKENS - 3, seed=14)
+
+    def buffers_at_each_step(afresh: bool):
+        engine = load(model, kv_home, "torch", "eager")
+        device, prepare, seen = engine.device_decode, engine.device_decode._prepare, []
+
+        def recorded(requests, starts):
+            if afresh:
+                for bufs in device.buffers.values():
+                    bufs.packed = [None] * len(bufs.packed)
+                    bufs.host_np[:] = 12345
+            bufs, kv_bytes = prepare(requests, starts)
+            seen.append({name: bufs.host_np[part].tolist() for name, part in bufs.layout.fields.items()})
+            return bufs, kv_bytes
+
+        device._prepare = recorded
+        doc = engine.prefill(document)
+        requests = [Request(engine.fork(doc), [7 + i], max_new_tokens=n, stop=()) for i, n in enumerate((3, 9, 14))]
+        list(engine.run(requests))
+        return seen, [r.generated for r in requests]
+
+    kept, kept_tokens = buffers_at_each_step(afresh=False)
+    fresh, fresh_tokens = buffers_at_each_step(afresh=True)
+    assert len(kept) == 13 and kept_tokens == fresh_tokens  # 13 device steps: the first token is the prompt's
+    for step, (ours, theirs) in enumerate(zip(kept, fresh)):
+        assert ours == theirs, f"step {step}: " + ", ".join(name for name in ours if ours[name] != theirs[name])
+
+
 def test_the_store_holds_the_devices_rows_when_the_host_path_takes_over(kv_home):
     """Decode on the device, then append a prompt (a host-path step reading the store), then decode
     again: the same bits as the host path throughout, the rows the device wrote copied back."""
