@@ -143,7 +143,7 @@ def test_a_steps_buffer_holds_what_packing_it_afresh_writes(kv_home):
 
         device._prepare = recorded
         doc = engine.prefill(document)
-        requests = [Request(engine.fork(doc), [7 + i], max_new_tokens=n, stop=()) for i, n in enumerate((3, 9, 14))]
+        requests = [Request(engine.fork(doc), [7 + i], max_new_tokens=n, stop=()) for i, n in enumerate((6, 9, 14))]
         list(engine.run(requests))
         return seen, [r.generated for r in requests]
 
