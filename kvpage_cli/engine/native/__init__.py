@@ -34,7 +34,8 @@ _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-err
           "-ffp-contract=off",  # no fused multiply-adds the source does not ask for: torch's bits
           f"-DBLOCK_TOKENS={BLOCK_TOKENS}", f"-DTILE_MIN_ROWS={TILE_MIN_ROWS}"]
 HEADER = "kvpage.h"  # the library's interface: every kvp_* prototype, bound from here (`prototypes`)
-_SOURCES = (HEADER, "formats.h", "amx.c", "attention.c", "formats.c", "int8.c", "kquants.c", "layer.c", "linear.c",
+_SOURCES = (HEADER, "formats.h", "attention_item.h", "amx.c", "attention.c", "attention_bf16.c", "attention_f32.c",
+            "attention_int8.c", "formats.c", "int8.c", "kquants.c", "layer.c", "linear.c",
             "prefill.c", "rows.c", "tiles.c")
 _LIB: ctypes.CDLL | None = None
 
