@@ -14,6 +14,19 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+THREADS = torch.get_num_threads()  # torch's own thread count here (the cores), as every test starts with it
+
+
+@pytest.fixture(autouse=True)
+def torch_threads():
+    """Puts torch's thread count back after each test: an engine loaded with `threads` (the CLI's
+    --threads) sets it for the whole process, and the tests after one that asked for 1 ran on one
+    core (the real review 105 s where it takes 68)."""
+    yield
+    if torch.get_num_threads() != THREADS:
+        torch.set_num_threads(THREADS)
+
+
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "corpus"
 SAMPLES = REPO / "samples"
@@ -58,7 +71,7 @@ def kv_home(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def native_library(kv_home) -> Path | None:
     """The native kernel library as built in kv_home (built there first where it is not yet); None
-    where it cannot be built. A new home compiles it again (about 12 s): tests that make their own
+    where it cannot be built. A new home compiles it again (about 17 s on 2 cores): tests that make their own
     homes copy it in (`with_native_library`) or have `native._compile` copy it."""
     from kvpage_cli.engine import native
 

@@ -41,7 +41,7 @@ def test_the_triton_device_step_gives_the_per_layer_paths_bits(arch, kv_home):
     """Forks over one document cross a block boundary while decoding (a new block each, and the
     shared partial block copied on write on the device); Gemma's sliding layers drop blocks."""
     model = tiny_model(arch, **SHAPE, sliding_window=64) if arch == "gemma3_text" else tiny_model(arch, **SHAPE)
-    document = random_prompt(2 * BLOCK_TOKENS + 60, seed=5)
+    document = random_prompt(BLOCK_TOKENS + 60, seed=5)  # with the prompts, 2 short of the third block
     host_tokens, host_logits = decode(load(model, kv_home, "triton", "host"), document, 3, 8)
     engine = load(model, kv_home, "triton", "eager")
     tokens, logits = decode(engine, document, 3, 8)
@@ -66,7 +66,7 @@ def test_the_torch_device_step_agrees_with_the_per_layer_path(kv_home):
 
 @pytest.mark.parametrize("backend,batch", [("torch", 1), ("torch", 16), ("triton", 1), ("triton", 16)])
 def test_a_decode_step_reads_the_device_once_and_never_inside_its_layers(backend, batch, kv_home):
-    model = tiny_model("llama", **SHAPE, num_hidden_layers=4)
+    model = tiny_model("llama", **SHAPE, num_hidden_layers=2)
     engine = load(model, kv_home, backend, "eager", pool_mib=32.0)
     doc = engine.prefill(random_prompt(BLOCK_TOKENS + 20, seed=8))
     requests = [Request(engine.fork(doc), [5 + i], max_new_tokens=5, stop=()) for i in range(batch)]
@@ -101,7 +101,7 @@ def test_a_steps_tensors_keep_their_storage_and_padding_changes_no_real_row(kv_h
     tensors from step to step; the three real rows get the tokens they get when each sequence
     decodes alone (padded to one, the same as unpadded)."""
     model = tiny_model("llama", **SHAPE)
-    document = random_prompt(BLOCK_TOKENS + 30, seed=10)
+    document = random_prompt(40, seed=10)
     engine = load(model, kv_home, "triton", "eager")
     doc = engine.prefill(document)
     requests = [Request(engine.fork(doc), [9 + i], max_new_tokens=6, stop=()) for i in range(3)]
@@ -120,17 +120,51 @@ def test_a_steps_tensors_keep_their_storage_and_padding_changes_no_real_row(kv_h
         assert (single.ctx.last_logits - request.ctx.last_logits).abs().max() < 1e-5
 
 
+def test_a_steps_buffer_holds_what_packing_it_afresh_writes(kv_home):
+    """A group's plan is packed into the step's buffer once and kept while the plan and the slots
+    stand. Forks cross into new blocks (new plans, new slots) and finish at different steps (other
+    padded sizes, buffers used again): at every step the buffer holds, field by field, what it holds
+    when every field is packed afresh over a buffer of junk."""
+    model = tiny_model("llama", **SHAPE, num_hidden_layers=2)
+    document = random_prompt(BLOCK_TOKENS - 3, seed=14)
+
+    def buffers_at_each_step(afresh: bool):
+        engine = load(model, kv_home, "torch", "eager")
+        device, prepare, seen = engine.device_decode, engine.device_decode._prepare, []
+
+        def recorded(requests, starts):
+            if afresh:
+                for bufs in device.buffers.values():
+                    bufs.packed = [None] * len(bufs.packed)
+                    bufs.host_np[:] = 12345
+            bufs, kv_bytes = prepare(requests, starts)
+            seen.append({name: bufs.host_np[part].tolist() for name, part in bufs.layout.fields.items()})
+            return bufs, kv_bytes
+
+        device._prepare = recorded
+        doc = engine.prefill(document)
+        requests = [Request(engine.fork(doc), [7 + i], max_new_tokens=n, stop=()) for i, n in enumerate((6, 9, 14))]
+        list(engine.run(requests))
+        return seen, [r.generated for r in requests]
+
+    kept, kept_tokens = buffers_at_each_step(afresh=False)
+    fresh, fresh_tokens = buffers_at_each_step(afresh=True)
+    assert len(kept) == 13 and kept_tokens == fresh_tokens  # 13 device steps: the first token is the prompt's
+    for step, (ours, theirs) in enumerate(zip(kept, fresh)):
+        assert ours == theirs, f"step {step}: " + ", ".join(name for name in ours if ours[name] != theirs[name])
+
+
 def test_the_store_holds_the_devices_rows_when_the_host_path_takes_over(kv_home):
     """Decode on the device, then append a prompt (a host-path step reading the store), then decode
     again: the same bits as the host path throughout, the rows the device wrote copied back."""
     model = tiny_model("llama", **SHAPE)
-    document = random_prompt(BLOCK_TOKENS + 50, seed=12)
+    document = random_prompt(BLOCK_TOKENS - 6, seed=12)
 
     def run(step: str):
         engine = load(model, kv_home, "triton", step)
         ctx = engine.prefill(document)
-        first = list(engine.generate(ctx, [4], max_new_tokens=20, stop=()))  # crosses into a new block
-        second = list(engine.generate(ctx, [5, 6, 7], max_new_tokens=5, stop=()))
+        first = list(engine.generate(ctx, [4], max_new_tokens=10, stop=()))  # crosses into a new block
+        second = list(engine.generate(ctx, [5, 6, 7], max_new_tokens=3, stop=()))
         return engine, first + second, engine.logits(ctx).clone()
 
     _, host_tokens, host_logits = run("host")

@@ -312,11 +312,22 @@ def contract(tmp_path_factory):
     return path
 
 
-def test_ask_with_tp_2_prints_what_one_process_prints(tiny_cli_model, kv_home, contract):
-    common = ["ask", str(contract), QUESTION, "--model", str(tiny_cli_model), "--max-new-tokens", "12", "--json"]
-    alone = cli([str(KVPAGE), *common], kv_home)
+@pytest.fixture(scope="module")
+def asked_alone(contract, tiny_cli_model, kv_home):
+    """The question asked by one process (the answer the ranks must print), as JSON and as text."""
+    common = ["ask", str(contract), QUESTION, "--model", str(tiny_cli_model), "--max-new-tokens", "12"]
+    runs = {"json": cli([str(KVPAGE), *common, "--json"], kv_home), "text": cli([str(KVPAGE), *common], kv_home)}
+    for run in runs.values():
+        assert run.returncode == 0, run.stderr
+    return common, runs
+
+
+def test_ask_with_tp_2_prints_what_one_process_prints(asked_alone, kv_home, contract):
+    common, runs = asked_alone
+    common = [*common, "--json"]
+    alone = runs["json"]
     split = cli([str(KVPAGE), *common, "--tp", "2"], kv_home)
-    assert alone.returncode == 0 and split.returncode == 0, split.stderr
+    assert split.returncode == 0, split.stderr
     one, two = json.loads(alone.stdout), json.loads(split.stdout)  # stdout: one JSON document, rank 0's
     assert two["answer"] == one["answer"] and two["document_tokens"] == one["document_tokens"]
     assert two["stats"]["store_mib"] < one["stats"]["store_mib"]  # rank 0's own KV heads: half
@@ -327,22 +338,21 @@ def test_ask_with_tp_2_prints_what_one_process_prints(tiny_cli_model, kv_home, c
     assert json.loads(piped[1].stdout)["answer"] == json.loads(piped[0].stdout)["answer"]  # rank 0 read stdin
 
 
-def test_the_ranks_run_the_kvpage_rank_0_runs_wherever_it_is_started(tiny_cli_model, kv_home, contract, tmp_path):
+def test_the_ranks_run_the_kvpage_rank_0_runs_wherever_it_is_started(asked_alone, kv_home, tmp_path):
     """Started from a folder that holds another kvpage_cli (a checkout of another version), the
     ranks still import rank 0's: two versions would run different steps and wait on each other."""
     other = tmp_path / "kvpage_cli"
     other.mkdir()
     (other / "__init__.py").write_text("raise ImportError('the kvpage_cli of the working directory')\n")
-    common = ["ask", str(contract), QUESTION, "--model", str(tiny_cli_model), "--max-new-tokens", "4", "--json"]
-    alone = cli([str(KVPAGE), *common], kv_home)
-    split = cli([str(KVPAGE), *common, "--tp", "2"], kv_home, cwd=tmp_path)
+    common, runs = asked_alone
+    split = cli([str(KVPAGE), *common, "--json", "--tp", "2"], kv_home, cwd=tmp_path)
     assert split.returncode == 0, split.stderr
-    assert json.loads(split.stdout)["answer"] == json.loads(alone.stdout)["answer"]
+    assert json.loads(split.stdout)["answer"] == json.loads(runs["json"].stdout)["answer"]
 
 
-def test_ask_under_torchrun_prints_what_one_process_prints(tiny_cli_model, kv_home, contract):
-    common = ["ask", str(contract), QUESTION, "--model", str(tiny_cli_model), "--max-new-tokens", "12"]
-    alone = cli([str(KVPAGE), *common], kv_home)
+def test_ask_under_torchrun_prints_what_one_process_prints(asked_alone, kv_home):
+    common, runs = asked_alone
+    alone = runs["text"]
     torchrun = Path(sys.executable).with_name("torchrun")
     split = cli([str(torchrun), "--standalone", "--nproc-per-node", "2", str(KVPAGE), *common, "--tp", "2"], kv_home)
     assert split.returncode == 0, split.stderr

@@ -69,6 +69,7 @@ class GroupPlan:
     q_off: np.ndarray
     q_pairs: np.ndarray
     pair_item: np.ndarray
+    per_query: int = 0  # the most pairs one query has
 
     @classmethod
     def build(cls, blocks: list[tuple[list[int], list[int]]]) -> "GroupPlan":
@@ -87,7 +88,7 @@ class GroupPlan:
         q_off = np.zeros(len(blocks) + 1, dtype=np.int64)
         q_off[1:] = np.cumsum(counts)
         return cls(item_ids=keys % span, item_pos=keys // span, item_off=item_off, pair_query=owner[order],
-                   q_off=q_off, q_pairs=rank, pair_item=entry_item[order])
+                   q_off=q_off, q_pairs=rank, pair_item=entry_item[order], per_query=int(counts.max(initial=0)))
 
     @property
     def num_items(self) -> int:
@@ -143,11 +144,35 @@ class StepBuffers:
         self.next_tokens = torch.zeros(layout.batch, dtype=torch.int64, device=device)
         self.logits: torch.Tensor | None = None  # the step's logits [batch, V] (static under a graph)
         self.graph = None  # torch.cuda.CUDAGraph once captured; False where capture failed
+        self.field = {name: self.host_np[part] for name, part in layout.fields.items()}  # numpy views of host
+        self.packed: list[tuple | None] = [None] * len(layout.caps)  # per group: (plan, slots' generation) packed
 
-    def put(self, name: str, values) -> None:
-        part = self.layout.fields[name]
-        values = np.asarray(values, dtype=np.int32)
-        self.host_np[part.start:part.start + values.size] = values
+    def put(self, name: str, values, pad: int = 0) -> None:
+        """A field's values, the rest of its capacity `pad`."""
+        field = self.field[name]
+        count = len(values)
+        field[:count] = values
+        field[count:] = pad
+
+    def pack_plan(self, g: int, plan: GroupPlan, slot_of: dict[int, int]) -> None:
+        """The fields of a group's plan: the items' slots and positions, the pairs, padded."""
+        count = plan.q_off.size - 1
+        item_slots = np.fromiter((slot_of[b] for b in plan.item_ids.tolist()), dtype=np.int64, count=plan.num_items)
+        self.put(f"item_slots{g}", item_slots, -1)
+        self.put(f"item_pos{g}", plan.item_pos)
+        self.put(f"item_off{g}", plan.item_off, plan.num_pairs)
+        self.put(f"pair_query{g}", plan.pair_query)
+        self.put(f"q_off{g}", plan.q_off, plan.num_pairs)
+        self.put(f"q_pairs{g}", plan.q_pairs)
+        self.put(f"pair_slot{g}", item_slots[plan.pair_item], -1)
+        self.put(f"pair_pos{g}", plan.item_pos[plan.pair_item])
+        per_query = self.layout.caps[g][2]
+        dense = np.full((self.layout.batch, per_query), plan.num_pairs, dtype=np.int32)  # pair P: lse -inf
+        lengths = np.diff(plan.q_off)
+        rows = np.repeat(np.arange(count), lengths)
+        cols = np.arange(plan.num_pairs) - np.repeat(plan.q_off[:-1], lengths)
+        dense[rows, cols] = plan.q_pairs
+        self.field[f"dense{g}"][:] = dense.reshape(-1)
 
 
 class DeviceDecode:
@@ -168,7 +193,8 @@ class DeviceDecode:
         self.invalid_reads = torch.zeros((), dtype=torch.int64, device=self.device)  # items attention found not valid
         self.group_layers = [torch.tensor(g.layers, device=self.device) for g in self.store.groups]
         self.one = torch.ones((), dtype=torch.int8, device=self.device)
-        self._plans: dict[int, tuple[tuple, GroupPlan]] = {}  # group -> (the tables' versions, its plan)
+        self._plans: dict[int, tuple[list, GroupPlan]] = {}  # group -> (the tables' versions, its plan)
+        self.windows = any(g.window for g in self.store.groups)  # sliding-window groups drop old blocks
         self._events = None
         self._warned = False
 
@@ -212,83 +238,61 @@ class DeviceDecode:
         bufs, kv_bytes = self._prepare(requests, starts)
         seconds, tokens = self._run(bufs, len(requests))
         logits = bufs.logits[:len(requests)].clone()  # the static outputs change at the next step
-        for i, (request, start) in enumerate(zip(requests, starts)):
+        windows = self.windows
+        for request, start, row in zip(requests, starts, logits.unbind(0)):
             ctx = request.ctx
             ctx.num_cached = start + 1
-            blocks.drop_outside_windows(ctx.tables, ctx.num_cached)
-            ctx.last_logits = logits[i]
+            if windows:
+                blocks.drop_outside_windows(ctx.tables, ctx.num_cached)
+            ctx.last_logits = row
         resident.mirror(full_only=True)
         self.kv_read_bytes = kv_bytes
         return tokens, seconds
 
     def _prepare(self, requests, starts: list[int]) -> tuple[StepBuffers, int]:
-        """Plans the step on the host and packs it into its buffers (no device value is read)."""
+        """Plans the step on the host and packs it into its buffers (no device value is read). What
+        comes from a group's plan is packed again only when the plan or the slots changed (a block
+        added or moved: once in 64 steps for a sequence); per step, the tokens, positions and the
+        slots the new rows go to."""
         count = len(requests)
         batch = padded_batch(count)
         resident = self.resident
         plans, caps, kv_bytes = [], [], 0
         for index, group in enumerate(self.store.groups):
-            tables = [r.ctx.tables[index] for r in requests]
-            plan = self._plan(index, [r.ctx.id for r in requests], tables)
+            plan = self._plan(index, requests)
             plans.append(plan)
-            per_query = int(np.diff(plan.q_off).max()) if count else 0
-            caps.append((capacity(plan.num_items), capacity(plan.num_pairs), capacity(per_query)))
+            caps.append((capacity(plan.num_items), capacity(plan.num_pairs), capacity(plan.per_query)))
             kv_bytes += plan.num_items * group.block_bytes_per_layer * len(group.layers)
         key = (batch, tuple(caps))
         bufs = self.buffers.get(key)
         if bufs is None:
             bufs = self.buffers[key] = StepBuffers(Layout(batch, tuple(caps)), self.device, self.spec.num_heads,
                                                    self.spec.head_dim)
-        bufs.host_np[:] = 0
         positions = np.array(starts, dtype=np.int64)
+        offsets = positions % BLOCK_TOKENS
         bufs.put("tokens", [r.ctx.tokens[s] for r, s in zip(requests, starts)])
         bufs.put("positions", positions)
         bufs.put("q_end", positions + 1)
-        bufs.put("write_off", positions % BLOCK_TOKENS)
-        sink = resident.sink
-        for index, (plan, (items_cap, pairs_cap, per_query)) in enumerate(zip(plans, caps)):
-            slot_of = resident.groups[index].slot_of
-            tails = [r.ctx.tables[index].ids[s // BLOCK_TOKENS] for r, s in zip(requests, starts)]
-            write = []
-            for block_id, start in zip(tails, starts):
-                if block_id is None:  # a sliding-window layer's block already dropped: nothing to keep
-                    write.append(sink)
-                    continue
-                write.append(resident.place_new(index, block_id))
-                resident.wrote(index, block_id, start % BLOCK_TOKENS + 1)
-            bufs.put(f"write_slot{index}", write + [sink] * (batch - count))
-            item_slots = np.fromiter((slot_of[b] for b in plan.item_ids.tolist()), dtype=np.int64, count=plan.num_items)
-            padded_items = np.full(items_cap, -1, dtype=np.int64)
-            padded_items[:plan.num_items] = item_slots
-            bufs.put(f"item_slots{index}", padded_items)
-            bufs.put(f"item_pos{index}", plan.item_pos)
-            item_off = np.full(items_cap + 1, plan.num_pairs, dtype=np.int64)
-            item_off[:plan.num_items + 1] = plan.item_off
-            bufs.put(f"item_off{index}", item_off)
-            bufs.put(f"pair_query{index}", plan.pair_query)
-            q_off = np.full(batch + 1, plan.num_pairs, dtype=np.int64)
-            q_off[:count + 1] = plan.q_off
-            bufs.put(f"q_off{index}", q_off)
-            bufs.put(f"q_pairs{index}", plan.q_pairs)
-            pair_slot = np.full(pairs_cap, -1, dtype=np.int64)
-            pair_slot[:plan.num_pairs] = item_slots[plan.pair_item]
-            bufs.put(f"pair_slot{index}", pair_slot)
-            bufs.put(f"pair_pos{index}", plan.item_pos[plan.pair_item])
-            dense = np.full((batch, per_query), plan.num_pairs, dtype=np.int64)  # pair P: lse -inf
-            lengths = np.diff(plan.q_off)
-            rows = np.repeat(np.arange(count), lengths)
-            cols = np.arange(plan.num_pairs) - np.repeat(plan.q_off[:-1], lengths)
-            dense[rows, cols] = plan.q_pairs
-            bufs.put(f"dense{index}", dense.reshape(-1))
+        bufs.put("write_off", offsets)
+        ends = (offsets + 1).tolist()
+        tail_of = (positions // BLOCK_TOKENS).tolist()
+        for index, plan in enumerate(plans):
+            tails = [r.ctx.tables[index].ids[t] for r, t in zip(requests, tail_of)]
+            bufs.put(f"write_slot{index}", resident.place_rows(index, tails, ends), resident.sink)
+            slots = resident.groups[index]
+            packed = bufs.packed[index]
+            if packed is None or packed[0] is not plan or packed[1] != slots.generation:
+                bufs.pack_plan(index, plan, slots.slot_of)
+                bufs.packed[index] = (plan, slots.generation)
         return bufs, kv_bytes
 
-    def _plan(self, index: int, ctx_ids: list[int], tables) -> GroupPlan:
-        """The group's pairs for these contexts' tables, made again only when one changed."""
-        versions = tuple(zip(ctx_ids, (t.version for t in tables)))
+    def _plan(self, index: int, requests) -> GroupPlan:
+        """The group's pairs for these requests' tables, made again only when one changed."""
+        versions = [(r.ctx.id, r.ctx.tables[index].version) for r in requests]
         cached = self._plans.get(index)
         if cached is not None and cached[0] == versions:
             return cached[1]
-        plan = GroupPlan.build([t.live() for t in tables])
+        plan = GroupPlan.build([r.ctx.tables[index].live() for r in requests])
         self._plans[index] = (versions, plan)
         return plan
 

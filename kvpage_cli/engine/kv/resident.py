@@ -34,11 +34,31 @@ class ResidentGroup:
         self.slot_of: dict[int, int] = {}  # block id -> slot
         self.free: list[int] = list(range(num_slots - 1, -1, -1))  # popped from the end: slot 0 first
         self.rows: dict[int, int] = {}  # block id -> rows of it on the device written since the store's copy
+        self.full: set[int] = set()  # blocks of `rows` whose 64 rows are all written
+        self.generation = 0  # counts changes of slot_of: what was packed from it holds while it stands
 
     def take(self, block_id: int) -> int:
         slot = self.free.pop()
         self.slot_of[block_id] = slot
+        self.generation += 1
         return slot
+
+    def give_back(self, block_id: int) -> int | None:
+        """The block's slot to the free list (its unmirrored rows forgotten); None where it had none."""
+        slot = self.slot_of.pop(block_id, None)
+        self.rows.pop(block_id, None)
+        self.full.discard(block_id)
+        if slot is not None:
+            self.free.append(slot)
+            self.generation += 1
+        return slot
+
+    def clear(self) -> None:
+        self.slot_of.clear()
+        self.rows.clear()
+        self.full.clear()
+        self.free = list(range(self.num_slots - 1, -1, -1))
+        self.generation += 1
 
 
 class ResidentSlots:
@@ -111,7 +131,29 @@ class ResidentSlots:
     def wrote(self, index: int, block_id: int, rows: int) -> None:
         """A step wrote rows 0 .. rows-1 of a block on the device (it is now ahead of the store)."""
         resident = self.groups[index]
-        resident.rows[block_id] = max(resident.rows.get(block_id, 0), rows)
+        rows = max(resident.rows.get(block_id, 0), rows)
+        resident.rows[block_id] = rows
+        if rows >= BLOCK_TOKENS:
+            resident.full.add(block_id)
+
+    def place_rows(self, index: int, block_ids: list, ends: list[int]) -> list[int]:
+        """A decode step's writes in one group: the slot of each sequence's tail block (taken for a
+        block just added to its table; the sink for a sliding-window block already dropped), which
+        is then ahead of the store up to row `end` (exclusive, within the block)."""
+        resident, sink = self.groups[index], self.sink
+        slot_of, rows, full = resident.slot_of, resident.rows, resident.full
+        slots = []
+        for block_id, end in zip(block_ids, ends):
+            if block_id is None:
+                slots.append(sink)
+                continue
+            slot = slot_of.get(block_id)
+            slots.append(slot if slot is not None else resident.take(block_id))
+            if rows.get(block_id, 0) < end:
+                rows[block_id] = end
+                if end >= BLOCK_TOKENS:
+                    full.add(block_id)
+        return slots
 
     def copied_on_write(self, group_layers: list[int], src: int, dst: int, rows: int) -> None:
         """The block manager copied a shared, partly filled block `src` into `dst`: the device copy
@@ -132,19 +174,16 @@ class ResidentSlots:
             if resident.group.layers != group_layers:
                 continue
             for block_id in block_ids:
-                slot = resident.slot_of.pop(block_id, None)
-                resident.rows.pop(block_id, None)
-                if slot is not None:
-                    resident.free.append(slot)
+                resident.give_back(block_id)
 
     def mirror(self, full_only: bool = True) -> None:
         """Copies the rows the device holds ahead of the store back to it. full_only: only once
         MIRROR_BATCH blocks have filled (a decode step's bookkeeping), and only those."""
         for resident in self.groups:
             if full_only:
-                ready = [b for b, rows in resident.rows.items() if rows >= BLOCK_TOKENS]
-                if len(ready) < MIRROR_BATCH:
+                if len(resident.full) < MIRROR_BATCH:
                     continue
+                ready = list(resident.full)
             else:
                 ready = list(resident.rows)
             if ready:
@@ -156,9 +195,7 @@ class ResidentSlots:
             return
         self.mirror(full_only=False)
         for resident in self.groups:
-            resident.slot_of.clear()
-            resident.rows.clear()
-            resident.free = list(range(resident.num_slots - 1, -1, -1))
+            resident.clear()
         self.pool.reset()
         self.active = False
 
@@ -188,6 +225,7 @@ class ResidentSlots:
                 group.v_block(pos, block_id)[:, :count].copy_(v[i, :, :count])
         for block_id in block_ids:
             del resident.rows[block_id]
+            resident.full.discard(block_id)
         self.mirrored_blocks += len(block_ids)
 
     def _evict(self, resident: ResidentGroup, count: int, keep: set[int]) -> None:
@@ -196,5 +234,5 @@ class ResidentSlots:
         if dirty:
             self._store(resident, dirty)
         for block_id in victims:
-            resident.free.append(resident.slot_of.pop(block_id))
+            resident.give_back(block_id)
         self.evicted_blocks += len(victims)

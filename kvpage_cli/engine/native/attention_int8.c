@@ -1,0 +1,5 @@
+/* Decode attention's per-item functions for int8 blocks (attention_item.h says why they are
+ * a file of their own). */
+#include "attention_item.h"
+
+ITEM_FNS(KIND_INT8, int8)
