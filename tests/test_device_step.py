@@ -40,7 +40,8 @@ def decode(engine: Engine, document: list[int], batch: int, new_tokens: int, for
 def test_the_triton_device_step_gives_the_per_layer_paths_bits(arch, kv_home):
     """Forks over one document cross a block boundary while decoding (a new block each, and the
     shared partial block copied on write on the device); Gemma's sliding layers drop blocks."""
-    model = tiny_model(arch, **SHAPE, sliding_window=64) if arch == "gemma3_text" else tiny_model(arch, **SHAPE)
+    model = tiny_model(arch, **SHAPE, sliding_window=64) if arch == "gemma3_text" else tiny_model(arch, **SHAPE,
+                                                                                                 num_hidden_layers=2)
     document = random_prompt(BLOCK_TOKENS + 60, seed=5)  # with the prompts, 2 short of the third block
     host_tokens, host_logits = decode(load(model, kv_home, "triton", "host"), document, 3, 8)
     engine = load(model, kv_home, "triton", "eager")
@@ -100,7 +101,7 @@ def test_a_steps_tensors_keep_their_storage_and_padding_changes_no_real_row(kv_h
     """Three sequences run padded to four: the fourth row is padding. Its buffers are the same
     tensors from step to step; the three real rows get the tokens they get when each sequence
     decodes alone (padded to one, the same as unpadded)."""
-    model = tiny_model("llama", **SHAPE)
+    model = tiny_model("llama", **SHAPE, num_hidden_layers=2)
     document = random_prompt(40, seed=10)
     engine = load(model, kv_home, "triton", "eager")
     doc = engine.prefill(document)
@@ -157,7 +158,7 @@ def test_a_steps_buffer_holds_what_packing_it_afresh_writes(kv_home):
 def test_the_store_holds_the_devices_rows_when_the_host_path_takes_over(kv_home):
     """Decode on the device, then append a prompt (a host-path step reading the store), then decode
     again: the same bits as the host path throughout, the rows the device wrote copied back."""
-    model = tiny_model("llama", **SHAPE)
+    model = tiny_model("llama", **SHAPE, num_hidden_layers=2)
     document = random_prompt(BLOCK_TOKENS - 6, seed=12)
 
     def run(step: str):
