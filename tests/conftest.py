@@ -71,7 +71,7 @@ def kv_home(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def native_library(kv_home) -> Path | None:
     """The native kernel library as built in kv_home (built there first where it is not yet); None
-    where it cannot be built. A new home compiles it again (about 17 s on 2 cores): tests that make their own
+    where it cannot be built. A new home compiles it again (about 12 s on 2 cores): tests that make their own
     homes copy it in (`with_native_library`) or have `native._compile` copy it."""
     from kvpage_cli.engine import native
 

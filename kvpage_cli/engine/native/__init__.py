@@ -34,9 +34,10 @@ _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-err
           "-ffp-contract=off",  # no fused multiply-adds the source does not ask for: torch's bits
           f"-DBLOCK_TOKENS={BLOCK_TOKENS}", f"-DTILE_MIN_ROWS={TILE_MIN_ROWS}"]
 HEADER = "kvpage.h"  # the library's interface: every kvp_* prototype, bound from here (`prototypes`)
-_SOURCES = (HEADER, "formats.h", "attention_item.h", "amx.c", "attention.c", "attention_bf16.c", "attention_f32.c",
-            "attention_int8.c", "formats.c", "int8.c", "kquants.c", "layer.c", "linear.c",
-            "prefill.c", "rows.c", "tiles.c")
+# the .c files in the order they are compiled, the slowest first (5-7 s each for attention_*.c on a Zen 4)
+_SOURCES = (HEADER, "formats.h", "attention_item.h", "attention_bf16.c", "attention_int8.c", "attention_f32.c",
+            "prefill.c", "kquants.c", "rows.c", "int8.c", "formats.c", "linear.c", "attention.c", "tiles.c", "layer.c",
+            "amx.c")
 _LIB: ctypes.CDLL | None = None
 
 
@@ -119,22 +120,22 @@ def library_path(home: Path, texts: dict[str, bytes] | None = None) -> Path:
 
 def _compile(compiler: str, texts: dict[str, bytes], out: Path) -> None:
     """Each source file compiled by its own compiler process, as many at once as there are cores
-    (the largest first), then linked: a first run waits about half as long on two cores."""
+    (in _SOURCES' order: the slowest first), then linked."""
     paths = []
     for name, text in texts.items():
         paths.append(out.with_name(name))
         paths[-1].write_bytes(text)
-    units = sorted((path for path in paths if path.suffix == ".c"), key=lambda p: -p.stat().st_size)  # headers are included
+    units = [path for path in paths if path.suffix == ".c"]  # the headers beside them are included
     objects = [unit.with_suffix(".o") for unit in units]
     jobs = [[compiler, *_FLAGS, "-c", str(unit), "-o", str(obj)] for unit, obj in zip(units, objects)]
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
         results = list(pool.map(lambda argv: subprocess.run(argv, capture_output=True, text=True), jobs))
-    failed = next((r for r in results if r.returncode != 0), None)
-    if failed is None:
-        failed = subprocess.run([compiler, *_FLAGS, *map(str, objects), "-o", str(out), "-lm"], capture_output=True,
+    result = next((r for r in results if r.returncode != 0), None)
+    if result is None:
+        result = subprocess.run([compiler, *_FLAGS, *map(str, objects), "-o", str(out), "-lm"], capture_output=True,
                                 text=True)
-    if failed.returncode != 0:
-        raise NativeUnavailable(f"compiling the native kernels failed: {failed.stderr.strip()[:300]}")
+    if result.returncode != 0:
+        raise NativeUnavailable(f"compiling the native kernels failed: {result.stderr.strip()[:300]}")
 
 
 def _open_verified(target: Path, home: Path, build) -> ctypes.CDLL:
