@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import ModelError, UsageError
+from ..errors import UsageError
 from ..tasks import Asker, AskResult
 from . import render
 from .options import GENERATION, MODEL, OUTPUT, RUN, Options, Password, shared_options
@@ -81,12 +81,10 @@ def ask(
     with Session(opts) as session:
         doc = session.read_document(path, password=password, allow_directory=True)
         engine = session.load_engine()
-        try:
+        with session.model_checked():
             asker = Asker(engine, doc, questions, max_new_tokens=opts.max_new_tokens or DEFAULT_ANSWER_TOKENS,
                           temperature=temperature, on_event=session.reporter, label=document_label(path),
                           evidence=not no_evidence)
-        except ValueError as exc:  # a model without a tokenizer
-            raise ModelError(f"{opts.model}: {exc}") from None
         printer = _Printer(sink, fmt, asker.questions)
         answers = [""] * len(questions)
         try:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import ModelError, UsageError
+from ..errors import UsageError
 from ..tasks import SCHEMA_VERSION
 from ..tasks.find import FIND_SPANS, Finder
 from . import render
@@ -60,11 +60,9 @@ def find(
     with Session(opts) as session:
         doc = session.read_document(path, password=password, allow_directory=True)
         engine = session.load_engine()
-        try:
+        with session.model_checked():
             finder = Finder(engine, doc, on_event=session.reporter, label=document_label(path))
             spans = finder.find(question.strip(), count)
-        except ValueError as exc:  # a model without a tokenizer
-            raise ModelError(f"{opts.model}: {exc}") from None
         session.reporter.stop_bars()
         computed = engine.stats().prefill_tokens
         index = finder.asker.retriever.index

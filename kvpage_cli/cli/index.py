@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import ModelError, UsageError
+from ..errors import UsageError
 from ..tasks import SCHEMA_VERSION, Asker
 from .options import MODEL, OUTPUT, RUN, Options, Password, shared_options
 from .output import Sink, check_out_path, choose_format
@@ -58,12 +58,10 @@ def index(
         doc = session.read_document(path, password=password, allow_directory=True)
         engine = session.load_engine()
         started = time.perf_counter()
-        try:
+        with session.model_checked():
             # the prompt `kvpage ask` builds: its head and windows are the keys later questions look up
             asker = Asker(engine, doc, "index", max_new_tokens=1, on_event=session.reporter, label=document_label(path),
                           evidence=False, lazy=False)
-        except ValueError as exc:  # a model without a tokenizer
-            raise ModelError(f"{opts.model}: {exc}") from None
         if asker.mode == "retrieval":
             built = asker.index().index
             total, computed, windows = len(built.tokens), built.computed_tokens, len(built.windows)

@@ -11,7 +11,7 @@ import typer
 
 from ..engine import PrefillProgress
 from ..engine.config import default
-from ..errors import KvpageError, ModelError, UsageError
+from ..errors import KvpageError, UsageError
 from ..ingest.document import read_source
 from ..ingest.loader import DOCX_SUFFIXES, TEXT_SUFFIXES
 from ..tasks import RISK_LEVELS, Finding, Reviewer, ReviewProgress, ReviewResult
@@ -276,11 +276,9 @@ def _review_one(session: Session, engine, doc, path: str, book: Playbook, fmt: s
                 batch: int, all_clauses: bool, explain: bool) -> ReviewResult:
     session.reporter.next_document()
     clause_bar = _ClauseBarAfterPrefill(session)
-    try:
+    with session.model_checked():
         reviewer = Reviewer(engine, doc, playbook=book, max_batch=batch, explain=explain, include_all=all_clauses,
                             explain_tokens=opts.max_new_tokens or 48, on_event=clause_bar, label=document_label(path))
-    except ValueError as exc:  # a model without a tokenizer
-        raise ModelError(f"{opts.model}: {exc}") from None
     total = clause_bar.total = len(reviewer.clauses)
     session.reporter.note(f"{doc.source}: {total} clauses, {reviewer.document_tokens:,} tokens with the instructions, "
                           f"{reviewer.mode} mode")

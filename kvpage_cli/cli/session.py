@@ -8,6 +8,7 @@ import os
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
@@ -17,7 +18,7 @@ from rich.console import Console
 
 from .. import ingest
 from ..engine import Engine, EngineStats
-from ..errors import KvpageError
+from ..errors import KvpageError, ModelError
 from . import ranks
 from .options import PASSWORD_ENV, Options
 from .progress import Reporter, duration, message
@@ -155,6 +156,15 @@ class Session:
         self.reporter.note(f"model {engine.name}: {engine.spec.arch}, context {engine.max_context:,} tokens, "
                            f"{config.mode} mode, {engine.backend.name} backend, kv path {engine.kv_path}")
         return engine
+
+    @contextmanager
+    def model_checked(self):
+        """Around a task's start over the loaded model: what the task refuses of the model (no
+        tokenizer; one that turns plain text into control tokens) as the model's error, named."""
+        try:
+            yield
+        except ValueError as exc:
+            raise ModelError(f"{self.opts.model}: {exc}") from None
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
