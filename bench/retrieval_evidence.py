@@ -70,12 +70,9 @@ def measure(doc, q: dict, asker, state: dict, dump: Path | None = None) -> dict:
     row.update(hits(doc, asker.evidence[0], q, "ev"))
     if asker.attention[0] is not None:
         chars, mass = asker.attention[0]
-        units = evidence.units_of(doc, chars)
-        attention = evidence.unit_mass(units, chars, mass)
-        lexical = evidence.lexical_scores(doc, units, q["question"])
+        ranked = evidence.signals(doc, chars, mass, q["question"])
         for signal in SIGNAL_COLUMNS:
-            ranked = evidence.spans(doc, units, evidence.fuse(attention, lexical, signal), attention)
-            row.update(hits(doc, ranked, q, f"ev_{signal}"))
+            row.update(hits(doc, ranked.spans(doc, signal), q, f"ev_{signal}"))
         if dump is not None:
             with open(dump, "a") as f:
                 f.write(json.dumps({"id": q["id"], "source": q["source"], "question": q["question"],
@@ -131,15 +128,10 @@ def rerank(dump: Path, question_set: dict, cache: Path, grow: float | None = Non
             states[q["source"]] = {}
         doc = docs[q["source"]]
         q = {**q, "evidence_ranges": evidence_ranges(doc, q["evidence"])}
-        chars = [tuple(c) for c in item["chars"]]
-        mass = torch.tensor(item["mass"])
-        units = evidence.units_of(doc, chars)
-        attention = evidence.unit_mass(units, chars, mass)
-        lexical = evidence.lexical_scores(doc, units, q["question"])
+        ranked = evidence.signals(doc, [tuple(c) for c in item["chars"]], torch.tensor(item["mass"]), q["question"])
         row = {"id": q["id"]}
         for signal in SIGNAL_COLUMNS:
-            row.update(hits(doc, evidence.spans(doc, units, evidence.fuse(attention, lexical, signal), attention), q,
-                            f"ev_{signal}"))
+            row.update(hits(doc, ranked.spans(doc, signal), q, f"ev_{signal}"))
         row.update(hits(doc, bm25_whole(doc, q["question"], states[q["source"]]), q, "bm25_spans"))
         rows.append(row)
     return rows

@@ -128,6 +128,92 @@ def test_units_are_whole_lines_of_code_and_sentences_of_running_text(tmp_path):
     assert max(u.end - u.start for u in sentences) < 800  # sentences, not the page
 
 
+def _retry_repo(tmp_path):
+    """A module whose default sits in a statement over three lines, a doc comment that matches the
+    question's words better, and a Markdown page that says the same."""
+    root = tmp_path / "client"
+    (root / "client").mkdir(parents=True)
+    body = ["import random", ""]
+    body += [f"def helper_{i}(x):\n    return x * {i}  # the helper of step {i}\n" for i in range(40)]
+    body += ["class Retry:",
+             "    #: The headers a redirect to another host removes from the request by default.",
+             "    DEFAULT_REMOVE_HEADERS_ON_REDIRECT = frozenset(",
+             '        ["Cookie", "Authorization", "Proxy-Authorization"]',
+             "    )",
+             "    #: The headers a redirect keeps.",
+             "    KEPT = frozenset()",
+             ""]
+    (root / "client" / "retry.py").write_text("\n".join(body) + "\n")
+    (root / "README.md").write_text("# Client\n\nWhich headers does a redirect remove? The 2 headers we remove "
+                                    "from a request on a redirect to another host are listed in retry.py.\n")
+    return root
+
+
+def test_a_statement_over_lines_is_one_unit_quoted_with_its_lines(tmp_path):
+    """The opening line, the list and the closing bracket are one unit, and its place names those
+    three lines (as `sed -n` prints them); the lines around stay lines."""
+    from kvpage_cli.tasks.evidence import place, units_of
+
+    root = _retry_repo(tmp_path)
+    doc = load(str(root))
+    units = units_of(doc, [(0, len(doc.text))])
+    texts = [doc.text[u.start:u.end] for u in units]
+    statement = next(u for u, t in zip(units, texts) if "DEFAULT_REMOVE_HEADERS_ON_REDIRECT" in t)
+    text = doc.text[statement.start:statement.end]
+    assert text.endswith('"Proxy-Authorization"]\n    )') and text.count("\n") == 2
+    where = place(doc, statement, statement)
+    assert where.endswith(f":{statement.line}-{statement.line + 2}")
+    assert _sed(root, where).rstrip("\n") == text
+    assert not any(t.strip() == '["Cookie", "Authorization", "Proxy-Authorization"]' for t in texts)  # taken in
+    assert "    #: The headers a redirect keeps." in texts and "    KEPT = frozenset()" in texts
+
+
+def test_words_rank_not_the_sinks_a_small_model_parks_its_attention_on(tmp_path):
+    """Most of the mass on the white space and the "the"s of one line, some on the words of the
+    line that holds the answer: the attention ranks the answer's line first, while Evidence.score
+    still reports the share of all the mass each span received."""
+    from kvpage_cli.tasks import evidence
+
+    root = _retry_repo(tmp_path)
+    doc = load(str(root))
+    chars = [(m.start(), m.end()) for m in re.finditer(r"\s+|\w+|[^\w\s]", doc.text)]  # words, spaces, marks
+    sink = doc.text.index("#: The headers a redirect keeps.")
+    fact = doc.text.index('["Cookie"')
+    mass = torch.tensor([50.0 if sink <= a < sink + 40 and (doc.text[a:b].isspace() or doc.text[a:b] == "The")
+                         else 1.0 if fact <= a < fact + 50 and doc.text[a:b].isalpha() else 0.01
+                         for a, b in chars])
+    spans = evidence.rank(doc, chars, mass, "What is removed?", signal="attention")
+    assert "Authorization" in spans[0].text
+    _check_spans(doc, root, spans)
+    units = evidence.units_of(doc, chars)  # the document's text the ranking reads
+    inside = [any(u.start <= a < u.end for u in units) for a, _ in chars]
+    total = sum(float(m) for m, kept in zip(mass, inside) if kept)
+    span_mass = sum(float(m) for (a, _), m, kept in zip(chars, mass, inside) if kept and spans[0].start <= a < spans[0].end)
+    assert spans[0].score == pytest.approx(span_mass / total, abs=1e-4)
+    assert spans[0].score < 0.1  # most of the mass went to the sinks, and the score says so
+
+
+def test_in_code_the_line_that_states_the_value_ranks_first_and_in_prose_it_does_not(tmp_path):
+    """No attention at all: the doc comment and the page match the question's words best (lexical
+    ranks one of them first), yet the fused ranking quotes the statement that holds the value; the Markdown page's
+    sentence with a number gets no such lift (prose)."""
+    from kvpage_cli.tasks import evidence
+
+    root = _retry_repo(tmp_path)
+    doc = load(str(root))
+    chars = [(m.start(), m.end()) for m in re.finditer(r"\S+", doc.text)]
+    flat = torch.zeros(len(chars))
+    question = "Which headers does a redirect to another host remove from the request by default?"
+    lexical = evidence.rank(doc, chars, flat, question, signal="lexical")
+    fused = evidence.rank(doc, chars, flat, question)
+    assert "Proxy-Authorization" not in lexical[0].text  # the words match the comment and the page better
+    assert "Proxy-Authorization" in fused[0].text
+    _check_spans(doc, root, fused)
+    ranked = evidence.signals(doc, chars, flat, question)
+    prose = [i for i, u in enumerate(ranked.units) if u.file == "README.md"]
+    assert prose and all(float(ranked.prior[i]) == 0.0 for i in prose)  # "2 headers" in a page: no prior
+
+
 # -- lazy indexing -------------------------------------------------------------------------------
 
 def test_a_lazy_index_gives_the_full_index_answer_and_reuses_its_windows(tiny_cli_model, tmp_path, native_library):

@@ -3,10 +3,14 @@ exactly with its place, found by the model's own attention while it answered.
 
 The engine gives the attention mass of every document token the answer read
 (engine/attention/evidence.py). Here the text those tokens came from is cut into units, each a
-line of a file or, in running text (a page, a paragraph, a long line), a sentence; each unit
-scores the mass of its tokens, fused with its lexical match to the question (BM25 over the units,
-identifiers split as retrieval splits them); the best units become spans, each grown over the
-lines beside it that carried attention too, and the spans are returned best first. `kvpage find`
+line of a file (a statement whose brackets stay open runs on to the line that closes them) or, in
+running text (a page, a paragraph, a long line), a sentence. Each unit scores the mass its words
+received (white space, punctuation and stop words, where a small model parks most of its
+attention, left out), fused
+with its lexical match to the question (BM25 over the units, identifiers split as retrieval splits
+them); in code, a line that states a value (a number, a quoted string, an exception raised,
+an assignment) ranks ahead of one that only mentions the question's words. The best units become
+spans, each grown over the lines beside it that scored too, returned best first. `kvpage find`
 ranks the same way with the question's own attention in place of an answer's.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass
+from pathlib import PurePath
 
 import torch
 
@@ -29,9 +34,19 @@ LONG_UNIT_CHARS = 240  # a line longer than this is cut into its sentences (runn
 MAX_SPAN_UNITS = 4  # a span is at most this many units (lines of code, sentences)
 GROW_SHARE = 0.5  # a unit joins the span beside it when it scores at least this share of the span's best unit
 MIN_SHARE = 0.2  # a second or third span is shown only when it scores at least this share of the first
+MAX_STATEMENT_LINES = 8  # a line whose brackets stay open is one unit with the lines up to the closing one, up to this
+VALUE_WEIGHT = 1.0  # in code, a unit that states a value ranks (1 + this) times higher; an assignment half that more
+# running text: the value prior is for code and configuration, not prose, whose numbers are no more telling
+PROSE_SUFFIXES = frozenset({".txt", ".text", ".md", ".markdown", ".rst", ".adoc", ".org", ".tex", ".html", ".htm"})
 SIGNALS = ("attention", "lexical", "fused")
 DEFAULT_SIGNAL = "fused"
 _WORD = re.compile(r"\w")
+_OPEN, _CLOSE = "([{", ")]}"
+_NOT_CODE = re.compile(r"\"\"\"|'''|\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|#.*$")  # strings and comments
+_NUMBER = re.compile(r"(?<![\w.])\d[\d_,.]*\b")
+_QUOTED = re.compile(r'"[^"\n]{1,40}"|\'[^\'\n]{1,40}\'|``[^`\n]+``')
+_RAISED = re.compile(r"\braise\b|\w+(?:Error|Exception)\b")
+_ASSIGNED = re.compile(r"^\s*[\w.]+\s*(?::\s*[^=]+)?=\s*\S")
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,11 @@ class Unit:
     file: str
     line: int | None
     group: int  # index of the document span (line, page, paragraph) it is cut from
+    last_line: int | None = None  # a statement's last line (None: `line`)
+
+    @property
+    def end_line(self) -> int | None:
+        return self.line if self.last_line is None else self.last_line
 
 
 def units_of(doc: Document, regions: list[tuple[int, int]]) -> list[Unit]:
@@ -68,7 +88,51 @@ def units_of(doc: Document, regions: list[tuple[int, int]]) -> list[Unit]:
                 s, e = (s, _trim(doc.text, s, e)[1]) if whole_line else _trim(doc.text, s, e)
                 if e > s and (s, e) not in found and _WORD.search(doc.text, s, e):
                     found[(s, e)] = Unit(s, e, span.file, span.line, n)
-    return sorted(found.values(), key=lambda u: u.start)
+    return _statements(doc, sorted(found.values(), key=lambda u: u.start))
+
+
+def _statements(doc: Document, units: list[Unit]) -> list[Unit]:
+    """Each line that opens more brackets than it closes (strings and comments aside) made one
+    unit with the lines up to the one that closes them (`frozenset(` / `["Cookie", ...]` / `)`),
+    the lines it takes in dropped; a statement that does not close within MAX_STATEMENT_LINES,
+    or runs into the next file, stays a line."""
+    out: list[Unit] = []
+    taken_to = -1
+    for unit in units:
+        if unit.start < taken_to:
+            continue
+        end = _statement_end(doc.text, unit) if unit.line is not None else None
+        out.append(unit if end is None else Unit(unit.start, end, unit.file, unit.line, unit.group,
+                                                 unit.line + doc.text.count("\n", unit.start, end)))
+        taken_to = end or unit.end
+    return out
+
+
+def _statement_end(text: str, unit: Unit) -> int | None:
+    depth = _depth(text[unit.start:unit.end])
+    if depth <= 0:
+        return None
+    at = unit.end
+    for _ in range(MAX_STATEMENT_LINES - 1):
+        start = text.find("\n", at)
+        if start < 0:
+            return None
+        start += 1
+        at = text.find("\n", start)
+        at = len(text) if at < 0 else at
+        line = text[start:at]
+        if line.startswith("==> "):  # a repository's next file
+            return None
+        depth += _depth(line)
+        if depth <= 0:
+            return start + len(line.rstrip())
+    return None
+
+
+def _depth(line: str) -> int:
+    """Brackets a line of code opens less those it closes, its strings and comments aside."""
+    code = _NOT_CODE.sub("", line)
+    return sum(code.count(c) for c in _OPEN) - sum(code.count(c) for c in _CLOSE)
 
 
 def _spans_in(doc: Document, a: int, b: int) -> list[tuple[int, Span]]:
@@ -115,6 +179,17 @@ def unit_mass(units: list[Unit], token_chars: list[tuple[int, int]], mass: torch
     return out
 
 
+def word_mass(doc: Document, token_chars: list[tuple[int, int]], mass: torch.Tensor) -> torch.Tensor:
+    """[tokens] the mass that ranks: a token of white space, punctuation or a stop word gets none
+    (a small model parks most of its attention on " the" and on indentation, whatever it reads)."""
+    from bm25s.stopwords import STOPWORDS_EN
+
+    stopwords = frozenset(STOPWORDS_EN)
+    words = torch.tensor([bool(_WORD.search(doc.text, a, b)) and doc.text[a:b].strip().lower() not in stopwords
+                          for a, b in token_chars], dtype=torch.bool)
+    return mass.float() * words
+
+
 def lexical_scores(doc: Document, units: list[Unit], question: str) -> torch.Tensor:
     """[units] BM25 of the question's terms over the units (bm25s; retrieval's terms: identifiers
     split into their words)."""
@@ -130,10 +205,27 @@ def lexical_scores(doc: Document, units: list[Unit], question: str) -> torch.Ten
     return torch.as_tensor(index.get_scores(terms), dtype=torch.float32)
 
 
-def fuse(attention: torch.Tensor, lexical: torch.Tensor, signal: str = DEFAULT_SIGNAL) -> torch.Tensor:
+def value_prior(doc: Document, units: list[Unit]) -> torch.Tensor:
+    """[units] how much a unit of code states a value: 1 for a number, a short quoted string or an
+    exception raised or named, half more for an assignment (`DEFAULT_BACKOFF_MAX = 120`,
+    `num_pools: int = 10,`); 0 for prose (pages, paragraphs, files of PROSE_SUFFIXES), whose
+    numbers say no more than its words."""
+    out = torch.zeros(len(units))
+    for i, u in enumerate(units):
+        if u.line is None or PurePath(u.file).suffix.lower() in PROSE_SUFFIXES:
+            continue
+        text = doc.text[u.start:u.end]
+        out[i] = ((1.0 if _NUMBER.search(text) or _QUOTED.search(text) or _RAISED.search(text) else 0.0)
+                  + (0.5 if _ASSIGNED.search(text) else 0.0))
+    return out
+
+
+def fuse(attention: torch.Tensor, lexical: torch.Tensor, signal: str = DEFAULT_SIGNAL,
+         prior: torch.Tensor | None = None) -> torch.Tensor:
     """The units' ranking scores (higher is better) for `signal`: attention alone, lexical alone,
-    or both fused by their ranks (reciprocal rank fusion, as retrieval fuses its signals); a unit
-    with no lexical match keeps its attention rank."""
+    or both fused by their ranks (reciprocal rank fusion, as retrieval fuses its signals; a unit
+    with no lexical match keeps its attention rank), times 1 + VALUE_WEIGHT * prior where given
+    (value_prior: fused only)."""
     if signal not in SIGNALS:
         raise ValueError(f"signal must be one of {', '.join(SIGNALS)}; got {signal!r}")
     if signal == "attention":
@@ -143,7 +235,7 @@ def fuse(attention: torch.Tensor, lexical: torch.Tensor, signal: str = DEFAULT_S
     fused = 1.0 / (60.0 + _rank(attention))
     matched = lexical > 0
     fused[matched] += 1.0 / (60.0 + _rank(lexical)[matched])
-    return fused
+    return fused if prior is None else fused * (1.0 + VALUE_WEIGHT * prior)
 
 
 def _rank(scores: torch.Tensor) -> torch.Tensor:
@@ -199,7 +291,7 @@ def _beside(units: list[Unit], i: int, lo: int, hi: int) -> bool:
     if near.file != other.file:
         return False
     if near.line is not None and other.line is not None:
-        return abs(near.line - other.line) <= 2
+        return near.line - other.end_line <= 2 if i > hi else other.line - near.end_line <= 2
     return near.group == other.group
 
 
@@ -207,16 +299,41 @@ def place(doc: Document, first: Unit, last: Unit) -> str:
     """Where a span is, as a reader looks it up: `path:431-434` (a file's lines, the form editors
     and `sed -n 431,434p path` take), else the document's own place ("page 3", "paragraph 12")."""
     if first.line is not None and last.line is not None:
-        lines = f"{first.line}" if first.line == last.line else f"{first.line}-{last.line}"
+        lines = f"{first.line}" if first.line == last.end_line else f"{first.line}-{last.end_line}"
         return f"{first.file}:{lines}"
     return doc.where(first.start, last.end)
+
+
+@dataclass
+class Signals:
+    """What ranks the units of the text an answer read: per unit, the attention it received (all
+    of it: Evidence.score's measure), the attention its words received as ranked (word_mass), its
+    lexical match to the question and its value prior."""
+
+    units: list[Unit]
+    received: torch.Tensor
+    attention: torch.Tensor
+    lexical: torch.Tensor
+    prior: torch.Tensor
+
+    def spans(self, doc: Document, signal: str = DEFAULT_SIGNAL, count: int = EVIDENCE_SPANS,
+              min_share: float = MIN_SHARE) -> list[Evidence]:
+        prior = self.prior if signal == "fused" else None
+        return spans(doc, self.units, fuse(self.attention, self.lexical, signal, prior), self.received, count,
+                     min_share)
+
+
+def signals(doc: Document, token_chars: list[tuple[int, int]], mass: torch.Tensor, question: str) -> Signals:
+    """The ranking signals of the units in the text `token_chars` hold (see Signals)."""
+    units = units_of(doc, token_chars)
+    return Signals(units, unit_mass(units, token_chars, mass),
+                   unit_mass(units, token_chars, word_mass(doc, token_chars, mass)),
+                   lexical_scores(doc, units, question), value_prior(doc, units))
 
 
 def rank(doc: Document, token_chars: list[tuple[int, int]], mass: torch.Tensor, question: str,
          count: int = EVIDENCE_SPANS, signal: str = DEFAULT_SIGNAL, min_share: float = MIN_SHARE) -> list[Evidence]:
     """The evidence for an answer (or, for `kvpage find`, a question): token_chars, mass: the
-    document tokens read and the attention each received. Spans lie in the text those tokens hold."""
-    units = units_of(doc, token_chars)
-    attention = unit_mass(units, token_chars, mass)
-    lexical = lexical_scores(doc, units, question) if signal != "attention" else torch.zeros(len(units))
-    return spans(doc, units, fuse(attention, lexical, signal), attention, count, min_share)
+    document tokens read and the attention each received. Spans lie in the text those tokens hold;
+    their scores are their shares of all the attention the document received."""
+    return signals(doc, token_chars, mass, question).spans(doc, signal, count, min_share)
