@@ -168,6 +168,23 @@ def test_a_statement_over_lines_is_one_unit_quoted_with_its_lines(tmp_path):
     assert "    #: The headers a redirect keeps." in texts and "    KEPT = frozenset()" in texts
 
 
+def test_a_span_grows_to_a_few_lines_not_over_whole_blocks_of_statements(tmp_path):
+    """Statements of three lines each, all scoring alike: a span takes whole statements up to
+    eight lines of the file, and its place still names exactly the lines it quotes."""
+    from kvpage_cli.tasks import evidence
+
+    root = tmp_path / "table"
+    root.mkdir()
+    (root / "rates.py").write_text("".join(f"RATE_{i} = dict(\n    rate={i},\n)\n" for i in range(12)))
+    doc = load(str(root))
+    units = evidence.units_of(doc, [(0, len(doc.text))])
+    assert len(units) == 12  # one a statement
+    spans = evidence.spans(doc, units, torch.ones(len(units)), torch.ones(len(units)), count=2)
+    assert [e.text.count("\n") + 1 for e in spans] == [6, 6]  # two statements each, not four (12 lines)
+    for e in spans:
+        assert _sed(root, e.where).rstrip("\n") == e.text
+
+
 def test_words_rank_not_the_sinks_a_small_model_parks_its_attention_on(tmp_path):
     """Most of the mass on the white space and the "the"s of one line, some on the words of the
     line that holds the answer: the attention ranks the answer's line first, while Evidence.score

@@ -238,6 +238,28 @@ def test_the_mover_never_lets_attention_read_an_unfinished_copy(tiny_models, kv_
     assert tokens == expected
     assert reads and mover.prefetched > 0 and landed
     assert in_flight and in_flight[0]  # the first wait found its copy still in flight: attention did wait
+    assert int(engine.pool.invalid_reads) == 0  # the pool's own count, on the device
+
+
+def test_the_pool_counts_a_slot_handed_out_before_its_copy_landed(tiny_models, kv_home, monkeypatch):
+    """A mover that reports its copies done without making them (the bug the valid bits guard
+    against): the pool hands out slots whose bit is 0, and its device-side count says how many."""
+    from concurrent.futures import Future
+
+    engine = selective(tiny_models["llama"], kv_home, "lru", 8, kv_path="pool")
+    mover = engine.pool.mover
+
+    def start(copy, valid, slot):  # never copies, never sets the bit, and says it is done
+        valid[slot] = 0
+        mover.prefetched += 1
+        done = Future()
+        done.set_result(None)
+        return done
+
+    monkeypatch.setattr(mover, "start", start)
+    list(engine.generate(engine.prefill(random_prompt(24 * BLOCK_TOKENS, seed=58)), max_new_tokens=4, stop=()))
+    assert mover.prefetched > 0
+    assert int(engine.pool.invalid_reads) > 0
 
 
 def test_a_separate_draft_model_ranks_the_blocks(tiny_models, kv_home, tmp_path):

@@ -32,6 +32,7 @@ from .values import sentences
 EVIDENCE_SPANS = 3  # spans under an answer (at most)
 LONG_UNIT_CHARS = 240  # a line longer than this is cut into its sentences (running text, not code)
 MAX_SPAN_UNITS = 4  # a span is at most this many units (lines of code, sentences)
+MAX_SPAN_LINES = 8  # and grows over no unit that would take it past this many lines of a file
 GROW_SHARE = 0.5  # a unit joins the span beside it when it scores at least this share of the span's best unit
 MIN_SHARE = 0.2  # a second or third span is shown only when it scores at least this share of the first
 MAX_STATEMENT_LINES = 8  # a line whose brackets stay open is one unit with the lines up to the closing one, up to this
@@ -249,7 +250,7 @@ def spans(doc: Document, units: list[Unit], scores: torch.Tensor, attention: tor
           count: int = EVIDENCE_SPANS, min_share: float = MIN_SHARE) -> list[Evidence]:
     """The best `count` spans, best first: each seeded by the best unit not yet taken, grown over
     the units beside it (same file, page or paragraph; consecutive lines) while they score at least
-    GROW_SHARE of the seed, up to MAX_SPAN_UNITS. A span after the first is kept only when it scores
+    GROW_SHARE of the seed, up to MAX_SPAN_UNITS (and MAX_SPAN_LINES of a file). A span after the first is kept only when it scores
     at least `min_share` of the first. Evidence.score is the span's share of the attention the
     document received (the sum of `attention` over its units, over all units')."""
     if not units:
@@ -268,7 +269,8 @@ def spans(doc: Document, units: list[Unit], scores: torch.Tensor, attention: tor
         lo = hi = seed
         while hi - lo + 1 < MAX_SPAN_UNITS:
             grow = [i for i in (lo - 1, hi + 1) if 0 <= i < len(units) and not taken[i] and _beside(units, i, lo, hi)]
-            grow = [i for i in grow if float(scores[i]) >= GROW_SHARE * float(scores[seed])]
+            grow = [i for i in grow if float(scores[i]) >= GROW_SHARE * float(scores[seed])
+                    and _lines(units[min(lo, i)], units[max(hi, i)]) <= MAX_SPAN_LINES]
             if not grow:
                 break
             best = max(grow, key=lambda i: float(scores[i]))
@@ -280,6 +282,11 @@ def spans(doc: Document, units: list[Unit], scores: torch.Tensor, attention: tor
                             score=round(float(attention[lo:hi + 1].sum()) / total, 4)))
         first_score = first_score if first_score is not None else float(scores[seed])
     return out
+
+
+def _lines(first: Unit, last: Unit) -> int:
+    """Lines of a file from `first` to `last` (0 where the units are not lines)."""
+    return last.end_line - first.line + 1 if first.line is not None and last.end_line is not None else 0
 
 
 def _beside(units: list[Unit], i: int, lo: int, hi: int) -> bool:
