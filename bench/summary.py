@@ -298,7 +298,12 @@ def _model(stamp: dict, rows: list[dict]) -> str:
 
 def retrieval_questions(results: dict, stamp: dict) -> str:
     rows = results["rows"]
-    return f"{_model(stamp, rows)}, right: " + _right(rows)
+    text = f"{_model(stamp, rows)}, right: " + _right(rows)
+    spans = [r for r in rows if "ev_top1_facts" in r]  # retrieval's evidence spans, where the run measured them
+    if spans:
+        top1, top3 = (100 * sum(bool(r[f"ev_top{k}_facts"]) for r in spans) / len(spans) for k in (1, 3))
+        text += f"; evidence spans holding the key facts: top-1 {top1:.0f}%, top-3 {top3:.0f}% of {len(spans)}"
+    return text
 
 
 def retrieval_passkey(results: dict, stamp: dict) -> str:
