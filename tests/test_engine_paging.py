@@ -588,3 +588,46 @@ def test_native_store_prefill_over_bf16_kv_agrees_with_the_torch_backend(kv_home
     assert calls == [(q_start - BLOCK_TOKENS, group, 200)]
     torch.testing.assert_close(got, torch_backend.store_prefill(q, q_start, later, 200), atol=1e-4, rtol=1e-4)
     assert NativeBackend(lib, *args, "float32").attend_all(q[None, :, 0].contiguous(), [(kv[0], kv[1])], None, 1) is None
+
+
+def test_streaming_forks_copy_only_the_blocks_past_the_schedules_prefix(kv_home):
+    """A document longer than the pool, read by 6 forks at once: with the pass schedule each
+    decode step copies only the 14 blocks a layer streams past its resident prefix of 12, where the
+    least-recently-used pool copies 20 of the 26 (a cyclic scan evicts what the next step reads first);
+    the tokens are the same, and the same as reading the store in place."""
+    from kvpage_cli.engine.events import BlocksMoved, StepDone
+    from kvpage_cli.engine.scheduler import Request
+
+    model = tiny_model("llama")
+    document = random_prompt(20 * BLOCK_TOKENS, seed=61)  # 20 full blocks
+    questions = [random_prompt(3, seed=70 + i) for i in range(6)]
+
+    def decode(engine):
+        doc = engine.prefill(document)
+        asked = [engine.append(engine.fork(doc), q) for q in questions]  # each a tail block of its own
+        requests = [Request(ctx, [], max_new_tokens=6, stop=()) for ctx in asked]
+        copies = [0]  # blocks copied into the pool, per step
+
+        def count(event):
+            if isinstance(event, BlocksMoved):
+                copies[-1] += event.blocks
+            elif isinstance(event, StepDone):
+                copies.append(0)
+
+        tokens = {i: [] for i in range(len(requests))}
+        for request, token in engine.run(requests, on_event=count):
+            tokens[requests.index(request)].append(token)
+        return tokens, copies[:-1]
+
+    scheduled = engine_with_slots(model, kv_home, 16, backend="native", kv_path="pool")
+    lru = engine_with_slots(model, kv_home, 16, backend="native", kv_path="pool")
+    lru.dispatch.stream_schedule = False
+    in_place = Engine.load(model, EngineConfig(home=str(kv_home), backend="native", kv_path="store"))
+    ours, our_copies = decode(scheduled)
+    theirs, their_copies = decode(lru)
+    assert ours == theirs == decode(in_place)[0]
+    layers = model.config.num_hidden_layers
+    # 26 blocks a step (20 shared, 6 tails) through 16 slots, a prefix of 12: 14 stream, per layer
+    assert len(our_copies) == len(their_copies) == 5  # the first token came with the question's logits
+    assert all(n == 14 * layers for n in our_copies), our_copies  # the prefix stayed from the questions' pass
+    assert all(n >= 20 * layers for n in their_copies[1:]), their_copies

@@ -65,3 +65,14 @@ def test_the_old_pools_simulation_is_the_pools_own_count():
         for first in range(0, len(items), slots):
             pool.load(0, [(b, 0, 64) for b in items[first:first + slots]], copy_in)
     assert copies == simulate(LeastRecentlyUsed(slots), context, batch, 70)
+
+
+def test_without_a_copy_stream_the_ring_is_read_whole_with_the_same_copies():
+    """Copies made in line before each pass (the engine today): ring passes of the whole ring,
+    half as many passes, the same blocks copied as the double-buffered plan's."""
+    whole, halves = StreamSchedule(6, ring=2, double_buffered=False), StreamSchedule(6, ring=2)
+    for _ in range(3):
+        ours, theirs = whole.passes(list(range(10))), halves.passes(list(range(10)))
+        assert [p.blocks for p in ours] == [[0, 1, 2, 3], [4, 5], [6, 7], [8, 9]]
+        assert [p.slots for p in ours[1:]] == [[4, 5]] * 3
+        assert sorted(b for p in ours for b in p.copied) == sorted(b for p in theirs for b in p.copied)

@@ -9,7 +9,11 @@ attends to its own sequence's blocks. In selective mode a policy picks each deco
 Blocks are reached in the store where they are ("store" path: only when the store is in the
 compute device's memory, as on a CPU) or through the pool ("pool" path: blocks are copied into
 slots in passes of at most `slots` blocks, in logical order, and the valid mask marks the slots
-of the pass). The backend computes the states; what is bit-identical is said in backend.py.
+of the pass). When a layer reads more blocks than it has slots (streaming), each layer follows a
+pass schedule (kv/schedule.py: a resident prefix that keeps its slots from step to step, the rest
+through a ring), so that a block is copied again only when the ring's turn comes to it; where
+the blocks fit, or a selector picks them (its prefetches choose slots too), the pool keeps the
+most recently used. The backend computes the states; what is bit-identical is said in backend.py.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 from ..config import BLOCK_TOKENS, SMALL_ROWS, TILE_RUN_BLOCKS
 from ..kv.context import Context
 from ..kv.pool import SlotPool
+from ..kv.schedule import StreamSchedule
 from ..kv.store import BlockStore, copy_rows
 from ..model.spec import ModelSpec
 from . import reference
@@ -77,6 +82,8 @@ class AttentionDispatch:
         self.kv_read_bytes = 0  # this step's K/V bytes attention read: each block once per layer
         self.captured: dict[int, dict[int, tuple[torch.Tensor, int]]] = {}  # ctx id -> layer -> (q rows, first position)
         self.capture_ids: set[int] = set()  # contexts whose prompt queries are kept whatever the mode
+        self.stream_schedule = True  # streaming passes by a schedule per layer (False: least recently used)
+        self.schedules: dict[int, StreamSchedule] = {}  # layer -> its schedule, made when it first streams
 
     def use_selector(self, selector) -> None:
         """Selective decoding with this selector (None: exact, every block)."""
@@ -203,11 +210,10 @@ class AttentionDispatch:
         ends = torch.zeros(len(items), dtype=torch.int64).scatter_reduce_(
             0, item_of_pair, plan.q_end[plan.pair_query.long()], "amax").tolist()
         copy_in = self._copier(layer, group)
-        for first in range(0, len(items), self.pool.num_slots):
-            last = min(first + self.pool.num_slots, len(items))
+        for first, last, slots in self._pass_bounds(layer, items):
             blocks = [(b, generation[b], min(BLOCK_TOKENS, end - p * BLOCK_TOKENS))
                       for b, p, end in zip(items[first:last], positions[first:last], ends[first:last])]
-            slots = self._load(layer, blocks, copy_in)
+            slots = self._load(layer, blocks, copy_in, slots)
             yield plan.items(first, last, torch.tensor(slots, dtype=torch.int32))
 
     def _passes(self, layer: int, group, ids: list[int], positions: list[int], seq_end: int):
@@ -216,13 +222,31 @@ class AttentionDispatch:
         Yields (its slots, their logical block indices) per pass."""
         generation = group.allocator.generation
         copy_in = self._copier(layer, group)
-        for first in range(0, len(ids), self.pool.num_slots):
-            pass_ids = ids[first:first + self.pool.num_slots]
-            pass_pos = positions[first:first + self.pool.num_slots]
-            blocks = [(b, generation[b], min(BLOCK_TOKENS, seq_end - p * BLOCK_TOKENS)) for b, p in zip(pass_ids, pass_pos)]
-            yield self._load(layer, blocks, copy_in), pass_pos
+        for first, last, slots in self._pass_bounds(layer, ids):
+            blocks = [(b, generation[b], min(BLOCK_TOKENS, seq_end - p * BLOCK_TOKENS))
+                      for b, p in zip(ids[first:last], positions[first:last])]
+            yield self._load(layer, blocks, copy_in, slots), positions[first:last]
 
-    def _load(self, layer: int, blocks, copy_in) -> list[int]:
+    def _pass_bounds(self, layer: int, ids: list[int]) -> list[tuple[int, int, list[int] | None]]:
+        """The passes over `ids` (distinct blocks, logical order) as (first, last, slots): the
+        layer's schedule's passes and slots when they stream; else passes of `num_slots` whose
+        slots the pool chooses (None)."""
+        size = self.pool.num_slots
+        if not self.stream_schedule or self.selector is not None or len(ids) <= size:
+            return [(first, min(first + size, len(ids)), None) for first in range(0, len(ids), size)]
+        schedule = self.schedules.get(layer)
+        if schedule is None or schedule.num_slots != size:
+            # copies are made in line before each pass (no copy stream yet): passes of the whole ring
+            schedule = self.schedules[layer] = StreamSchedule(size, double_buffered=False)
+        bounds, first = [], 0
+        for part in schedule.passes(ids):
+            bounds.append((first, first + len(part.blocks), part.slots))
+            first += len(part.blocks)
+        return bounds
+
+    def _load(self, layer: int, blocks, copy_in, slots: list[int] | None = None) -> list[int]:
+        if slots is not None:
+            return self.pool.load_into(layer, blocks, slots, copy_in)
         return self.pool.load(layer, blocks, copy_in)
 
     def _copier(self, layer: int, group):

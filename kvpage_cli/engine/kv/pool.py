@@ -127,6 +127,40 @@ class SlotPool:
             self.on_event(BlocksMoved(moved, moved_bytes, waited, len(blocks), hits, copy_s))
         return slots  # type: ignore[return-value]
 
+    def load_into(self, layer: int, blocks: list[tuple[int, int, int]], slots: list[int], copy_in) -> list[int]:
+        """Puts each block into the slot given for it (a pass schedule's choice, kv/schedule.py) and
+        returns the slots: a block its slot already holds (the same generation, rows enough) is not
+        copied again; any other is copied from the store, whatever the slot held. As load(): every
+        returned slot holds its block completely, and one whose bit is not set counts in
+        `invalid_reads`."""
+        assert len(blocks) == len(slots) == len(set(slots)) <= self.num_slots, (len(blocks), len(slots))
+        self.allocate()
+        holders, slot_of = self.holders[layer], self.slot_of[layer]
+        moved = moved_bytes = hits = 0
+        copy_s = waited = 0.0
+        for (block_id, generation, filled), slot in zip(blocks, slots):
+            holder = holders[slot]
+            if holder is not None and holder.pending is not None:  # a prefetch into this slot: let it land
+                waited += self.mover.wait(holder.pending)
+                holder.pending = None
+            if (holder is not None and holder.block_id == block_id and holder.generation == generation
+                    and holder.filled >= filled and slot_of.get(block_id) == slot):
+                hits += 1
+            else:
+                moved_bytes += self._assign(layer, slot, block_id, generation, filled)
+                moved += 1
+                started = time.perf_counter()
+                copy_in(block_id, self.k[layer][slot], self.v[layer][slot], filled)
+                copy_s += time.perf_counter() - started
+                self.valid[layer][slot] = 1
+            self.recency[layer].move_to_end(slot)
+        if slots:
+            index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+            self.invalid_reads += (self.valid[layer].index_select(0, index) == 0).sum()
+        if self.on_event is not None:
+            self.on_event(BlocksMoved(moved, moved_bytes, waited, len(blocks), hits, copy_s))
+        return list(slots)
+
     def slots(self, layer: int, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V values held in `slots` of `layer`: [n, Hkv, 64, D] copies."""
         index = torch.tensor(slots, dtype=torch.int64, device=self.device)

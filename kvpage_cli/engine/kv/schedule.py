@@ -33,14 +33,17 @@ class Pass:
 class StreamSchedule:
     """One layer group's slots: a resident prefix and a ring (see the module docstring)."""
 
-    def __init__(self, num_slots: int, ring: int | None = None) -> None:
+    def __init__(self, num_slots: int, ring: int | None = None, double_buffered: bool = True) -> None:
         """ring: slots given to streaming (default: a quarter of the pool, at least 2, at most all
-        but one); the prefix holds the others."""
+        but one); the prefix holds the others. double_buffered: ring passes of half the ring (one
+        half filled while attention reads the other: copies on their own stream); else passes of
+        the whole ring (copies made before the pass, in line: fewer passes, the same copies)."""
         if num_slots < 1:
             raise ValueError("a pool needs at least one slot")
         ring = ring if ring is not None else max(2, num_slots // 4)
         self.ring = min(max(1, ring), num_slots)
         self.num_slots = num_slots
+        self.double_buffered = double_buffered
         self.prefix_slots = num_slots - self.ring
         self.prefix: dict[int, int] = {}  # block id -> its slot, for the resident prefix
         self.ring_holds: list[int | None] = [None] * self.ring  # what each ring slot holds
@@ -53,9 +56,9 @@ class StreamSchedule:
             return [self._resident_pass(items)]
         head, tail = items[:self.prefix_slots], items[self.prefix_slots:]
         plans = [self._resident_pass(head, limit=self.prefix_slots)] if head else []
-        half = max(1, self.ring // 2)
-        for first in range(0, len(tail), half):
-            plans.append(self._ring_pass(tail[first:first + half]))
+        size = max(1, self.ring // 2) if self.double_buffered else self.ring
+        for first in range(0, len(tail), size):
+            plans.append(self._ring_pass(tail[first:first + size]))
         return plans
 
     def _resident_pass(self, blocks: list[int], limit: int | None = None) -> Pass:
