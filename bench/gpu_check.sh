@@ -9,7 +9,8 @@
 #      device, as CUDA graphs);
 #   3. bench/batch.py: decode tok/s over all sequences at batch 1, 16 and 64 over a shared 1K
 #      document, beside transformers' batched decoding;
-#   4. the 8K context streamed through an 8 MiB pool (bench/engine.py);
+#   4. the 8K context streamed through an 8 MiB pool (bench/engine.py), and the engine's copies and
+#      step time with the pass schedule against the least-recently-used pool (bench/pool_schedule.py);
 #   5. bench/quant_models.py: a random 1B-shaped Q4_K_M file on the dequantize-in-register kernel;
 #   6. the Triton kernel tests (tests/test_kernels.py) and the engine's tests that take the Triton
 #      backend; bench/profile_decode.py: where a batch-16 decode step's host time goes;
@@ -79,6 +80,8 @@ part 80 "batch: decode over a shared document on $dev" python bench/batch.py --d
 part 40 "streaming through an 8 MiB pool at 8K on $dev" python bench/engine.py --device "$dev" --models "$model" \
   --contexts "$long" --kv-paths auto --weights float32 --systems kvpage --new-tokens "$new" --pool-mib 8 \
   --json "$out/engine-8mib.json"
+part 30 "streaming: the pass schedule against the least recently used on $dev" python bench/pool_schedule.py --engine \
+  --model "$model" --contexts "$long" --pools 8 --batches 1,16 --steps 8 --json "$out/pool-schedule.json"
 if [ "$dev" = cuda ]; then
   part 40 "a random 1B-shaped Q4_K_M on the dequantize-in-register kernel" python bench/quant_models.py --shapes 1b \
     --formats Q4_K_M --activations float32 --folder "$work" ${KVPAGE_TOKENIZER_GGUF:+--tokenizer-from "$KVPAGE_TOKENIZER_GGUF"} \
