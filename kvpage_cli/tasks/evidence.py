@@ -6,11 +6,11 @@ The engine gives the attention mass of every document token the answer read
 line of a file (a statement whose brackets stay open runs on to the line that closes them) or, in
 running text (a page, a paragraph, a long line), a sentence. Each unit scores the mass its words
 received (white space, punctuation and stop words, where a small model parks most of its
-attention, left out), fused
-with its lexical match to the question (BM25 over the units, identifiers split as retrieval splits
-them); in code, a line that states a value (a number, a quoted string, an exception raised,
-an assignment) ranks ahead of one that only mentions the question's words. The best units become
-spans, each grown over the lines beside it that scored too, returned best first. `kvpage find`
+attention, left out), fused with its lexical match to the question (BM25 over the units,
+identifiers split as retrieval splits them); in code, a line that states a value (a number, a
+quoted string, an exception raised, an assignment) ranks ahead of one that only mentions the
+question's words. The best units become spans, each grown over the lines beside it that scored
+too (at most MAX_SPAN_LINES lines), returned best first. `kvpage find`
 ranks the same way with the question's own attention in place of an answer's.
 """
 

@@ -105,12 +105,8 @@ class SlotPool:
         for index, (block_id, generation, filled) in enumerate(blocks):
             if slots[index] is None:
                 slot = next(victims)
-                moved_bytes += self._assign(layer, slot, block_id, generation, filled)
-                moved += 1
-                started = time.perf_counter()
-                copy_in(block_id, self.k[layer][slot], self.v[layer][slot], filled)
-                copy_s += time.perf_counter() - started
-                self.valid[layer][slot] = 1
+                nbytes, seconds = self._copy_into(layer, slot, block_id, generation, filled, copy_in)
+                moved, moved_bytes, copy_s = moved + 1, moved_bytes + nbytes, copy_s + seconds
                 slots[index] = slot
                 wanted.add(slot)
         waited = 0.0
@@ -120,11 +116,7 @@ class SlotPool:
                 waited += self.mover.wait(holder.pending)
                 holder.pending = None
             self.recency[layer].move_to_end(slot)
-        if slots:
-            index = torch.tensor(slots, dtype=torch.int64, device=self.device)
-            self.invalid_reads += (self.valid[layer].index_select(0, index) == 0).sum()
-        if self.on_event is not None:
-            self.on_event(BlocksMoved(moved, moved_bytes, waited, len(blocks), hits, copy_s))
+        self._loaded(layer, slots, BlocksMoved(moved, moved_bytes, waited, len(blocks), hits, copy_s))
         return slots  # type: ignore[return-value]
 
     def load_into(self, layer: int, blocks: list[tuple[int, int, int]], slots: list[int], copy_in) -> list[int]:
@@ -147,19 +139,28 @@ class SlotPool:
                     and holder.filled >= filled and slot_of.get(block_id) == slot):
                 hits += 1
             else:
-                moved_bytes += self._assign(layer, slot, block_id, generation, filled)
-                moved += 1
-                started = time.perf_counter()
-                copy_in(block_id, self.k[layer][slot], self.v[layer][slot], filled)
-                copy_s += time.perf_counter() - started
-                self.valid[layer][slot] = 1
+                nbytes, seconds = self._copy_into(layer, slot, block_id, generation, filled, copy_in)
+                moved, moved_bytes, copy_s = moved + 1, moved_bytes + nbytes, copy_s + seconds
             self.recency[layer].move_to_end(slot)
+        self._loaded(layer, slots, BlocksMoved(moved, moved_bytes, waited, len(blocks), hits, copy_s))
+        return list(slots)
+
+    def _copy_into(self, layer: int, slot: int, block_id: int, generation: int, filled: int,
+                   copy_in) -> tuple[int, float]:
+        """Gives `slot` to a block and copies it in; returns the bytes moved and the seconds the copy took."""
+        moved_bytes = self._assign(layer, slot, block_id, generation, filled)
+        started = time.perf_counter()
+        copy_in(block_id, self.k[layer][slot], self.v[layer][slot], filled)
+        self.valid[layer][slot] = 1
+        return moved_bytes, time.perf_counter() - started
+
+    def _loaded(self, layer: int, slots: list[int], event: BlocksMoved) -> None:
+        """After a load: the slots handed out whose bit is not set counted on the device; the event."""
         if slots:
             index = torch.tensor(slots, dtype=torch.int64, device=self.device)
             self.invalid_reads += (self.valid[layer].index_select(0, index) == 0).sum()
         if self.on_event is not None:
-            self.on_event(BlocksMoved(moved, moved_bytes, waited, len(blocks), hits, copy_s))
-        return list(slots)
+            self.on_event(event)
 
     def slots(self, layer: int, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V values held in `slots` of `layer`: [n, Hkv, 64, D] copies."""
