@@ -37,6 +37,8 @@ OPTIONS: dict[str, tuple[tuple[str, ...], dict]] = {
     "dtype": (("--dtype",), {"default": "float32", "choices": ("float32", "bfloat16")}),
     "kv_dtype": (("--kv-dtype",), {"default": "auto", "choices": ("auto", "float32", "bfloat16", "int8"),
                                    "help": "the KV blocks' element type (EngineConfig.kv_dtype)"}),
+    "activations": (("--activations",), {"default": "auto", "choices": ("auto", "float32", "int8"),
+                                         "help": "what quantized weights multiply (EngineConfig.activations)"}),
     "saved_kv_mib": (("--saved-kv-mib",), {
         "type": float, "default": None,
         "help": "index into the saved-KV cache under --home, up to this many MiB: windows leave memory for their files "
@@ -58,7 +60,7 @@ OPTIONS: dict[str, tuple[tuple[str, ...], dict]] = {
     "log": (("--log",), {"default": None,
                          "help": "JSON lines of measured rows; what is already there is not run again"}),
 }
-ENGINE = ("model", "home", "threads", "dtype", "kv_dtype")
+ENGINE = ("model", "home", "threads", "dtype", "kv_dtype", "activations")
 SOURCES = ("sources", "limit", "cache", "cuad_jsonl")
 ANSWERS = ("systems", "budget", "chunk_tokens", "order", "max_new_tokens", "seed", "log")
 
@@ -75,7 +77,8 @@ def engines_from(args) -> Engines:
     the saved-KV cache where --saved-kv-mib asks for it (only retrieval mode's index is saved)."""
     saved_mib = getattr(args, "saved_kv_mib", None)
     ENGINE_OPTIONS["retrieval"] = {"kv_cache": True, "cache_mib": saved_mib} if saved_mib else {}
-    return Engines(args.model, home=args.home, threads=args.threads, dtype=args.dtype, kv_dtype=args.kv_dtype)
+    return Engines(args.model, home=args.home, threads=args.threads, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                   activations=args.activations)
 
 
 def settings_from(args) -> RunSettings:
@@ -97,7 +100,7 @@ def journal_from(args) -> Journal:
     """The --log journal, its rows keyed by the settings that change an answer."""
     return Journal(Path(args.log) if args.log else None,
                    f"{args.model}|budget {args.budget}|chunks {args.chunk_tokens}|new {args.max_new_tokens}|seed {args.seed}"
-                   f"|order {args.order}")
+                   f"|order {args.order}" + (f"|activations {args.activations}" if args.activations != "auto" else ""))
 
 
 def progress_log(started: float) -> Callable[[dict], None]:
