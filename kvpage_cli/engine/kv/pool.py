@@ -157,7 +157,8 @@ class SlotPool:
     def _loaded(self, layer: int, slots: list[int], event: BlocksMoved) -> None:
         """After a load: the slots handed out whose bit is not set counted on the device; the event."""
         if slots:
-            index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+            # sent without waiting: a blocking copy would make the host wait for the device's queue
+            index = torch.tensor(slots, dtype=torch.int64).to(self.device, non_blocking=True)
             self.invalid_reads += (self.valid[layer].index_select(0, index) == 0).sum()
         if self.on_event is not None:
             self.on_event(event)

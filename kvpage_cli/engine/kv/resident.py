@@ -140,19 +140,13 @@ class ResidentSlots:
         """A decode step's writes in one group: the slot of each sequence's tail block (taken for a
         block just added to its table; the sink for a sliding-window block already dropped), which
         is then ahead of the store up to row `end` (exclusive, within the block)."""
-        resident, sink = self.groups[index], self.sink
-        slot_of, rows, full = resident.slot_of, resident.rows, resident.full
         slots = []
         for block_id, end in zip(block_ids, ends):
             if block_id is None:
-                slots.append(sink)
+                slots.append(self.sink)
                 continue
-            slot = slot_of.get(block_id)
-            slots.append(slot if slot is not None else resident.take(block_id))
-            if rows.get(block_id, 0) < end:
-                rows[block_id] = end
-                if end >= BLOCK_TOKENS:
-                    full.add(block_id)
+            slots.append(self.place_new(index, block_id))
+            self.wrote(index, block_id, end)
         return slots
 
     def copied_on_write(self, group_layers: list[int], src: int, dst: int, rows: int) -> None:
