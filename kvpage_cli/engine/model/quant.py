@@ -167,17 +167,22 @@ class QuantMatrix:
         return (int8 and self.qtype in KQUANT_FORMATS) or (not int8 and self.on_tiles(lib))
 
     def matmul(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool, int8: bool = False,
-               tiles: bool = False) -> torch.Tensor:
+               tiles: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
         """x: [M, K] -> x @ W^T: [M, N] fp32. int8: rows of x are rounded to int8 (in groups of 32;
         for K-quants 256, llama.cpp's Q8_K) and multiplied with integer dot products (block
         formats; float formats ignore it): a few rows, and a long chunk's for K-quants (other
         formats' long chunks multiply fp32). tiles: few rows may multiply on AMX tiles (model.Rows
-        says when); a long chunk's do where they apply."""
+        says when); a long chunk's do where they apply. out: fp32 [M, N] with unit column stride
+        (e.g. columns of a wider product) that receives the result, the same bits, and is returned."""
         x = x.float().contiguous()
+        if out is not None and (out.dtype != torch.float32 or out.shape != (x.shape[0], self.rows)
+                                or out.stride(1) != 1):
+            raise ValueError(f"a product goes into fp32 [{x.shape[0]}, {self.rows}] with unit column stride, not "
+                             f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")
         int8 = int8 and self.qtype not in FLOAT_FORMATS
         direct = not few_rows and self.reads_long_chunks(lib, int8)
         if few_rows or direct:
-            y = torch.empty(x.shape[0], self.rows)
+            y = out if out is not None and self.out_perm is None else torch.empty(x.shape[0], self.rows)
             if int8 and (few_rows or direct):
                 kernel = lib.kvp_qgemm_rows_q8
             else:
@@ -186,11 +191,13 @@ class QuantMatrix:
                         self.cols, self.rows, y.data_ptr(), y.stride(0))
             if rc != 0:
                 raise RuntimeError(f"the native {self.format} kernel failed ({rc})")
-            return y if self.out_perm is None else y[:, self.out_perm]
+            if self.out_perm is not None:
+                y = y[:, self.out_perm] if out is None else out.copy_(y[:, self.out_perm])
+            return y
         step = max(16, DEQUANT_CHUNK_BYTES // (4 * self.cols))
-        if step >= self.rows:  # one slice: no copy of the product into y
+        if step >= self.rows and out is None:  # one slice: no copy of the product into y
             return matmul_nt(x, self.dequantize(lib))
-        y = torch.empty(x.shape[0], self.rows)
+        y = torch.empty(x.shape[0], self.rows) if out is None else out
         for start in range(0, self.rows, step):
             stop = min(start + step, self.rows)
             y[:, start:stop] = matmul_nt(x, self.take(lib, torch.arange(start, stop)))
@@ -320,7 +327,14 @@ class QuantLinear:
                 p.dequantize(lib, w[start:start + p.rows])
                 start += p.rows
             return matmul_nt(x.float().contiguous(), w)
-        return torch.cat([p.matmul(lib, x, few_rows, i, tiles) for p, i in zip(self.parts, int8)], dim=-1)
+        if any(not isinstance(p, QuantMatrix) for p in self.parts):
+            return torch.cat([p.matmul(lib, x, few_rows, i, tiles) for p, i in zip(self.parts, int8)], dim=-1)
+        y = torch.empty(x.shape[0], self.out_features)  # each part's columns written in place (no concatenation)
+        start = 0
+        for p, i in zip(self.parts, int8):
+            p.matmul(lib, x, few_rows, i, tiles, out=y[:, start:start + p.rows])
+            start += p.rows
+        return y
 
     @property
     def nbytes(self) -> int:

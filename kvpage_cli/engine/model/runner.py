@@ -549,7 +549,7 @@ class ModelRunner:
         if w.gate_up_bias is not None:
             gate_up = gate_up + w.gate_up_bias
         gate, up = gate_up.chunk(2, dim=-1)
-        out = self.linear(self.activation(gate, rows) * up, w.down_t, rows)
+        out = self.linear(self.activation(gate, rows).mul_(up), w.down_t, rows)
         if self.shard is not None:
             out = self.shard.all_reduce(out)
         if w.down_bias is not None:
