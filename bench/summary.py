@@ -214,6 +214,9 @@ def quant_models(results: dict, stamp: dict) -> str:
         elif ours:
             parts.append(f"{shape} {fmt} {ours['decode_tok_s']:.1f} tok/s")
     text = "decode against llama.cpp: " + ", ".join(parts) if any(p.endswith(("x", "x)")) for p in parts) else ", ".join(parts)
+    threads = (stamp.get("args") or {}).get("threads")
+    if threads and threads != stamp.get("cores"):
+        text = f"{threads} thread{'s' if threads > 1 else ''} of {stamp['cores']} cores, {text}"
     load = results.get("load_average")
     if load and max(load["start"][0], load["end"][0]) > (stamp.get("cores") or 1):  # other work shared the CPUs
         text = (f"on a loaded machine (load average {load['start'][0]:.1f} to {load['end'][0]:.1f} on "
