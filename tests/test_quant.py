@@ -312,6 +312,34 @@ def test_a_long_chunk_multiplies_every_part_as_a_few_rows_do(lib, monkeypatch):
         assert got.shape == (40, 112)
         assert ((got - few).abs() <= tolerance).all()
 
+def test_each_part_of_a_product_gives_its_own_bits_in_the_columns_of_the_whole(lib):
+    """Q, K and V (or gate and up) multiplied together are each part's own product, bit for bit, in
+    that part's columns (a permuted part in feature order), for a few rows and a long chunk's; an
+    output of the wrong shape or type is refused, not written past."""
+    from kvpage_cli.engine.model import quant
+
+    cols = 256
+    perm = torch.randperm(48, generator=torch.Generator().manual_seed(4))
+    parts = [QuantMatrix(Q6_K, random_matrix(Q6_K, 24, cols, seed=7), 24, cols),
+             QuantMatrix(Q8_0, random_matrix(Q8_0, 48, cols, seed=5), 48, cols, perm),
+             QuantMatrix(Q4_K, random_matrix(Q4_K, 32, cols, seed=9), 32, cols)]
+    x = torch.randn(20, cols, generator=torch.Generator().manual_seed(8))
+    # a long chunk's parts are multiplied one by one where each reads its own blocks (K-quants under
+    # "auto"; otherwise they are dequantized into one matrix: the test above)
+    for chosen, few_rows, activations in ((parts, True, "float32"), (parts, True, "auto"),
+                                          ([parts[0], parts[2]], False, "auto")):
+        whole = quant.QuantLinear(chosen)(lib, x, few_rows, activations)
+        start = 0
+        for p in chosen:
+            alone = p.matmul(lib, x, few_rows, p.rounds_activations(activations))
+            assert torch.equal(whole[:, start:start + p.rows], alone)
+            start += p.rows
+        assert start == whole.shape[1]
+    for wrong in (torch.empty(20, 23), torch.empty(20, 24, dtype=torch.float64), torch.empty(24, 20).t()):
+        with pytest.raises(ValueError, match="unit column stride"):
+            parts[0].matmul(lib, x, True, out=wrong)
+
+
 # -- the Triton kernels' weights (the interpreter on this CPU) ----------------------------------
 
 @pytest.mark.parametrize("qtype", FORMATS + [I8_ROW], ids=str)
