@@ -263,8 +263,9 @@ static inline __attribute__((always_inline)) void row_sums_512(const int type, c
  * together (pairs as they come) into one vector, whose lanes then take the shared float steps
  * side by side. The next eight rows' bytes are prefetched into L2 a superblock's worth at a time
  * (prefetch_next): a decode step's products stream every weight from memory once, and into L1 (T0)
- * they read 25.6 GB/s where into L2 they read 32.9 GB/s, this machine's measured bandwidth (all of a
- * 1B-shaped Q4_K_M file's matrices, one row of x, 2 threads; no prefetch: 14.0 GB/s). */
+ * they read 25.6 GB/s where into L2 they read 32.9 GB/s, about the 31.5 GB/s bench/quant_models.py
+ * measured on that machine (all of a 1B-shaped Q4_K_M file's matrices, one row of x, 2 threads, a
+ * 2-vCPU Zen 4; no prefetch: 14.0 GB/s). */
 static inline __attribute__((always_inline)) void dot8_512(const int type, const uint8_t *const *w, int64_t block_bytes,
         int nsb, const int8_t *q, const float *e, const int16_t *bs, const uint8_t *next, float *out) {
     const int q6 = type == T_Q6_K, nsub = q6 ? 16 : 8;
