@@ -231,6 +231,117 @@ def test_in_code_the_line_that_states_the_value_ranks_first_and_in_prose_it_does
     assert prose and all(float(ranked.prior[i]) == 0.0 for i in prose)  # "2 headers" in a page: no prior
 
 
+def _server_repo(tmp_path):
+    """A server module whose backlog is a constant named for it, beside prose, a docstring's
+    example and a test that use the question's words more often than the constant does."""
+    root = tmp_path / "server"
+    (root / "server").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "server" / "serving.py").write_text(
+        "import socket\n\n"
+        "LISTEN_QUEUE = 128\n\n\n"
+        "class DevServer:\n"
+        '    """A development server.\n\n'
+        "    .. code-block:: python\n\n"
+        "        server = DevServer(backlog=5)  # the listen backlog of a development server\n"
+        '    """\n\n'
+        "    #: The development server listens with a backlog; the listen backlog is set at start.\n"
+        '    name = "dev"\n\n'
+        "    def __init__(self, backlog=None):\n"
+        "        self.backlog = backlog or LISTEN_QUEUE\n"
+        '        listen_note = "the listen backlog of a development server"\n\n'
+        "    def serve(self):\n"
+        "        self.socket.listen(self.backlog)  # the development server's listen backlog\n")
+    (root / "tests" / "test_serving.py").write_text(
+        "def test_backlog():\n"
+        "    server_backlog = 7  # a development server's listen backlog in this test\n"
+        "    assert DevServer(backlog=server_backlog).backlog == 7\n")
+    return root
+
+
+def test_the_definition_named_for_the_question_ranks_first(tmp_path):
+    """No attention at all: the comment, the docstring's example and the test say "listen backlog
+    ... development server" more often than anything (lexical ranks one of them first), yet the
+    fused ranking quotes `LISTEN_QUEUE = 128`, the constant whose name the question uses; the
+    example, the test's local and the call's keyword define nothing."""
+    from kvpage_cli.tasks import evidence
+
+    root = _server_repo(tmp_path)
+    doc = load(str(root))
+    chars = [(m.start(), m.end()) for m in re.finditer(r"\S+", doc.text)]
+    flat = torch.zeros(len(chars))
+    question = "What listen backlog does the development server use?"
+    lexical = evidence.rank(doc, chars, flat, question, signal="lexical")
+    fused = evidence.rank(doc, chars, flat, question)
+    assert "LISTEN_QUEUE" not in lexical[0].text
+    assert fused[0].text == "LISTEN_QUEUE = 128" and fused[0].where == "server/serving.py:3"
+    _check_spans(doc, root, fused)
+    ranked = evidence.signals(doc, chars, flat, question)
+    named = {doc.text[u.start:u.end].strip(): float(v) for u, v in zip(ranked.units, ranked.named)}
+    assert max(named, key=named.get) == "LISTEN_QUEUE = 128"
+    for nothing in ("server = DevServer(backlog=5)  # the listen backlog of a development server",
+                    "server_backlog = 7  # a development server's listen backlog in this test",
+                    'listen_note = "the listen backlog of a development server"',
+                    "self.socket.listen(self.backlog)  # the development server's listen backlog"):
+        assert named[nothing] == 0.0, nothing
+
+
+def test_the_names_a_line_of_code_defines_with_a_value(tmp_path):
+    """Constants, class attributes, attributes set on self and a def's parameters with literal
+    defaults define names (with a constructor's keywords); a local variable, a call's keyword, a
+    lookup, an empty string and a docstring's example do not."""
+    from kvpage_cli.tasks import evidence
+
+    root = tmp_path / "pkg"
+    root.mkdir()
+    lines = ['RETRY_CODES = frozenset([413, 429, 503])',
+             'LIMITS = Limits(max_connections=100, keepalive=20)',
+             'PIN_TIME = 60 * 60 * 24 * 7',
+             'TOKEN = os.environ.get("TOKEN")',
+             'EMPTY = ""',
+             'ALIAS = RETRY_CODES',
+             '',
+             'class Pool:',
+             '    """Pools.',
+             '',
+             '        pool = Pool(size=3)',
+             '    """',
+             '    max_size = 10',
+             '',
+             '    def __init__(',
+             '        self,',
+             '        timeout: float = 5.0,',
+             '        name=None,',
+             *[f'        option_{i}: bool = False,' for i in range(8)],  # a signature longer than a statement unit
+             '    ):',
+             '        self.blocks = 16384',
+             '        local_limit = 3',
+             '        connect(retries=4)',
+             '',
+             'def dump(key, max_size: int = 4093, sep=","):',
+             '    pass']
+    (root / "mod.py").write_text("\n".join(lines) + "\n")
+    doc = load(str(root))
+    units = evidence.units_of(doc, [(0, len(doc.text))])
+    files = {}
+    defined = {}
+    for u in units:
+        lines_of = files.setdefault(u.file, evidence._FileLines(doc, u))
+        defined[doc.text[u.start:u.end].strip()] = lines_of.defined(doc, u)
+    assert defined["RETRY_CODES = frozenset([413, 429, 503])"] == ["RETRY_CODES"]
+    assert defined["LIMITS = Limits(max_connections=100, keepalive=20)"] == ["LIMITS", "max_connections", "keepalive"]
+    assert defined["PIN_TIME = 60 * 60 * 24 * 7"] == ["PIN_TIME"]
+    assert defined["max_size = 10"] == ["max_size"]
+    assert defined["timeout: float = 5.0,"] == ["timeout"]
+    assert defined["self.blocks = 16384"] == ["self.blocks"]
+    assert defined['def dump(key, max_size: int = 4093, sep=","):'] == ["max_size", "sep"]
+    for nothing in ('TOKEN = os.environ.get("TOKEN")', 'EMPTY = ""', "ALIAS = RETRY_CODES", "pool = Pool(size=3)",
+                    "name=None,", "local_limit = 3", "connect(retries=4)"):
+        assert defined[nothing] == [], nothing
+    pool = next(u for u in units if doc.text[u.start:u.end].strip() == "max_size = 10")
+    assert files[pool.file].scope(pool.line) == ["Pool"]
+
+
 # -- lazy indexing -------------------------------------------------------------------------------
 
 def test_a_lazy_index_gives_the_full_index_answer_and_reuses_its_windows(tiny_cli_model, tmp_path, native_library):

@@ -9,7 +9,12 @@ received (white space, punctuation and stop words, where a small model parks mos
 attention, left out), fused with its lexical match to the question (BM25 over the units,
 identifiers split as retrieval splits them); in code, a line that states a value (a number, a
 quoted string, an exception raised, an assignment) ranks ahead of one that only mentions the
-question's words. The best units become spans, each grown over the lines beside it that scored
+question's words, and a definition that gives a literal value a name the question uses
+(`LISTEN_QUEUE = 128` for "what listen backlog", the default `max_size: int = 4093` of
+`def dump_cookie(` for "the largest cookie dump_cookie allows") ranks ahead of both, as an
+engineer looks for the constant before the prose about it (a docstring's example, a test's
+local variable and a call's keyword define nothing). The best units become spans, each grown
+over the lines beside it that scored
 too (at most MAX_SPAN_LINES lines), returned best first. `kvpage find`
 ranks the same way with the question's own attention in place of an answer's.
 """
@@ -17,7 +22,10 @@ ranks the same way with the question's own attention in place of an answer's.
 from __future__ import annotations
 
 import bisect
+import io
+import math
 import re
+import tokenize
 from dataclasses import dataclass
 from pathlib import PurePath
 
@@ -39,6 +47,19 @@ MAX_STATEMENT_LINES = 8  # a line whose brackets stay open is one unit with the 
 VALUE_WEIGHT = 1.0  # in code, a unit that states a value ranks (1 + this) times higher; an assignment half that more
 # running text: the value prior is for code and configuration, not prose, whose numbers are no more telling
 PROSE_SUFFIXES = frozenset({".txt", ".text", ".md", ".markdown", ".rst", ".adoc", ".org", ".tex", ".html", ".htm"})
+# A unit of code that gives a literal value a name the question uses ranks up to (1 + this) times
+# higher: 1 + NAME_WEIGHT * the share of the question's words (IDF-weighted over the units read)
+# that its names hold. Chosen on bench/retrieval.py's questions over packaging, werkzeug and urllib3
+# (the answers' attention kept and ranked again without the model), checked on its other sources.
+NAME_WEIGHT = 8.0
+# the words a question asks with and the word code names the same thing with (a limit is a `max_*`)
+NAME_WORDS = {"largest": "max", "longest": "max", "biggest": "max", "highest": "max", "most": "max", "maximum": "max",
+              "greatest": "max", "smallest": "min", "shortest": "min", "lowest": "min", "least": "min",
+              "fewest": "min", "minimum": "min"}
+NAME_PHRASES = ((re.compile(r"\bhow long\b", re.I), ("length", "len", "time", "timeout", "duration", "age", "seconds")),
+                (re.compile(r"\bhow (?:big|large)\b", re.I), ("size", "max")),
+                (re.compile(r"\bhow many\b", re.I), ("num", "count", "max")))
+PYTHON_SUFFIXES = frozenset({".py", ".pyi"})  # files whose strings are found (tokenize): an example in a docstring defines nothing
 SIGNALS = ("attention", "lexical", "fused")
 DEFAULT_SIGNAL = "fused"
 _WORD = re.compile(r"\w")
@@ -48,6 +69,19 @@ _NUMBER = re.compile(r"(?<![\w.])\d[\d_,.]*\b")
 _QUOTED = re.compile(r'"[^"\n]{1,40}"|\'[^\'\n]{1,40}\'|``[^`\n]+``')
 _RAISED = re.compile(r"\braise\b|\w+(?:Error|Exception)\b")
 _ASSIGNED = re.compile(r"^\s*[\w.]+\s*(?::\s*[^=]+)?=\s*\S")
+# a definition's name: `NAME = `, `name: T = `, `const NAME = `, `key = ` (TOML, INI)
+_TARGET = re.compile(r"\s*(?:(?:export|pub|const|let|var|static|final|readonly)\s+)*([A-Za-z_][\w.-]*)\s*"
+                     r"(?::\s*[^=\n]+?)?\s*(?<![=!<>+\-*/%&|^])=(?!=)")
+_PARAM = re.compile(r"(?:^|[(,])\s*\*{0,2}([A-Za-z_]\w*)\s*(?::\s*[^=,()\n]+?)?\s*=(?!=)")  # a parameter and its default
+_DEF_LINE = re.compile(r"\s*(?:async\s+)?def\s")
+_CLASS_LINE = re.compile(r"\s*class\s")
+_SCOPE_LINE = re.compile(r"\s*(?:async\s+)?(?:def|class)\s+(\w+)")
+_ATTRIBUTE = re.compile(r"\s*(?:self|this|cls)\.")
+_STRING = re.compile(r"""[bruf]{0,2}(?:"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')""", re.I)
+_EMPTY_STRING = re.compile(r"""\s*[bruf]{0,2}(?:""|'')\s*(?:[,)\]}]|$)""", re.I)
+_KEYWORD = re.compile(r"([A-Za-z_]\w*)\s*=(?!=)")
+_NAME_READ = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)(\s*\()?")
+_LITERAL = re.compile(r'\d|"')
 
 
 @dataclass(frozen=True)
@@ -221,12 +255,167 @@ def value_prior(doc: Document, units: list[Unit]) -> torch.Tensor:
     return out
 
 
+def named_values(doc: Document, units: list[Unit], question: str) -> torch.Tensor:
+    """[units] 0..1: the share of the question's words (each weighted by its IDF over the units)
+    that the names a unit of code defines with a literal value hold, with the names of the def and
+    class it lies in (`code = 418` in `class ImATeapot`); the question's words count with the words
+    code says them with (NAME_WORDS, NAME_PHRASES: "largest" is a `max_*`, "how long" a length or
+    a time). Prose, docstrings and units that define nothing get 0."""
+    from bm25s.stopwords import STOPWORDS_EN
+
+    stopwords = frozenset(STOPWORDS_EN)
+    out = torch.zeros(len(units))
+    asked = lexical_terms(question, stopwords)
+    if not units or not asked:
+        return out
+    wanted = set(asked) | {NAME_WORDS[t] for t in asked if t in NAME_WORDS}
+    for phrase, words in NAME_PHRASES:
+        if phrase.search(question):
+            wanted.update(words)
+    counts: dict[str, int] = {}
+    for u in units:
+        for term in set(lexical_terms(doc.text[u.start:u.end], stopwords)):
+            counts[term] = counts.get(term, 0) + 1
+
+    def idf(term: str) -> float:
+        return math.log(1.0 + len(units) / (1.0 + counts.get(term, 0)))
+
+    files: dict[str, _FileLines] = {}
+    for i, u in enumerate(units):
+        if u.line is None or PurePath(u.file).suffix.lower() in PROSE_SUFFIXES:
+            continue
+        if u.file not in files:
+            files[u.file] = _FileLines(doc, u)
+        names = files[u.file].defined(doc, u)
+        if not names:
+            continue
+        terms = {t for name in names for t in lexical_terms(name.rsplit(".", 1)[-1], stopwords)}
+        terms.update(t for name in files[u.file].scope(u.line) for t in lexical_terms(name, stopwords))
+        out[i] = sum(idf(t) for t in terms & wanted)
+    whole = sum(idf(t) for t in set(asked) if t in counts)
+    return out / whole if whole > 0 else out
+
+
+class _FileLines:
+    """One file of a document as its code nests: per line, the line above it with less indentation
+    (the block or the bracket it lies in), and, for Python, the lines inside a string that spans
+    lines (a docstring and the examples in it), found by `tokenize` when first asked."""
+
+    def __init__(self, doc: Document, unit: Unit) -> None:
+        at = bisect.bisect_right([s.end for s in doc.spans], unit.start)
+        lo = hi = min(at, len(doc.spans) - 1)
+        while lo > 0 and doc.spans[lo - 1].file == unit.file and doc.spans[lo - 1].line is not None:
+            lo -= 1
+        while hi + 1 < len(doc.spans) and doc.spans[hi + 1].file == unit.file and doc.spans[hi + 1].line is not None:
+            hi += 1
+        self.first = doc.spans[lo].line or 1
+        self.lines = doc.text[doc.spans[lo].start:doc.spans[hi].end].split("\n")
+        self.python = PurePath(unit.file).suffix.lower() in PYTHON_SUFFIXES
+        self._strings: set[int] | None = None
+        self.parent: list[int | None] = []
+        stack: list[tuple[int, int]] = []  # (indentation, index) of the lines still open
+        for i, line in enumerate(self.lines):
+            if not line.strip():
+                self.parent.append(None)
+                continue
+            indent = len(line) - len(line.lstrip())
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            self.parent.append(stack[-1][1] if stack else None)
+            stack.append((indent, i))
+
+    def opener(self, number: int) -> str:
+        """The line a line lies in (less indented, above it), "" at the file's top level."""
+        i = number - self.first
+        up = self.parent[i] if 0 <= i < len(self.parent) else None
+        return self.lines[up] if up is not None else ""
+
+    def scope(self, number: int) -> list[str]:
+        """The names of the defs and classes a line lies in, innermost first."""
+        names, i = [], number - self.first
+        up = self.parent[i] if 0 <= i < len(self.parent) else None
+        while up is not None:
+            m = _SCOPE_LINE.match(self.lines[up])
+            if m:
+                names.append(m.group(1))
+            up = self.parent[up]
+        return names
+
+    def in_string(self, number: int) -> bool:
+        if not self.python:
+            return False
+        if self._strings is None:
+            self._strings = set()
+            try:
+                for tok in tokenize.generate_tokens(io.StringIO("\n".join(self.lines)).readline):
+                    if tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
+                        first = tok.start[0] + (0 if tok.line[:tok.start[1]].strip() == "" else 1)
+                        self._strings.update(range(first + self.first - 1, tok.end[0] + self.first))
+            except (tokenize.TokenError, SyntaxError):
+                pass  # a file that does not tokenize to its end: the strings found before
+        return number in self._strings
+
+    def defined(self, doc: Document, unit: Unit) -> list[str]:
+        """The names `unit` gives a literal value: a def's parameters with such defaults (the def's
+        line, or a line of its open signature), else the target of an assignment at the file's top
+        level, in a class body or to an attribute (`self.x = 3`), with the keywords of a constructor
+        it calls (`LIMITS = Limits(max_connections=100)`); none inside a string."""
+        if self.in_string(unit.line):
+            return []
+        code = _STRING.sub(lambda m: '"' + "0" * (len(m.group()) - 2) + '"', doc.text[unit.start:unit.end])
+        opener = self.opener(unit.line)
+        if _DEF_LINE.match(code) or (_DEF_LINE.match(opener) and _depth(opener) > 0):
+            return [m.group(1) for m in _PARAM.finditer(code) if _literal(_expression(code, m.end()))[0]]
+        if len(code) - len(code.lstrip()) and not _CLASS_LINE.match(opener) and not _ATTRIBUTE.match(code):
+            return []  # a local variable of a function
+        m = _TARGET.match(code)
+        if not m:
+            return []
+        literal, keywords = _literal(_expression(code, m.end()))
+        return [m.group(1), *keywords] if literal else []
+
+
+def _expression(code: str, at: int) -> str:
+    """code from `at` to the end of the expression that starts there (a comma or a bracket it did
+    not open, or the end)."""
+    depth = 0
+    for j in range(at, len(code)):
+        c = code[j]
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            if depth == 0:
+                return code[at:j]
+            depth -= 1
+        elif c == "," and depth == 0:
+            return code[at:j]
+    return code[at:]
+
+
+def _literal(expression: str) -> tuple[bool, list[str]]:
+    """Whether an expression (its strings masked: `"000"`) states a value (numbers, non-empty
+    strings, containers and arithmetic of them, constructors called by a bare name: `frozenset([413,
+    429])`, `60 * 60 * 24 * 7`, `Limits(max_connections=100)`; no other name read, no method
+    called), and the keywords it sets."""
+    if _EMPTY_STRING.match(expression):
+        return False, []
+    code = re.sub(r"#.*", "", expression)
+    keywords = _KEYWORD.findall(code)
+    code = _KEYWORD.sub(" ", code)
+    for m in _NAME_READ.finditer(code):
+        name, called = m.group(1), m.group(2)
+        if name in ("True", "False", "None") or (called and "." not in name):
+            continue
+        return False, []
+    return bool(_LITERAL.search(code)), keywords
+
+
 def fuse(attention: torch.Tensor, lexical: torch.Tensor, signal: str = DEFAULT_SIGNAL,
-         prior: torch.Tensor | None = None) -> torch.Tensor:
+         prior: torch.Tensor | None = None, named: torch.Tensor | None = None) -> torch.Tensor:
     """The units' ranking scores (higher is better) for `signal`: attention alone, lexical alone,
     or both fused by their ranks (reciprocal rank fusion, as retrieval fuses its signals; a unit
-    with no lexical match keeps its attention rank), times 1 + VALUE_WEIGHT * prior where given
-    (value_prior: fused only)."""
+    with no lexical match keeps its attention rank), times 1 + VALUE_WEIGHT * prior and
+    1 + NAME_WEIGHT * named where given (value_prior, named_values: fused only)."""
     if signal not in SIGNALS:
         raise ValueError(f"signal must be one of {', '.join(SIGNALS)}; got {signal!r}")
     if signal == "attention":
@@ -236,6 +425,8 @@ def fuse(attention: torch.Tensor, lexical: torch.Tensor, signal: str = DEFAULT_S
     fused = 1.0 / (60.0 + _rank(attention))
     matched = lexical > 0
     fused[matched] += 1.0 / (60.0 + _rank(lexical)[matched])
+    if named is not None:
+        fused = fused * (1.0 + NAME_WEIGHT * named)
     return fused if prior is None else fused * (1.0 + VALUE_WEIGHT * prior)
 
 
@@ -315,19 +506,20 @@ def place(doc: Document, first: Unit, last: Unit) -> str:
 class Signals:
     """What ranks the units of the text an answer read: per unit, the attention it received (all
     of it: Evidence.score's measure), the attention its words received as ranked (word_mass), its
-    lexical match to the question and its value prior."""
+    lexical match to the question, its value prior and the question's share in the names it defines."""
 
     units: list[Unit]
     received: torch.Tensor
     attention: torch.Tensor
     lexical: torch.Tensor
     prior: torch.Tensor
+    named: torch.Tensor
 
     def spans(self, doc: Document, signal: str = DEFAULT_SIGNAL, count: int = EVIDENCE_SPANS,
               min_share: float = MIN_SHARE) -> list[Evidence]:
-        prior = self.prior if signal == "fused" else None
-        return spans(doc, self.units, fuse(self.attention, self.lexical, signal, prior), self.received, count,
-                     min_share)
+        fused = signal == "fused"
+        scores = fuse(self.attention, self.lexical, signal, self.prior if fused else None, self.named if fused else None)
+        return spans(doc, self.units, scores, self.received, count, min_share)
 
 
 def signals(doc: Document, token_chars: list[tuple[int, int]], mass: torch.Tensor, question: str) -> Signals:
@@ -335,7 +527,7 @@ def signals(doc: Document, token_chars: list[tuple[int, int]], mass: torch.Tenso
     units = units_of(doc, token_chars)
     return Signals(units, unit_mass(units, token_chars, mass),
                    unit_mass(units, token_chars, word_mass(doc, token_chars, mass)),
-                   lexical_scores(doc, units, question), value_prior(doc, units))
+                   lexical_scores(doc, units, question), value_prior(doc, units), named_values(doc, units, question))
 
 
 def rank(doc: Document, token_chars: list[tuple[int, int]], mass: torch.Tensor, question: str,
