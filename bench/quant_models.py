@@ -47,16 +47,23 @@ SHAPES = {
     "8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336),
 }
 # Each format: the block format of each kind of tensor, as llama.cpp's quantizer lays them out
-# (Q4_K_M and Q5_K_M keep attn_v and ffn_down, and the output matrix, in Q6_K).
+# (llama_tensor_get_type) for a llama whose KV heads each serve 4 query heads or more, one format
+# per kind where llama.cpp varies some layers: Q4_K_M and Q5_K_M keep attn_v and ffn_down, and the
+# output matrix, in Q6_K (llama.cpp: in about half the layers); Q3_K_M keeps attn_v, attn_output and
+# ffn_down in Q4_K (llama.cpp: Q5_K in the first two attn_v and the first sixteenth of ffn_down).
 FORMATS = {
     "Q4_K_M": {"default": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "output": "Q6_K"},
     "Q5_K_M": {"default": "Q5_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "output": "Q6_K"},
     "Q6_K": {"default": "Q6_K"},
+    "Q3_K_M": {"default": "Q3_K", "attn_v": "Q4_K", "attn_output": "Q4_K", "ffn_down": "Q4_K", "output": "Q6_K"},
+    "Q2_K": {"default": "Q2_K", "attn_v": "Q4_K", "attn_output": "Q3_K", "ffn_down": "Q3_K", "output": "Q6_K"},
     "Q8_0": {"default": "Q8_0"},
     "Q4_0": {"default": "Q4_0", "output": "Q6_K"},
     "Q4_1": {"default": "Q4_1", "token_embd": "Q8_0"},  # SmolLM2's file
 }
-SCALE_OFFSETS = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+# where each block format keeps its fp16 scales (d, dmin), kept small in random blocks
+SCALE_OFFSETS = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2],
+                 "Q5_K": [0, 2], "Q6_K": [208]}
 
 
 def smollm2_gguf() -> Path:

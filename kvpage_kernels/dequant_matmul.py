@@ -3,12 +3,13 @@
 W [N, K] is given as its integer values q (int8 [N, K]) and, per group of `group` consecutive
 inputs of a row, a scale and an offset (fp32 [N, K / group]): W[n, k] = scale[n, g] * q[n, k] +
 offset[n, g], g = k // group. Every GGUF block format decodes to this exactly (Q8_0, Q4_0, Q4_1,
-Q5_0, Q5_1 and Q4_K, Q5_K in groups of 32, Q6_K in groups of 16: the native decoder
+Q5_0, Q5_1 and Q4_K, Q5_K in groups of 32, Q2_K, Q3_K, Q6_K in groups of 16: the native decoder
 `kvp_decode_i8_rows` writes it), and so do kvpage's int8 (one scale per row) and int4 (Q4_1)
 weights. The weights stay at a byte per value plus 8 bytes per group instead of 4 bytes per
-value; no fp32 copy of W is ever made. 4-bit formats (Q4_0, Q4_1, Q4_K) are packed two values a
-byte: q is then uint8 [N, K / 2], input 2j in the low nibble of byte j and 2j + 1 in the high one,
-each value the nibble less `shift` (8 for Q4_0's signed values, else 0).
+value; no fp32 copy of W is ever made. Formats of 4 bits or fewer (Q4_0, Q4_1, Q4_K, Q2_K, Q3_K)
+are packed two values a byte: q is then uint8 [N, K / 2], input 2j in the low nibble of byte j and
+2j + 1 in the high one, each value the nibble less `shift` (8 for Q4_0's signed values, 4 for
+Q3_K's, else 0).
 """
 
 from __future__ import annotations

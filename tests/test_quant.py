@@ -19,6 +19,8 @@ from kvpage_cli.engine.model.quant import (
     F16,
     F32,
     I8_ROW,
+    Q2_K,
+    Q3_K,
     Q4_0,
     Q4_1,
     Q4_K,
@@ -27,6 +29,8 @@ from kvpage_cli.engine.model.quant import (
     Q5_K,
     Q6_K,
     Q8_0,
+    KQUANT_FORMATS,
+    PACKED_SHIFT,
     DeviceMatrix,
     QuantMatrix,
     UnsupportedFormat,
@@ -38,8 +42,9 @@ from kvpage_cli.errors import ModelError, UsageError
 from .conftest import REPO, TINY_ARCHS, random_prompt, tiny_config, tiny_model
 from .test_batch import batched, one_at_a_time
 
-FORMATS = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32]
-SCALE_OFFSETS = {Q4_0: [0], Q4_1: [0, 2], Q5_0: [0], Q5_1: [0, 2], Q8_0: [0], Q4_K: [0, 2], Q5_K: [0, 2], Q6_K: [208]}
+FORMATS = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16, F32]
+SCALE_OFFSETS = {Q4_0: [0], Q4_1: [0, 2], Q5_0: [0], Q5_1: [0, 2], Q8_0: [0], Q2_K: [80, 82], Q3_K: [108], Q4_K: [0, 2],
+                 Q5_K: [0, 2], Q6_K: [208]}
 
 
 @pytest.fixture(scope="module")
@@ -121,13 +126,13 @@ def rounded_activations(x: torch.Tensor, qtype: int = Q8_0) -> torch.Tensor:
     """x as int8 activations see it beside `qtype` (llama.cpp's rounding): per group of 32 (of 256
     for the K-quants), round(x * 127 / max|x|) times max|x| / 127, in float32 as the kernel
     computes it."""
-    groups = x.float().view(x.shape[0], -1, 256 if qtype in (Q4_K, Q5_K, Q6_K) else 32)
+    groups = x.float().view(x.shape[0], -1, 256 if qtype in KQUANT_FORMATS else 32)
     amax = groups.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
     return (torch.round(groups * inv) * (amax / 127.0)).view_as(x)
 
 
-INT8_ACTIVATION_CASES = [pytest.param(q, id=str(q)) for q in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K]] + [
+INT8_ACTIVATION_CASES = [pytest.param(q, id=str(q)) for q in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, *KQUANT_FORMATS]] + [
     pytest.param(I8_ROW, id="int8-rows")]  # every block format (random blocks) and kvpage's int8 rows (made at load)
 
 
@@ -205,7 +210,7 @@ def test_the_kernels_for_other_cpus_compute_the_same(other_cpus, lib):
     rounding; both builds compile without a warning."""
     portable, avx2 = other_cpus["x86-64"], other_cpus.get("x86-64-v3")
     x = torch.randn(5, 768, generator=torch.Generator().manual_seed(3))
-    for qtype in [Q4_1, Q8_0, Q4_K, Q5_K, Q6_K]:
+    for qtype in [Q4_1, Q8_0, *KQUANT_FORMATS]:
         matrix, w = _matrix(qtype, 40, 768, lib)
         for int8, name in ((False, "kvp_qgemm_rows"), (True, "kvp_qgemm_rows_q8")):
             here = matrix.matmul(lib, x, few_rows=True, int8=int8)
@@ -220,40 +225,44 @@ def test_the_kernels_for_other_cpus_compute_the_same(other_cpus, lib):
                 assert ((y - here).abs() <= 2 * tolerance).all(), (qtype, name)
 
 
-KQUANTS = [Q4_K, Q5_K, Q6_K]
+# where a K-quant superblock keeps its packed scales (and mins), its fp16 d and dmin (None: no mins)
+KQUANT_LAYOUT = {Q2_K: (slice(0, 16), 80, 82), Q3_K: (slice(96, 108), 108, None), Q4_K: (slice(4, 16), 0, 2),
+                 Q5_K: (slice(4, 16), 0, 2), Q6_K: (slice(192, 208), 208, None)}
+# the packed scales for: every scale (and min) zero; the extremes (Q3_K, Q6_K: signed, alternating)
+ZERO_SCALES = {Q3_K: [0] * 8 + [0xAA] * 4}  # Q3_K's six-bit scales less 32: 32 is 0 (high bits 0b10)
+EXTREME_SCALES = {Q2_K: [0xFF] * 16, Q3_K: [0x00, 0xFF] * 6, Q4_K: [0xFF] * 12, Q5_K: [0xFF] * 12,
+                  Q6_K: [128, 127] * 8}  # 15 and 15; -32, 31; 63 and 63; -128, 127
 
 
 def awkward_kquant_matrix(qtype: int, rows: int, cols: int) -> QuantMatrix:
     """Random K-quant superblocks, and rows of awkward ones: every scale and min zero (row 0), d 0
-    (row 1), the largest scales and mins with a dmin that outweighs d (row 2; Q6_K: scales -128
-    and 127), a d and dmin of fp16's largest normal magnitude (row 3)."""
+    (row 1), the largest scales and mins with a dmin that outweighs d (row 2; Q3_K, Q6_K: the
+    signed scales' extremes, alternating), a d and dmin of fp16's largest normal magnitude (row 3)."""
     values, size = BLOCKS[qtype]
     blocks = random_matrix(qtype, rows, cols, seed=11).reshape(rows, cols // values, size)
-    scales, d = (slice(192, 208), slice(208, 210)) if qtype == Q6_K else (slice(4, 16), slice(0, 2))
-    blocks[0, :, scales] = 0
-    blocks[1, :, d] = 0
-    if qtype == Q6_K:
-        blocks[2, :, scales] = np.array([128, 127] * 8, np.uint8)  # int8 -128, 127
-    else:
-        blocks[2, :, scales] = 0xFF  # six-bit scales and mins all 63
-        blocks[2, :, 2:4] = np.array([0.9], np.float16).view(np.uint8)  # dmin 0.9 against d of at most 0.05
-    blocks[3, :, d] = np.array([-65504.0], np.float16).view(np.uint8)
-    if qtype != Q6_K:
-        blocks[3, :, 2:4] = np.array([65504.0], np.float16).view(np.uint8)
+    scales, d, dmin = KQUANT_LAYOUT[qtype]
+    blocks[0, :, scales] = np.array(ZERO_SCALES.get(qtype, 0), np.uint8)
+    blocks[1, :, d:d + 2] = 0
+    blocks[2, :, scales] = np.array(EXTREME_SCALES[qtype], np.uint8)
+    blocks[3, :, d:d + 2] = np.array([-65504.0], np.float16).view(np.uint8)
+    if dmin is not None:
+        blocks[2, :, dmin:dmin + 2] = np.array([0.9], np.float16).view(np.uint8)  # against d of at most 0.05
+        blocks[3, :, dmin:dmin + 2] = np.array([65504.0], np.float16).view(np.uint8)
     return QuantMatrix(qtype, np.ascontiguousarray(blocks.reshape(rows, -1)), rows, cols)
 
 
-@pytest.mark.parametrize("qtype", KQUANTS, ids=str)
+@pytest.mark.parametrize("qtype", KQUANT_FORMATS, ids=str)
 def test_k_quants_with_int8_activations_are_the_rounded_product_on_every_path(qtype, lib, other_cpus):
-    """Q4_K, Q5_K and Q6_K rows read straight from their blocks against activations rounded to int8
-    in groups of 256: within fp32 rounding of the dequantized weights times the rounded activations,
-    awkward blocks and activations included (a group of zeros, one of a single outlier), and the
-    same bits whichever path computes them: one row of W at a time or VNNI tiles of 16 (any number
-    of rows, a long chunk's too), AVX2 or portable C, each row of a batch alone or beside others."""
+    """Q2_K, Q3_K, Q4_K, Q5_K and Q6_K rows read straight from their blocks against activations
+    rounded to int8 in groups of 256: within fp32 rounding of the dequantized weights times the
+    rounded activations, awkward blocks and activations included (a group of zeros, one of a single
+    outlier), and the same bits whichever path computes them: one row of W at a time or VNNI tiles
+    of 16 (any number of rows, a long chunk's too), AVX2 or portable C, each row of a batch alone or
+    beside others."""
     rows, cols = 37, 768  # outputs not a multiple of 8 or 16
     matrix = awkward_kquant_matrix(qtype, rows, cols)
     w = reference(qtype, matrix.data, rows, cols).double()
-    assert torch.isfinite(w).all()
+    assert torch.isfinite(w).all() and (w[0] == 0).all()  # row 0's scales (and mins) are zero
     x = torch.randn(20, cols, generator=torch.Generator().manual_seed(12))
     x[1, 256:512] = 0.0
     x[2, 300] = 1e4
@@ -355,8 +364,9 @@ def test_the_triton_kernels_read_every_format_as_the_native_kernels_do(qtype, li
     matrix, weights = _matrix(qtype, rows, cols, lib)
     device = DeviceMatrix(matrix, lib, on, kk)
     assert torch.equal(device.dequantize().cpu(), weights)
-    if qtype in (Q4_0, Q4_1, Q4_K):  # two values a byte, a scale and an offset per 32
-        assert device.q.dtype == torch.uint8 and device.nbytes == rows * cols * 3 // 4
+    if qtype in PACKED_SHIFT:  # two values a byte, a scale and an offset per 16 or 32
+        group = cols // device.scale.shape[1]
+        assert device.q.dtype == torch.uint8 and device.nbytes == rows * cols // 2 + 8 * rows * cols // group
     elif qtype not in (F16, BF16, F32):  # a byte a value, a scale and an offset per 16 or 32
         assert device.q.dtype == torch.int8 and device.nbytes <= rows * cols * 3 // 2
     x = torch.randn(3, cols, generator=torch.Generator().manual_seed(2))
@@ -538,31 +548,33 @@ def test_the_native_layer_computes_what_the_torch_layer_computes(arch, activatio
     assert gemma.runner.native_layers is None  # Gemma's norms and GELU stay op by op
 
 
-@pytest.fixture(scope="module")
-def kquant_gguf(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=["Q4_K_M", "Q2_K"])
+def kquant_gguf(request, tmp_path_factory) -> tuple[Path, list[str]]:
     """A two-layer llama of hidden size 256 as a GGUF file in Q4_K_M's formats (Q4_K; V, the MLP's
-    down projection and the output in Q6_K), random superblocks, SmolLM2's tokenizer: the writer
-    of bench/quant_models.py."""
+    down projection and the output in Q6_K) or Q2_K's (Q2_K; the attention's output and the MLP's
+    down projection in Q3_K, V in Q4_K, the output in Q6_K), random superblocks, SmolLM2's
+    tokenizer: the writer of bench/quant_models.py. With the block formats it holds."""
     sys.path.insert(0, str(REPO / "bench"))
     import quant_models
 
-    path = tmp_path_factory.mktemp("kquant") / "tiny-Q4_K_M.gguf"
-    quant_models.write_model(path, dict(hidden=256, layers=2, heads=4, kv_heads=1, intermediate=512), "Q4_K_M")
-    return path
+    path = tmp_path_factory.mktemp("kquant") / f"tiny-{request.param}.gguf"
+    quant_models.write_model(path, dict(hidden=256, layers=2, heads=4, kv_heads=1, intermediate=512), request.param)
+    return path, sorted(set(quant_models.FORMATS[request.param].values()))
 
 
 def test_a_k_quant_file_decodes_on_int8_activations_each_sequence_with_its_own_bits(kquant_gguf, kv_home):
     """activations auto on a K-quant file: decode steps, batches and prompt chunks round x to int8
-    for every Q4_K and Q6_K product (logits other than float32 activations give, and close to
-    them); a batch gives every sequence the bits it gets alone; the native layer computes what the
-    layer run op by op computes (the same greedy tokens, logits within 1e-4 of their largest)."""
+    for every K-quant product (logits other than float32 activations give, and close to them); a
+    batch gives every sequence the bits it gets alone; the native layer computes what the layer run
+    op by op computes (the same greedy tokens, logits within 1e-4 of their largest)."""
+    path, formats = kquant_gguf
     config = EngineConfig(home=str(kv_home), backend="native", activations="auto", pool_mib=1)
-    engine = Engine.load(str(kquant_gguf), config)
-    assert engine.runner.native_layers is not None
-    assert set(engine.runner.weight_formats()) == {"Q4_K", "Q6_K"}
+    engine = Engine.load(str(path), config)
+    assert engine.runner.weights == "gguf" and engine.runner.native_layers is not None
+    assert sorted(engine.runner.weight_formats()) == formats
     prompt = random_prompt(150, seed=21)
-    fp32 = Engine.load(str(kquant_gguf), EngineConfig(home=str(kv_home), backend="native", activations="float32"))
-    assert engine.runner.int8_activation_formats() == ["Q4_K", "Q6_K"] and fp32.runner.int8_activation_formats() == []
+    fp32 = Engine.load(str(path), EngineConfig(home=str(kv_home), backend="native", activations="float32"))
+    assert engine.runner.int8_activation_formats() == formats and fp32.runner.int8_activation_formats() == []
     a, b = engine.prefill(prompt).last_logits, fp32.prefill(prompt).last_logits
     assert not torch.equal(a, b) and (a - b).abs().max() <= 0.05 * b.abs().max()
 
@@ -574,7 +586,7 @@ def test_a_k_quant_file_decodes_on_int8_activations_each_sequence_with_its_own_b
     assert tokens == alone_tokens
     assert all(torch.equal(x, y) for x, y in zip(alone_logits, logits))
 
-    op_by_op = Engine.load(str(kquant_gguf), config)
+    op_by_op = Engine.load(str(path), config)
     op_by_op.runner.native_layers = None
     runs = []
     for e in (engine, op_by_op):

@@ -154,8 +154,8 @@ def _weights(d: dict) -> str:
             "bfloat16": "bfloat16, made at load", "int8": "int8 with a scale per output channel, made at load",
             "int4": "int4 in groups of 32 (Q4_1), made at load"}[d["weights"]]
     if d["backend"] == "triton" and d["weights"] != "float32":
-        kept = (f"{d['weights']} decoded at load to integers (4-bit ones two a byte) with a scale and an offset "
-                "per group, for the Triton kernels")
+        kept = (f"{d['weights']} decoded at load to integers (of 4 bits or fewer: two a byte) with a scale and an "
+                "offset per group, for the Triton kernels")
     how = (f"--weights auto chose {d['weights']}" if d["weights_option"] == "auto" else f"--weights {d['weights']}")
     text = f"{d['weights_mib']:,.1f} MiB as {kept} ({parts}); {how}"
     if d["weights"] != "float32":

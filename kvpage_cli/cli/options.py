@@ -99,7 +99,7 @@ SHARED: tuple[Shared, ...] = (
                 "activations), int8 (activations rounded to 8 bits in groups of 32, 256 for K-quants, and "
                 "integer dot products, as llama.cpp does: faster decoding of multi-billion-parameter models; "
                 "answers differ by that rounding; bench/quant_models.py measures it) or auto (int8 for "
-                "K-quant matrices, Q4_K, Q5_K and Q6_K, prompts too; float32 for the others)."), MODEL,
+                "K-quant matrices, Q2_K to Q6_K, prompts too; float32 for the others)."), MODEL,
            "activations"),
     Shared("device", Literal[DEVICES], default("device"), _opt("--device", group=MODEL,
            help="Compute device; auto picks CUDA when torch sees one (the CPU with --backend native)."),

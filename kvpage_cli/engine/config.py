@@ -73,9 +73,9 @@ class EngineConfig:
     activations: what quantized weights (gguf, int8, int4) are multiplied with: "float32" (the
         weights' values times the fp32 activations: the model the weights dequantized to fp32
         describe), "int8" (each activation row rounded to int8 as llama.cpp rounds it, in groups of
-        32, of 256 for the K-quants Q4_K, Q5_K and Q6_K, and integer dot products: AVX-VNNI /
-        AVX-512 VNNI where the CPU has them, AVX2 or portable C where not; faster, and its logits
-        differ by that rounding; a row's bits still its own, whatever the rows beside it) or
+        32, of 256 for the K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K, and integer dot products:
+        AVX-VNNI / AVX-512 VNNI where the CPU has them, AVX2 or portable C where not; faster, and
+        its logits differ by that rounding; a row's bits still its own, whatever the rows beside it) or
         "auto", the default (int8 for K-quant matrices, float32 for the others: on Gemma 3 270M's
         Q4_K_M file, greedy tokens over the sample contract stay with float32 activations' longer
         than llama.cpp's do, bench/quant_models.py --agreement). Decode steps and batches round; a

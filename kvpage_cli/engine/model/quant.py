@@ -1,8 +1,8 @@
 """Weight matrices kept in a compact format and multiplied without expanding them.
 
 A `QuantMatrix` is W[N, K] as rows of bytes in one of the formats the native kernels read
-(native/formats.h): a GGUF file's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
-F16, BF16, F32), memory-mapped from the file, or a format made at load from float weights:
+(native/formats.h): a GGUF file's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
+Q6_K, F16, BF16, F32), memory-mapped from the file, or a format made at load from float weights:
 bfloat16, int8 (one fp32 scale per output channel) and int4 (groups of 32 with a scale and a
 minimum: GGUF's Q4_1 layout). A few rows (decode steps, batches) go through the native
 dequantize-and-dot kernel, each row's result independent of the others, or, with int8
@@ -30,17 +30,19 @@ from .. import native
 
 WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8", "int4", "gguf")
 
-F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
 I8_ROW = 1000  # kvpage's int8 rows: an fp32 scale, then K int8 values
 FLOAT_FORMATS = (F32, F16, BF16)
 TILE_FORMATS = (Q4_0, Q4_1, Q8_0)  # multiplied on AMX tiles from 8 rows, where the CPU has them (native/tiles.c)
-KQUANT_FORMATS = (Q4_K, Q5_K, Q6_K)  # int8 products read straight from the blocks, long chunks too (native/kquants.c)
+# int8 products read straight from the blocks, long chunks too (native/kquants.c)
+KQUANT_FORMATS = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
 
 # values per block, bytes per block (native/formats.c's kvp_quant_block)
 BLOCKS = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
-          Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
+          Q8_0: (32, 34), Q2_K: (256, 84), Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
 NAMES = {F32: "F32", F16: "F16", BF16: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0",
-         Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", I8_ROW: "int8"}
+         Q2_K: "Q2_K", Q3_K: "Q3_K", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", I8_ROW: "int8"}
+GROUPS_OF_16 = (Q2_K, Q3_K, Q6_K)  # a scale (and offset) per 16 decoded values, others per 32 (formats.h: block_of)
 
 DEQUANT_CHUNK_BYTES = 16 << 20
 """A long chunk's matrix multiplication dequantizes at most this many bytes of fp32 weights at a
@@ -156,7 +158,7 @@ class QuantMatrix:
 
     def rounds_activations(self, activations: str) -> bool:
         """Whether products with this matrix round x to int8 under EngineConfig.activations: "int8"
-        for every block format, "auto" for the K-quants (Q4_K, Q5_K, Q6_K), "float32" for none."""
+        for every block format, "auto" for the K-quants (Q2_K ... Q6_K), "float32" for none."""
         if self.qtype in FLOAT_FORMATS:
             return False
         return activations == "int8" or (activations == "auto" and self.qtype in KQUANT_FORMATS)
@@ -235,14 +237,14 @@ class QuantMatrix:
         return out
 
 
-PACKED_SHIFT = {Q4_0: 8, Q4_1: 0, Q4_K: 0}  # 4-bit formats' decoded values, less this, fit a nibble
+PACKED_SHIFT = {Q4_0: 8, Q4_1: 0, Q4_K: 0, Q2_K: 0, Q3_K: 4}  # values of 4 bits or fewer, plus this, fit a nibble
 
 
 class DeviceMatrix:
     """A QuantMatrix for the Triton kernels (the GPU's, or the interpreter's on a CPU): its block
     format decoded once at load into int8 values with a scale and an offset per group of inputs
     (`kvp_decode_i8_rows`; every weight is exactly scale * q + offset, the values the native
-    kernels use; 4-bit formats' values packed two a byte), on the device, rows in output-feature
+    kernels use; values of 4 bits or fewer packed two a byte), on the device, rows in output-feature
     order, multiplied by the dequantize-in-register kernel (kvpage_kernels.dequant_matmul). Float
     formats (F16, BF16, F32) are kept as a W^T tensor of their own dtype and multiplied by torch."""
 
@@ -258,7 +260,7 @@ class DeviceMatrix:
             self.w_t = (values if order is None else values[order]).t().contiguous().to(device)
             self.q = self.scale = self.offset = None
             return
-        group = 16 if source.qtype == Q6_K else 32
+        group = 16 if source.qtype in GROUPS_OF_16 else 32
         q = torch.empty(self.rows, self.cols, dtype=torch.int8)
         scale = torch.empty(self.rows, self.cols // group)
         offset = torch.empty(self.rows, self.cols // group)
@@ -268,7 +270,7 @@ class DeviceMatrix:
             raise RuntimeError(f"the native {source.format} decoder failed ({rc})")
         if order is not None:
             q, scale, offset = q[order], scale[order], offset[order]
-        if source.qtype in PACKED_SHIFT:  # 4-bit values: two a byte
+        if source.qtype in PACKED_SHIFT:  # values of 4 bits or fewer: two a byte
             q = ops.pack4(q, self.shift)
         self.q, self.scale, self.offset = q.to(device), scale.to(device), offset.to(device)
         self.w_t = None

@@ -1,5 +1,5 @@
 /* kvpage native CPU kernels: the block formats decoded (GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
- * Q4_K, Q5_K, Q6_K, F16, BF16, F32 and kvpage's own int8 rows): a row's integers with their
+ * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16, F32 and kvpage's own int8 rows): a row's integers with their
  * scales and offsets, or its values dequantized to fp32 bit for bit as the gguf package's
  * reference computes them (formats.h).
  */
@@ -15,6 +15,8 @@ int kvp_quant_block(int type, int *values, int *bytes) {
         case T_Q5_0: *values = 32; *bytes = 22; return 1;
         case T_Q5_1: *values = 32; *bytes = 24; return 1;
         case T_Q8_0: *values = 32; *bytes = 34; return 1;
+        case T_Q2_K: *values = 256; *bytes = 84; return 1;
+        case T_Q3_K: *values = 256; *bytes = 110; return 1;
         case T_Q4_K: *values = 256; *bytes = 144; return 1;
         case T_Q5_K: *values = 256; *bytes = 176; return 1;
         case T_Q6_K: *values = 256; *bytes = 210; return 1;
@@ -74,6 +76,39 @@ void decode_i8(int type, const uint8_t *restrict p, int K, int8_t *restrict w, f
                     w[j] = (int8_t)(((v[j] & 0xF) | (((qh >> j) & 1) << 4)) - bias);
                     w[j + 16] = (int8_t)(((v[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - bias);
                 }
+            }
+            return;
+        }
+        case T_Q2_K:
+        case T_Q3_K: {
+            /* value 128 h + 32 k + l (sub-block 8 h + 2 k + l / 16): bits 2k, 2k + 1 of qs[32 h + l]; Q3_K's
+             * third bit is bit 4 h + k of hmask[l], and its values are offset by 4 */
+            const int three = type == T_Q3_K;
+            for (int b = 0; b < K / 256; b++, p += three ? 110 : 84, w += 256, d += 16) {
+                const uint8_t *qs = p + (three ? 32 : 16);
+                if (three) {
+                    uint32_t words[4];
+                    uint8_t sc[16];
+                    scales_k3(p + 96, words);
+                    memcpy(sc, words, 16);
+                    const float dd = half_value(p + 108);
+                    for (int j = 0; j < 16; j++) d[j] = dd * (float)((int)sc[j] - 32);
+                } else { /* scales[16]: the scale in the low nibble, the min in the high one */
+                    const float dd = half_value(p + 80), dmin = half_value(p + 82);
+                    for (int j = 0; j < 16; j++) {
+                        d[j] = dd * (float)(p[j] & 0xF);
+                        m[j] = -(dmin * (float)(p[j] >> 4));
+                    }
+                    m += 16;
+                }
+                for (int h = 0; h < 2; h++)
+                    for (int k = 0; k < 4; k++) {
+                        int8_t *o = w + 128 * h + 32 * k;
+                        for (int l = 0; l < 32; l++) {
+                            const int u = (qs[32 * h + l] >> (2 * k)) & 3;
+                            o[l] = (int8_t)(three ? (u | (((p[l] >> (4 * h + k)) & 1) << 2)) - 4 : u);
+                        }
+                    }
             }
             return;
         }

@@ -75,13 +75,31 @@ static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m
     }
 }
 
+/* Q3_K: the sixteen 6-bit scales from the 12 packed bytes, unsigned (the scale is the byte less
+ * 32), four a word: scale j's low nibble is byte j's (j < 8: low, else high nibble of byte j - 8),
+ * its two high bits bits 2 (j / 4), + 1 of byte 8 + j % 4. */
+static inline void scales_k3(const uint8_t *q, uint32_t out[4]) {
+    uint32_t a, b, c;
+    memcpy(&a, q, 4);
+    memcpy(&b, q + 4, 4);
+    memcpy(&c, q + 8, 4);
+    out[0] = (a & 0x0f0f0f0fu) | ((c & 0x03030303u) << 4);
+    out[1] = (b & 0x0f0f0f0fu) | (((c >> 2) & 0x03030303u) << 4);
+    out[2] = ((a >> 4) & 0x0f0f0f0fu) | (((c >> 4) & 0x03030303u) << 4);
+    out[3] = ((b >> 4) & 0x0f0f0f0fu) | (((c >> 6) & 0x03030303u) << 4);
+}
+
 /* A quantized row is decoded into its integer values (as floats, exact) and one scale and one
  * offset per block of BS values: value j = d[b] * q[j] + m[b], b = j / BS, the float operations
  * of the reference (the offset is 0 for formats without one: d[b] * q[j] alone). */
-static inline int block_of(int type) { return type == T_Q6_K ? 16 : 32; }
-static inline int has_offset(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K; }
+static inline int is_kquant(int type) {
+    return type == T_Q2_K || type == T_Q3_K || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
+}
+static inline int block_of(int type) { return type == T_Q2_K || type == T_Q3_K || type == T_Q6_K ? 16 : 32; }
+static inline int has_offset(int type) {
+    return type == T_Q4_1 || type == T_Q5_1 || type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
+}
 static inline int is_float(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
-static inline int is_kquant(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
 
 /* Whether W's rows of K values in `type` are something these kernels read. */
 static inline int check(int type, int K) {
@@ -115,7 +133,7 @@ KVP_INTERNAL void decode_row(int type, const uint8_t *p, int K, float *q, float 
 KVP_INTERNAL void float_row(int type, const uint8_t *p, int K, float *out);
 /* rows.c */
 KVP_INTERNAL float *block_sums(const float *x, int64_t ldx, int M, int K, int bs);
-/* kquants.c: kvp_qgemm_rows_q8 for Q4_K, Q5_K, Q6_K */
+/* kquants.c: kvp_qgemm_rows_q8 for the K-quants (Q2_K ... Q6_K) */
 KVP_INTERNAL int kquant_q8(int type, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes, int M, int K,
                            int N, float *y, int64_t ldy);
 #endif

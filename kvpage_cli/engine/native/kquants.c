@@ -1,21 +1,24 @@
-/* kvpage native CPU kernels: K-quant rows (Q4_K, Q5_K, Q6_K) times activations rounded to int8,
- * read straight from their blocks (no dequantized copy of a row), as llama.cpp multiplies them.
+/* kvpage native CPU kernels: K-quant rows (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) times activations rounded
+ * to int8, read straight from their blocks (no dequantized copy of a row), as llama.cpp multiplies
+ * them.
  *
  * Activations: each row of x in groups of 256 values (one superblock), q = round(x * 127 / amax)
  * in -127..127 with the group's scale e = amax / 127, and the sums of q over each sub-block of the
- * weights' format (16 values for Q6_K, 32 for Q4_K and Q5_K).
+ * weights' format (16 values for Q2_K, Q3_K and Q6_K, 32 for Q4_K and Q5_K).
  *
- * A superblock of W holds 256 unsigned integers u (4, 5 or 6 bits), an integer scale sc per
- * sub-block, a float d and, for Q4_K and Q5_K, an integer min mn per sub-block and a float dmin:
- * w = d sc u - dmin mn (Q6_K: d sc (u - 32)). An output is, per superblock s in order, two exact
- * integer sums
- *     I_s = sum_j sc_j sum_{i in j} u_i q_i     (Q6_K: sum_j sc_j sum_{i in j} (u_i - 32) q_i)
- *     J_s = sum_j mn_j sum_{i in j} q_i         (Q4_K, Q5_K)
+ * A superblock of W holds 256 unsigned integers u (2 to 6 bits), an integer scale sc per sub-block,
+ * a float d and, for Q2_K, Q4_K and Q5_K, an integer min mn per sub-block and a float dmin:
+ * w = d sc u - dmin mn; Q3_K and Q6_K's scales are signed and their values offset by a power of
+ * two b (4 and 32): w = d sc (u - b). An output is, per superblock s in order, two exact integer sums
+ *     I_s = sum_j sc_j sum_{i in j} u_i q_i     (Q3_K, Q6_K: sum_j sc_j sum_{i in j} (u_i - b) q_i)
+ *     J_s = sum_j mn_j sum_{i in j} q_i         (Q2_K, Q4_K, Q5_K)
  * and then t = fmaf(d_s e_s, I_s, t), t = fmaf(-(dmin_s e_s), J_s, t). The integers cannot
  * overflow (|I_s| < 2^28) and every path computes them exactly, so every path gives the same
  * bits: one row of W at a time against a few rows of x (AVX-512, AVX2, portable C), and for long
  * chunks tiles of 16 rows of W decoded once and multiplied with VNNI against many rows of x; a
  * row's result does not depend on the rows beside it, the path, the thread count or the CPU.
+ * Every format goes through the same loops: the helpers below say, per type, where a
+ * superblock's values, scales, mins and floats are (KQ_DISPATCH makes the type a constant in each).
  */
 #include "formats.h"
 
@@ -26,7 +29,29 @@
 /* Rows of x from which the tiles' path multiplies (kvp_kquant_set_gemm_rows); below, the rows' path. */
 static int gemm_min_rows = 5;
 
-static inline int sub_values(int type) { return type == T_Q6_K ? 16 : 32; }
+/* CALL(T) with the format T a constant, so that the always-inline kernels below are compiled per format. */
+#define KQ_DISPATCH(type, CALL)              \
+    switch (type) {                          \
+        case T_Q2_K: CALL(T_Q2_K); break;    \
+        case T_Q3_K: CALL(T_Q3_K); break;    \
+        case T_Q4_K: CALL(T_Q4_K); break;    \
+        case T_Q5_K: CALL(T_Q5_K); break;    \
+        default: CALL(T_Q6_K); break;        \
+    }
+
+/* Values per sub-block (a scale each): 16 for Q2_K, Q3_K, Q6_K; 32 for Q4_K, Q5_K. Formats with
+ * mins (J_s, dmin) are formats.h's has_offset: Q2_K, Q4_K, Q5_K. */
+static inline int sub_values(int type) { return block_of(type); }
+/* The offset b of the signed formats' values, as a shift (b = 1 << bias_bits): Q3_K 4, Q6_K 32; 0: none. */
+static inline int bias_bits(int type) { return type == T_Q6_K ? 5 : type == T_Q3_K ? 2 : 0; }
+static inline int two_bits(int type) { return type == T_Q2_K || type == T_Q3_K; } /* values as 2-bit fields */
+/* A superblock's d and dmin (0 for formats without mins). */
+static inline float super_d(int type, const uint8_t *p) {
+    return half_value(p + (type == T_Q2_K ? 80 : type == T_Q3_K ? 108 : type == T_Q6_K ? 208 : 0));
+}
+static inline float super_dmin(int type, const uint8_t *p) {
+    return type == T_Q2_K ? half_value(p + 82) : type == T_Q4_K || type == T_Q5_K ? half_value(p + 2) : 0.0f;
+}
 
 /* x's rows as kvp_qgemm_rows_q8 multiplies them with `type`: q [M, K], e [M, K/256], bs [M, K/sub]. */
 static void quantize_k(int type, const float *x, int64_t ldx, int M, int K, int8_t *q, float *e, int16_t *bs) {
@@ -80,7 +105,7 @@ static inline void prefetch_next(const uint8_t *next, int s, int64_t size) {
 /* One superblock's integers: u[256] in value order, the sub-blocks' scales and mins, d and dmin. */
 typedef struct {
     uint8_t u[SUPER];
-    int32_t sc[16], mn[8];
+    int32_t sc[16], mn[16];
     float d, dmin;
 } kq_block;
 
@@ -98,22 +123,29 @@ static inline void scales_k4(const uint8_t *p, uint32_t out[4]) {
 }
 
 static inline void unpack_scales(int type, const uint8_t *p, kq_block *b) {
-    if (type == T_Q6_K) {
-        for (int j = 0; j < 16; j++) b->sc[j] = (int8_t)p[192 + j];
-        b->d = half_value(p + 208);
-        b->dmin = 0.0f;
-        return;
-    }
+    b->d = super_d(type, p);
+    b->dmin = super_dmin(type, p);
     uint32_t words[4];
     uint8_t bytes[16];
-    scales_k4(p, words);
-    memcpy(bytes, words, 16);
-    for (int j = 0; j < 8; j++) {
-        b->sc[j] = bytes[j];
-        b->mn[j] = bytes[8 + j];
+    if (type == T_Q6_K) {
+        for (int j = 0; j < 16; j++) b->sc[j] = (int8_t)p[192 + j];
+    } else if (type == T_Q3_K) {
+        scales_k3(p + 96, words);
+        memcpy(bytes, words, 16);
+        for (int j = 0; j < 16; j++) b->sc[j] = bytes[j] - 32;
+    } else if (type == T_Q2_K) { /* the scale in the low nibble, the min in the high one */
+        for (int j = 0; j < 16; j++) {
+            b->sc[j] = p[j] & 0xF;
+            b->mn[j] = p[j] >> 4;
+        }
+    } else {
+        scales_k4(p, words);
+        memcpy(bytes, words, 16);
+        for (int j = 0; j < 8; j++) {
+            b->sc[j] = bytes[j];
+            b->mn[j] = bytes[8 + j];
+        }
     }
-    b->d = half_value(p);
-    b->dmin = half_value(p + 2);
 }
 
 /* The float operations on one superblock's exact sums, the same on every path. */
@@ -122,40 +154,88 @@ static inline float fold(float t, float d, float dmin, float e, int32_t I, int32
     return mins ? __builtin_fmaf(-(dmin * e), (float)J, t) : t;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-/* A superblock's values as four 64-byte chunks in value order (u8), and for chunk c the int16
- * scale of each pair of values' sub-block (maddubs pairs them). */
-static inline __attribute__((always_inline)) void values_512(const int type, const uint8_t *p, __m512i *w) {
-    const __m256i f = _mm256_set1_epi8(0x0F);
+#if defined(__AVX2__)
+/* A superblock's values as eight 32-byte chunks in value order (u8): chunk c holds values 32c..32c+31. */
+static inline __attribute__((always_inline)) void values_256(const int type, const uint8_t *p, __m256i *u) {
+    const __m256i f = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     if (type == T_Q6_K) {
         const __m256i top = _mm256_set1_epi8(0x30);
         for (int h = 0; h < 2; h++) {
             const __m256i a = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
             const __m256i b = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));
             const __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
-            const __m256i o0 = _mm256_or_si256(_mm256_and_si256(a, f), _mm256_and_si256(_mm256_slli_epi16(hb, 4), top));
-            const __m256i o1 = _mm256_or_si256(_mm256_and_si256(b, f), _mm256_and_si256(_mm256_slli_epi16(hb, 2), top));
-            const __m256i o2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), f), _mm256_and_si256(hb, top));
-            const __m256i o3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), f),
-                                               _mm256_and_si256(_mm256_srli_epi16(hb, 2), top));
-            w[2 * h] = _mm512_inserti64x4(_mm512_castsi256_si512(o0), o1, 1);
-            w[2 * h + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(o2), o3, 1);
+            u[4 * h] = _mm256_or_si256(_mm256_and_si256(a, f), _mm256_and_si256(_mm256_slli_epi16(hb, 4), top));
+            u[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(b, f), _mm256_and_si256(_mm256_slli_epi16(hb, 2), top));
+            u[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), f), _mm256_and_si256(hb, top));
+            u[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), f),
+                                           _mm256_and_si256(_mm256_srli_epi16(hb, 2), top));
         }
-        return;
-    }
-    const int five = type == T_Q5_K;
-    const uint8_t *qs = p + (five ? 48 : 16);
-    const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
-    const __m256i one = _mm256_set1_epi8(1);
-    for (int s = 0; s < 4; s++) {
-        const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * s));
-        __m256i lo = _mm256_and_si256(bytes, f), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), f);
-        if (five) {
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), one), 4));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s + 1), one), 4));
+    } else if (two_bits(type)) { /* chunk 4h + k: bits 2k, 2k + 1 of qs[32h ..]; Q3_K's third: bit 4h + k of hmask */
+        const int three = type == T_Q3_K;
+        const __m256i m3 = _mm256_set1_epi8(3);
+        const __m256i hm = three ? _mm256_loadu_si256((const __m256i *)p) : _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(p + (three ? 32 : 16) + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                __m256i v = _mm256_and_si256(_mm256_srli_epi16(bytes, 2 * k), m3);
+                if (three)
+                    v = _mm256_or_si256(v, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + k), one), 2));
+                u[4 * h + k] = v;
+            }
         }
-        w[s] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    } else { /* chunk 2c: the low nibbles of qs[32c ..], 2c + 1: the high ones; Q5_K's fifth bits 2c, 2c + 1 of qh */
+        const int five = type == T_Q5_K;
+        const uint8_t *qs = p + (five ? 48 : 16);
+        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(bytes, f), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), f);
+            if (five) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+            }
+            u[2 * c] = lo;
+            u[2 * c + 1] = hi;
+        }
     }
+}
+
+/* A superblock's scales as int16 lanes (returned) and the coefficients of its correction sums J
+ * (*coef), against the sub-block sums of q laid out as dot8's `sums`: Q2_K sc0..sc15 and mn0..mn15;
+ * Q3_K, Q6_K sc0..sc15 (signed) and the same; Q4_K, Q5_K sc0..sc7 then mn0..mn7 for both (the sums
+ * sit in lanes 8-15). */
+static inline __m256i scales16(const int type, const uint8_t *p, __m256i *coef) {
+    __m256i sc;
+    if (type == T_Q6_K) {
+        sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
+    } else if (type == T_Q2_K) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)p), f = _mm_set1_epi8(0x0F);
+        *coef = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), f));
+        return _mm256_cvtepu8_epi16(_mm_and_si128(b, f));
+    } else {
+        uint32_t words[4];
+        if (type == T_Q3_K) scales_k3(p + 96, words);
+        else scales_k4(p, words);
+        sc = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)words));
+        if (type == T_Q3_K) sc = _mm256_sub_epi16(sc, _mm256_set1_epi16(32));
+    }
+    *coef = sc;
+    return sc;
+}
+
+/* The sub-block sums of q against which scales16's coefficients are multiplied (bs: one superblock's). */
+static inline __m256i sub_sums(const int type, const int16_t *bs) {
+    if (sub_values(type) == 16) return _mm256_loadu_si256((const __m256i *)bs);
+    return _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_loadu_si128((const __m128i *)bs), 1);
+}
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* A superblock's values as four 64-byte chunks in value order (u8): chunk c holds values 64c..64c+63. */
+static inline __attribute__((always_inline)) void values_512(const int type, const uint8_t *p, __m512i *w) {
+    __m256i u[8];
+    values_256(type, p, u);
+    for (int c = 0; c < 4; c++) w[c] = _mm512_inserti64x4(_mm512_castsi256_si512(u[2 * c]), u[2 * c + 1], 1);
 }
 
 /* Pair lane i of chunk c (values 64 c + 2 i, + 1) belongs to sub-block (64 c + 2 i) / sub. */
@@ -174,18 +254,18 @@ static const int16_t pick16[4][32] __attribute__((aligned(64))) = {{PICK32(0, 16
 static const int16_t pick_nibbles[4][32] __attribute__((aligned(64))) = {{HALVES(0, 2)}, {HALVES(1, 3)}, {HALVES(4, 6)},
                                                                           {HALVES(5, 7)}};
 #undef HALVES
+/* Q2_K, Q3_K in dot8_512's order (chunk k: values 32k.. and 128 + 32k..): pair lanes 0-7, 8-15,
+ * 16-23 and 24-31 of chunk k take the scales of sub-blocks 2k, 2k + 1, 8 + 2k and 9 + 2k. */
+#define EIGHT(a) a, a, a, a, a, a, a, a
+#define QUARTERS(k) EIGHT(2 * (k)), EIGHT(2 * (k) + 1), EIGHT(8 + 2 * (k)), EIGHT(9 + 2 * (k))
+static const int16_t pick_2bit[4][32] __attribute__((aligned(64))) = {{QUARTERS(0)}, {QUARTERS(1)}, {QUARTERS(2)},
+                                                                      {QUARTERS(3)}};
+#undef QUARTERS
+#undef EIGHT
 
-/* A superblock's scales as int16: Q6_K sc0..sc15; Q4_K, Q5_K sc0..sc7 then mn0..mn7. */
-static inline __m256i scales16(const int type, const uint8_t *p) {
-    if (type == T_Q6_K) return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
-    uint32_t words[4];
-    scales_k4(p, words);
-    return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)words));
-}
-
-/* A superblock's values as four 64-byte chunks, each from one 64-byte load of nibbles: Q6_K's in
- * value order, Q4_K's and Q5_K's in the order of their bytes (see dot8_512). */
-static inline __attribute__((always_inline)) void nibble_values_512(const int type, const uint8_t *p, __m512i *u) {
+/* A superblock's values as four 64-byte chunks, each from one 64-byte load of its packed values:
+ * Q6_K's in value order, the others in the order of their bytes (see dot8_512). */
+static inline __attribute__((always_inline)) void packed_values_512(const int type, const uint8_t *p, __m512i *u) {
     const __m512i f = _mm512_set1_epi8(0x0F);
     if (type == T_Q6_K) {
         const __m512i top = _mm512_set1_epi8(0x30);
@@ -195,6 +275,21 @@ static inline __attribute__((always_inline)) void nibble_values_512(const int ty
             const __m512i hq = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
             u[2 * h] = _mm512_or_si512(_mm512_and_si512(l, f), _mm512_and_si512(_mm512_slli_epi16(hq, 4), top));
             u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), f), _mm512_and_si512(hq, top));
+        }
+        return;
+    }
+    if (two_bits(type)) { /* chunk k: bits 2k, 2k + 1 of all 64 bytes of qs */
+        const int three = type == T_Q3_K;
+        const __m512i b = _mm512_loadu_si512(p + (three ? 32 : 16)), m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
+        __m512i hq = _mm512_setzero_si512();
+        if (three) { /* bit 4h + k of hmask[l], the third bit of value 128h + 32k + l: [hm | hm >> 4] lines bits 4h up */
+            const __m256i hm = _mm256_loadu_si256((const __m256i *)p);
+            hq = _mm512_inserti64x4(_mm512_castsi256_si512(hm), _mm256_srli_epi16(hm, 4), 1);
+        }
+        for (int k = 0; k < 4; k++) {
+            __m512i v = _mm512_and_si512(_mm512_srli_epi16(b, 2 * k), m3);
+            if (three) v = _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hq, k), one), 2));
+            u[k] = v;
         }
         return;
     }
@@ -218,6 +313,23 @@ static inline __attribute__((always_inline)) void nibble_values_512(const int ty
     }
 }
 
+/* One superblock of a row of x (q) in the order of packed_values_512's chunks: Q6_K's in value order;
+ * Q4_K's and Q5_K's as a 64-byte load of nibbles holds them (low nibbles: sub-blocks 4h and 4h + 2,
+ * high: 4h + 1, 4h + 3); Q2_K's and Q3_K's chunk k as values 32k.. and 128 + 32k.. */
+static inline __attribute__((always_inline)) void x_chunks_512(const int type, const int8_t *q, __m512i *x) {
+    for (int h = 0; h < 2; h++) {
+        if (two_bits(type)) {
+            for (int k = 2 * h; k < 2 * h + 2; k++)
+                x[k] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(q + 32 * k))),
+                                          _mm256_loadu_si256((const __m256i *)(q + 128 + 32 * k)), 1);
+            continue;
+        }
+        const __m512i a = _mm512_loadu_si512(q + 128 * h), b = _mm512_loadu_si512(q + 128 * h + 64);
+        x[2 * h] = type == T_Q6_K ? a : _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(1, 0, 1, 0));
+        x[2 * h + 1] = type == T_Q6_K ? b : _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 2, 3, 2));
+    }
+}
+
 /* Lane i of the result: the sum of the 16 lanes of v[i], from t[k] = unpacklo32(v[2k], v[2k+1]) +
  * unpackhi32(v[2k], v[2k+1]) (each 128-bit part: pair sums of v[2k] and v[2k+1], interleaved). */
 static inline __m256i sum8_512_pairs(const __m512i *t) {
@@ -238,28 +350,29 @@ static inline __m256i sum8_256_pairs(const __m256i *t) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(u[0], u[1], 0x20), _mm256_permute2x128_si256(u[0], u[1], 0x31));
 }
 
-/* One row of W's superblock (p) against x's chunks (in nibble_values_512's order): the int32 lanes
- * whose sum is I_s (Q6_K: less 32 sum_j sc_j bs_j) and those whose sum is J_s (Q6_K: sum_j sc_j bs_j). */
+/* One row of W's superblock (p) against x's chunks (x_chunks_512): the int32 lanes whose sum is
+ * I_s (Q3_K, Q6_K: less b sum_j sc_j bs_j) and those whose sum is J_s (Q3_K, Q6_K: sum_j sc_j bs_j). */
 static inline __attribute__((always_inline)) void row_sums_512(const int type, const uint8_t *p, const __m512i *x,
                                                                __m256i sums, __m512i *v_out, __m256i *j_out) {
-    const int q6 = type == T_Q6_K;
+    const int16_t(*pick)[32] = type == T_Q6_K ? pick16 : two_bits(type) ? pick_2bit : pick_nibbles;
     __m512i u[4];
-    nibble_values_512(type, p, u);
-    const __m256i sc = scales16(type, p);
+    packed_values_512(type, p, u);
+    __m256i coef;
+    const __m256i sc = scales16(type, p, &coef);
     const __m512i sc512 = _mm512_zextsi256_si512(sc);
     __m512i v = _mm512_setzero_si512();
     for (int c = 0; c < 4; c++) {
-        const __m512i S = _mm512_permutexvar_epi16(_mm512_load_si512(q6 ? pick16[c] : pick_nibbles[c]), sc512);
+        const __m512i S = _mm512_permutexvar_epi16(_mm512_load_si512(pick[c]), sc512);
         v = _mm512_add_epi32(v, _mm512_madd_epi16(_mm512_maddubs_epi16(u[c], x[c]), S));
     }
-    const __m256i j = _mm256_madd_epi16(sc, sums); /* Q6_K: sum_j sc_j bs_j; else sum_j mn_j bs_j */
-    *v_out = q6 ? _mm512_sub_epi32(v, _mm512_zextsi256_si512(_mm256_slli_epi32(j, 5))) : v;
+    const __m256i j = _mm256_madd_epi16(coef, sums); /* Q3_K, Q6_K: sum_j sc_j bs_j; else sum_j mn_j bs_j */
+    *v_out = bias_bits(type) ? _mm512_sub_epi32(v, _mm512_zextsi256_si512(_mm256_slli_epi32(j, bias_bits(type)))) : v;
     *j_out = j;
 }
 
 /* Eight rows of W (row i's superblocks at w[i]) with one row of x, AVX-512: per superblock and
  * row of W, int16 pair sums of u q (maddubs: at most 2 * 63 * 127), times their sub-block's
- * scale into int32 lanes (madd), summed, less the Q6_K correction; the eight rows' sums reduced
+ * scale into int32 lanes (madd), summed, less the Q3_K, Q6_K correction; the eight rows' sums reduced
  * together (pairs as they come) into one vector, whose lanes then take the shared float steps
  * side by side. The next eight rows' bytes are prefetched into L2 a superblock's worth at a time
  * (prefetch_next): a decode step's products stream every weight from memory once, and into L1 (T0)
@@ -268,21 +381,13 @@ static inline __attribute__((always_inline)) void row_sums_512(const int type, c
  * 2-vCPU Zen 4; no prefetch: 14.0 GB/s). */
 static inline __attribute__((always_inline)) void dot8_512(const int type, const uint8_t *const *w, int64_t block_bytes,
         int nsb, const int8_t *q, const float *e, const int16_t *bs, const uint8_t *next, float *out) {
-    const int q6 = type == T_Q6_K, nsub = q6 ? 16 : 8;
+    const int nsub = SUPER / sub_values(type), mins = has_offset(type);
     __m256 F = _mm256_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         prefetch_next(next, s, 8 * block_bytes);
-        /* x in the order of the weights' chunks: Q6_K's in value order; Q4_K's and Q5_K's as a 64-byte
-         * load of nibbles holds them (low nibbles: sub-blocks 4h and 4h + 2, high: 4h + 1, 4h + 3) */
         __m512i x[4];
-        for (int h = 0; h < 2; h++) {
-            const __m512i a = _mm512_loadu_si512(q + SUPER * s + 128 * h), b = _mm512_loadu_si512(q + SUPER * s + 128 * h + 64);
-            x[2 * h] = q6 ? a : _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(1, 0, 1, 0));
-            x[2 * h + 1] = q6 ? b : _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 2, 3, 2));
-        }
-        /* the sub-block sums of q, where the coefficients' int16 lanes are (Q4_K, Q5_K: lanes 8-15) */
-        const __m256i sums = q6 ? _mm256_loadu_si256((const __m256i *)(bs + nsub * s))
-                                : _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_loadu_si128((const __m128i *)(bs + nsub * s)), 1);
+        x_chunks_512(type, q + SUPER * s, x);
+        const __m256i sums = sub_sums(type, bs + nsub * s);
         __m512i T[4];
         __m256i JT[4];
         float d[8], dmin[8];
@@ -294,14 +399,14 @@ static inline __attribute__((always_inline)) void dot8_512(const int type, const
             row_sums_512(type, p1, x, sums, &v1, &j1);
             T[i / 2] = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
             JT[i / 2] = _mm256_add_epi32(_mm256_unpacklo_epi32(j0, j1), _mm256_unpackhi_epi32(j0, j1));
-            d[i] = half_value(q6 ? p0 + 208 : p0);
-            d[i + 1] = half_value(q6 ? p1 + 208 : p1);
-            dmin[i] = q6 ? 0.0f : half_value(p0 + 2);
-            dmin[i + 1] = q6 ? 0.0f : half_value(p1 + 2);
+            d[i] = super_d(type, p0);
+            d[i + 1] = super_d(type, p1);
+            dmin[i] = super_dmin(type, p0);
+            dmin[i + 1] = super_dmin(type, p1);
         }
         const __m256 es = _mm256_set1_ps(e[s]);
         F = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(d), es), _mm256_cvtepi32_ps(sum8_512_pairs(T)), F);
-        if (!q6) F = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(dmin), es), _mm256_cvtepi32_ps(sum8_256_pairs(JT)), F);
+        if (mins) F = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(dmin), es), _mm256_cvtepi32_ps(sum8_256_pairs(JT)), F);
     }
     _mm256_storeu_ps(out, F);
 }
@@ -318,70 +423,37 @@ static inline __m256i sum8_256(const __m256i *v) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(u[0], u[1], 0x20), _mm256_permute2x128_si256(u[0], u[1], 0x31));
 }
 
-/* dot8_512 in 256-bit registers: eight chunks of 32 values. */
+/* dot8_512 in 256-bit registers: eight chunks of 32 values, in value order. */
 static inline __attribute__((always_inline)) void dot8_256(const int type, const uint8_t *const *w, int64_t block_bytes,
         int nsb, const int8_t *q, const float *e, const int16_t *bs, const uint8_t *next, float *out) {
-    const int q6 = type == T_Q6_K, nsub = q6 ? 16 : 8, five = type == T_Q5_K;
-    const __m256i f = _mm256_set1_epi8(0x0F);
+    const int sub = sub_values(type), nsub = SUPER / sub, mins = has_offset(type), bias = bias_bits(type);
     __m256 F = _mm256_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         prefetch_next(next, s, 8 * block_bytes);
         const int8_t *qs = q + SUPER * s;
-        const __m256i sums = q6 ? _mm256_loadu_si256((const __m256i *)(bs + nsub * s))
-                                : _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_loadu_si128((const __m128i *)(bs + nsub * s)), 1);
+        const __m256i sums = sub_sums(type, bs + nsub * s);
         __m256i V[8], J[8];
         float d[8], dmin[8];
         for (int i = 0; i < 8; i++) {
             const uint8_t *p = w[i] + (int64_t)s * block_bytes;
-            __m256i u[8];
+            __m256i u[8], coef;
             int16_t sc[16];
-            __m256i scv;
-            if (q6) {
-                const __m256i top = _mm256_set1_epi8(0x30);
-                for (int h = 0; h < 2; h++) {
-                    const __m256i a = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
-                    const __m256i b = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));
-                    const __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
-                    u[4 * h] = _mm256_or_si256(_mm256_and_si256(a, f), _mm256_and_si256(_mm256_slli_epi16(hb, 4), top));
-                    u[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(b, f), _mm256_and_si256(_mm256_slli_epi16(hb, 2), top));
-                    u[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), f), _mm256_and_si256(hb, top));
-                    u[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), f),
-                                                   _mm256_and_si256(_mm256_srli_epi16(hb, 2), top));
-                }
-                scv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
-            } else {
-                const uint8_t *qsw = p + (five ? 48 : 16);
-                const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
-                const __m256i one = _mm256_set1_epi8(1);
-                for (int c = 0; c < 4; c++) {
-                    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qsw + 32 * c));
-                    __m256i lo = _mm256_and_si256(bytes, f), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), f);
-                    if (five) {
-                        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
-                        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
-                    }
-                    u[2 * c] = lo;
-                    u[2 * c + 1] = hi;
-                }
-                uint32_t words[4];
-                scales_k4(p, words);
-                scv = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)words));
-            }
-            _mm256_storeu_si256((__m256i *)sc, scv);
+            values_256(type, p, u);
+            _mm256_storeu_si256((__m256i *)sc, scales16(type, p, &coef));
             __m256i v = _mm256_setzero_si256();
             for (int c = 0; c < 8; c++) { /* chunk c: values 32c..32c+31 */
-                const __m256i S = q6 ? _mm256_set_m128i(_mm_set1_epi16(sc[2 * c + 1]), _mm_set1_epi16(sc[2 * c]))
-                                     : _mm256_set1_epi16(sc[c]);
+                const __m256i S = sub == 16 ? _mm256_set_m128i(_mm_set1_epi16(sc[2 * c + 1]), _mm_set1_epi16(sc[2 * c]))
+                                            : _mm256_set1_epi16(sc[c]);
                 v = _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(u[c], _mm256_loadu_si256((const __m256i *)(qs + 32 * c))), S));
             }
-            J[i] = _mm256_madd_epi16(scv, sums);
-            V[i] = q6 ? _mm256_sub_epi32(v, _mm256_slli_epi32(J[i], 5)) : v;
-            d[i] = half_value(q6 ? p + 208 : p);
-            dmin[i] = q6 ? 0.0f : half_value(p + 2);
+            J[i] = _mm256_madd_epi16(coef, sums);
+            V[i] = bias ? _mm256_sub_epi32(v, _mm256_slli_epi32(J[i], bias)) : v;
+            d[i] = super_d(type, p);
+            dmin[i] = super_dmin(type, p);
         }
         const __m256 es = _mm256_set1_ps(e[s]);
         F = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(d), es), _mm256_cvtepi32_ps(sum8_256(V)), F);
-        if (!q6) F = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(dmin), es), _mm256_cvtepi32_ps(sum8_256(J)), F);
+        if (mins) F = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(dmin), es), _mm256_cvtepi32_ps(sum8_256(J)), F);
     }
     _mm256_storeu_ps(out, F);
 }
@@ -404,6 +476,16 @@ static void unpack(int type, const uint8_t *p, kq_block *b) {
         }
         return;
     }
+    if (two_bits(type)) { /* value 128h + 32k + l: bits 2k, 2k + 1 of qs[32h + l]; Q3_K: bit 4h + k of hmask[l] */
+        const int three = type == T_Q3_K;
+        const uint8_t *qs = p + (three ? 32 : 16);
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < 32; l++)
+                    b->u[128 * h + 32 * k + l] = (uint8_t)(((qs[32 * h + l] >> (2 * k)) & 3) |
+                                                           (three ? ((p[l] >> (4 * h + k)) & 1) << 2 : 0));
+        return;
+    }
     const int five = type == T_Q5_K;
     const uint8_t *qh = p + 16, *qs = p + (five ? 48 : 16);
     for (int s = 0; s < 4; s++)
@@ -419,17 +501,18 @@ static float dot_portable(int type, const uint8_t *p, int64_t block_bytes, int n
                           const int16_t *bs) {
     kq_block b;
     float t = 0.0f;
-    const int q6 = type == T_Q6_K, sub = sub_values(type), nsub = SUPER / sub;
+    const int sub = sub_values(type), nsub = SUPER / sub, mins = has_offset(type);
+    const int bias = bias_bits(type) ? 1 << bias_bits(type) : 0;
     for (int s = 0; s < nsb; s++, p += block_bytes, q += SUPER, bs += nsub) {
         unpack(type, p, &b);
         int32_t I = 0, J = 0;
         for (int j = 0; j < nsub; j++) {
             int32_t sum = 0;
             for (int i = 0; i < sub; i++) sum += (int32_t)b.u[sub * j + i] * q[sub * j + i];
-            I += b.sc[j] * (q6 ? sum - 32 * bs[j] : sum);
-            if (!q6) J += b.mn[j] * bs[j];
+            I += b.sc[j] * (sum - bias * bs[j]);
+            if (mins) J += b.mn[j] * bs[j];
         }
-        t = fold(t, b.d, b.dmin, e[s], I, J, !q6);
+        t = fold(t, b.d, b.dmin, e[s], I, J, mins);
     }
     return t;
 }
@@ -439,9 +522,9 @@ static float dot_portable(int type, const uint8_t *p, int64_t block_bytes, int n
 static void dot8(int type, const uint8_t *const *w, int64_t block_bytes, int nsb, const int8_t *q, const float *e,
                  const int16_t *bs, const uint8_t *next, float *out) {
 #if defined(KQ_DOT8)
-    if (type == T_Q4_K) KQ_DOT8(T_Q4_K, w, block_bytes, nsb, q, e, bs, next, out);
-    else if (type == T_Q5_K) KQ_DOT8(T_Q5_K, w, block_bytes, nsb, q, e, bs, next, out);
-    else KQ_DOT8(T_Q6_K, w, block_bytes, nsb, q, e, bs, next, out);
+#define KQ_DOT8_OF(T) KQ_DOT8(T, w, block_bytes, nsb, q, e, bs, next, out)
+    KQ_DISPATCH(type, KQ_DOT8_OF)
+#undef KQ_DOT8_OF
 #else
     for (int s = 0; s < nsb; s++) prefetch_next(next, s, 8 * block_bytes);
     for (int i = 0; i < 8; i++) out[i] = dot_portable(type, w[i], block_bytes, nsb, q, e, bs);
@@ -452,7 +535,7 @@ static void dot8(int type, const uint8_t *const *w, int64_t block_bytes, int nsb
 #define KQ_GEMM 1
 /* A tile: 16 rows of W decoded for VNNI, superblock by superblock: u as [64 groups of 4 values][16
  * rows][4 bytes], the sub-blocks' scales [nsub][16] and the corrections' coefficient pairs
- * [nsub/2][16] (int16 pairs: mn for Q4_K and Q5_K, sc for Q6_K), d and dmin [16]. */
+ * [nsub/2][16] (int16 pairs: mn for Q2_K, Q4_K and Q5_K, sc for Q3_K and Q6_K), d and dmin [16]. */
 typedef struct {
     uint8_t u[SUPER * GEMM_LANES];
     int32_t sc[16][GEMM_LANES], coef[8][GEMM_LANES];
@@ -487,7 +570,7 @@ static inline void transpose16(__m512i *v) {
 /* Rows n0.. (count of them, the rest zeros) of W, superblock s, into a tile block. */
 static void decode_tile(int type, const uint8_t *w, int64_t row_bytes, int64_t block_bytes, int n0, int count, int s,
                         tile_block *t) {
-    const int q6 = type == T_Q6_K, nsub = q6 ? 16 : 8;
+    const int nsub = SUPER / sub_values(type), mins = has_offset(type);
     __m512i rows[GEMM_LANES][4];
     kq_block b;
     for (int i = 0; i < GEMM_LANES; i++) {
@@ -499,13 +582,13 @@ static void decode_tile(int type, const uint8_t *w, int64_t row_bytes, int64_t b
             continue;
         }
         const uint8_t *p = w + (int64_t)(n0 + i) * row_bytes + (int64_t)s * block_bytes;
-        if (type == T_Q4_K) values_512(T_Q4_K, p, rows[i]);
-        else if (type == T_Q5_K) values_512(T_Q5_K, p, rows[i]);
-        else values_512(T_Q6_K, p, rows[i]);
+#define KQ_VALUES_OF(T) values_512(T, p, rows[i])
+        KQ_DISPATCH(type, KQ_VALUES_OF)
+#undef KQ_VALUES_OF
         unpack_scales(type, p, &b);
         for (int j = 0; j < nsub; j++) t->sc[j][i] = b.sc[j];
         for (int j = 0; j < nsub / 2; j++) {
-            const int32_t lo = q6 ? b.sc[2 * j] : b.mn[2 * j], hi = q6 ? b.sc[2 * j + 1] : b.mn[2 * j + 1];
+            const int32_t lo = mins ? b.mn[2 * j] : b.sc[2 * j], hi = mins ? b.mn[2 * j + 1] : b.sc[2 * j + 1];
             t->coef[j][i] = (int32_t)(((uint32_t)(uint16_t)(int16_t)hi << 16) | (uint16_t)(int16_t)lo);
         }
         t->d[i] = b.d;
@@ -522,7 +605,7 @@ static void decode_tile(int type, const uint8_t *w, int64_t row_bytes, int64_t b
 /* R rows of x (q: their int8 rows, row stride K) against a decoded tile of nsb superblocks: out[R][16]. */
 static inline __attribute__((always_inline)) void tile_rows(const int type, const tile_block *tb, int nsb,
         const int8_t *q, int K, const float *e, const int16_t *bs, int nbs, const int R, float *out, int64_t ldo) {
-    const int q6 = type == T_Q6_K, nsub = q6 ? 16 : 8, groups = q6 ? 4 : 8;
+    const int sub = sub_values(type), nsub = SUPER / sub, groups = sub / 4, mins = has_offset(type), bias = bias_bits(type);
     __m512 F[GEMM_ROWS];
     for (int r = 0; r < R; r++) F[r] = _mm512_setzero_ps();
     for (int s = 0; s < nsb; s++) {
@@ -554,9 +637,9 @@ static inline __attribute__((always_inline)) void tile_rows(const int type, cons
         const __m512 d = _mm512_loadu_ps(t->d), dmin = _mm512_loadu_ps(t->dmin);
         for (int r = 0; r < R; r++) {
             const __m512 er = _mm512_set1_ps(e[(int64_t)r * nsb + s]);
-            if (q6) V[r] = _mm512_sub_epi32(V[r], _mm512_slli_epi32(T[r], 5));
+            if (bias) V[r] = _mm512_sub_epi32(V[r], _mm512_slli_epi32(T[r], bias));
             F[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, er), _mm512_cvtepi32_ps(V[r]), F[r]);
-            if (!q6) F[r] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, er), _mm512_cvtepi32_ps(T[r]), F[r]);
+            if (mins) F[r] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, er), _mm512_cvtepi32_ps(T[r]), F[r]);
         }
     }
     for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * ldo, F[r]);
@@ -571,13 +654,7 @@ static void tile_rows_any(int type, const tile_block *tb, int nsb, const int8_t 
         case 4: KQ_TILE(T, 4); break; case 5: KQ_TILE(T, 5); break; case 6: KQ_TILE(T, 6); break;            \
         case 7: KQ_TILE(T, 7); break; default: KQ_TILE(T, 8); break;                                          \
     }
-    if (type == T_Q4_K) {
-        KQ_TILE_ROWS(T_Q4_K)
-    } else if (type == T_Q5_K) {
-        KQ_TILE_ROWS(T_Q5_K)
-    } else {
-        KQ_TILE_ROWS(T_Q6_K)
-    }
+    KQ_DISPATCH(type, KQ_TILE_ROWS)
 #undef KQ_TILE_ROWS
 #undef KQ_TILE
 }

@@ -12,7 +12,7 @@
 /* Weight formats: GGML's type numbers for the GGUF block formats, and kvpage's own int8 rows. */
 enum {
     T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
-    T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30,
+    T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30,
     T_I8_ROW = 1000, /* kvpage int8: a row is one fp32 scale, then K int8 values */
 };
 
