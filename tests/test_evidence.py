@@ -252,6 +252,7 @@ def _server_repo(tmp_path):
         '        listen_note = "the listen backlog of a development server"\n\n'
         "    def serve(self):\n"
         "        self.socket.listen(self.backlog)  # the development server's listen backlog\n")
+    (root / "pyproject.toml").write_text('[tool.setuptools.packages.find]\nwhere = ["server"]\n')
     (root / "tests" / "test_serving.py").write_text(
         "def test_backlog():\n"
         "    server_backlog = 7  # a development server's listen backlog in this test\n"
@@ -273,7 +274,7 @@ def test_the_definition_named_for_the_question_ranks_first(tmp_path):
     question = "What listen backlog does the development server use?"
     lexical = evidence.rank(doc, chars, flat, question, signal="lexical")
     fused = evidence.rank(doc, chars, flat, question)
-    assert "LISTEN_QUEUE" not in lexical[0].text
+    assert "LISTEN_QUEUE = 128" not in lexical[0].text
     assert fused[0].text == "LISTEN_QUEUE = 128" and fused[0].where == "server/serving.py:3"
     _check_spans(doc, root, fused)
     ranked = evidence.signals(doc, chars, flat, question)
@@ -284,6 +285,11 @@ def test_the_definition_named_for_the_question_ranks_first(tmp_path):
                     'listen_note = "the listen backlog of a development server"',
                     "self.socket.listen(self.backlog)  # the development server's listen backlog"):
         assert named[nothing] == 0.0, nothing
+    # a question word names nothing: `where = [...]` is no answer to "Where ...?"
+    where = evidence.named_values(doc, ranked.units, "Where is the listen backlog of the development server set?")
+    texts = [doc.text[u.start:u.end].strip() for u in ranked.units]
+    assert float(where[texts.index('where = ["server"]')]) == 0.0
+    assert texts[int(where.argmax())] == "LISTEN_QUEUE = 128"
 
 
 def test_the_names_a_line_of_code_defines_with_a_value(tmp_path):
@@ -326,7 +332,7 @@ def test_the_names_a_line_of_code_defines_with_a_value(tmp_path):
     files = {}
     defined = {}
     for u in units:
-        lines_of = files.setdefault(u.file, evidence._FileLines(doc, u))
+        lines_of = files.setdefault(u.file, evidence._FileLines(doc, u, [s.end for s in doc.spans]))
         defined[doc.text[u.start:u.end].strip()] = lines_of.defined(doc, u)
     assert defined["RETRY_CODES = frozenset([413, 429, 503])"] == ["RETRY_CODES"]
     assert defined["LIMITS = Limits(max_connections=100, keepalive=20)"] == ["LIMITS", "max_connections", "keepalive"]

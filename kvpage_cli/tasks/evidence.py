@@ -260,15 +260,17 @@ def named_values(doc: Document, units: list[Unit], question: str) -> torch.Tenso
     that the names a unit of code defines with a literal value hold, with the names of the def and
     class it lies in (`code = 418` in `class ImATeapot`); the question's words count with the words
     code says them with (NAME_WORDS, NAME_PHRASES: "largest" is a `max_*`, "how long" a length or
-    a time). Prose, docstrings and units that define nothing get 0."""
-    from bm25s.stopwords import STOPWORDS_EN
+    a time); question words and other function words (bm25s's longer English list: "where", "what",
+    "does") name nothing. Prose, docstrings and units that define nothing get 0."""
+    from bm25s.stopwords import STOPWORDS_EN, STOPWORDS_EN_PLUS
 
-    stopwords = frozenset(STOPWORDS_EN)
+    stopwords, function_words = frozenset(STOPWORDS_EN), frozenset(STOPWORDS_EN_PLUS)
     out = torch.zeros(len(units))
-    asked = lexical_terms(question, stopwords)
+    said = lexical_terms(question, stopwords)
+    asked = [t for t in said if t not in function_words]
     if not units or not asked:
         return out
-    wanted = set(asked) | {NAME_WORDS[t] for t in asked if t in NAME_WORDS}
+    wanted = set(asked) | {NAME_WORDS[t] for t in said if t in NAME_WORDS}
     for phrase, words in NAME_PHRASES:
         if phrase.search(question):
             wanted.update(words)
@@ -281,11 +283,12 @@ def named_values(doc: Document, units: list[Unit], question: str) -> torch.Tenso
         return math.log(1.0 + len(units) / (1.0 + counts.get(term, 0)))
 
     files: dict[str, _FileLines] = {}
+    ends = [s.end for s in doc.spans]
     for i, u in enumerate(units):
         if u.line is None or PurePath(u.file).suffix.lower() in PROSE_SUFFIXES:
             continue
         if u.file not in files:
-            files[u.file] = _FileLines(doc, u)
+            files[u.file] = _FileLines(doc, u, ends)
         names = files[u.file].defined(doc, u)
         if not names:
             continue
@@ -301,8 +304,9 @@ class _FileLines:
     (the block or the bracket it lies in), and, for Python, the lines inside a string that spans
     lines (a docstring and the examples in it), found by `tokenize` when first asked."""
 
-    def __init__(self, doc: Document, unit: Unit) -> None:
-        at = bisect.bisect_right([s.end for s in doc.spans], unit.start)
+    def __init__(self, doc: Document, unit: Unit, ends: list[int]) -> None:
+        """The file `unit` lies in (ends: every span's end in doc, in order)."""
+        at = bisect.bisect_right(ends, unit.start)
         lo = hi = min(at, len(doc.spans) - 1)
         while lo > 0 and doc.spans[lo - 1].file == unit.file and doc.spans[lo - 1].line is not None:
             lo -= 1
