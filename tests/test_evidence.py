@@ -210,6 +210,17 @@ def test_words_rank_not_the_sinks_a_small_model_parks_its_attention_on(tmp_path)
     assert spans[0].score < 0.1  # most of the mass went to the sinks, and the score says so
 
 
+def _without_attention(root, question: str):
+    """`root`'s document ranked for `question` with no attention at all: (doc, its word tokens'
+    characters, their zero mass, lexical's spans, the fused ranking's spans)."""
+    from kvpage_cli.tasks import evidence
+
+    doc = load(str(root))
+    chars = [(m.start(), m.end()) for m in re.finditer(r"\S+", doc.text)]
+    flat = torch.zeros(len(chars))
+    return (doc, chars, flat, evidence.rank(doc, chars, flat, question, signal="lexical"),
+            evidence.rank(doc, chars, flat, question))
+
 def test_in_code_the_line_that_states_the_value_ranks_first_and_in_prose_it_does_not(tmp_path):
     """No attention at all: the doc comment and the page match the question's words best (lexical
     ranks one of them first), yet the fused ranking quotes the statement that holds the value; the Markdown page's
@@ -217,12 +228,8 @@ def test_in_code_the_line_that_states_the_value_ranks_first_and_in_prose_it_does
     from kvpage_cli.tasks import evidence
 
     root = _retry_repo(tmp_path)
-    doc = load(str(root))
-    chars = [(m.start(), m.end()) for m in re.finditer(r"\S+", doc.text)]
-    flat = torch.zeros(len(chars))
     question = "Which headers does a redirect to another host remove from the request by default?"
-    lexical = evidence.rank(doc, chars, flat, question, signal="lexical")
-    fused = evidence.rank(doc, chars, flat, question)
+    doc, chars, flat, lexical, fused = _without_attention(root, question)
     assert "Proxy-Authorization" not in lexical[0].text  # the words match the comment and the page better
     assert "Proxy-Authorization" in fused[0].text
     _check_spans(doc, root, fused)
@@ -268,12 +275,8 @@ def test_the_definition_named_for_the_question_ranks_first(tmp_path):
     from kvpage_cli.tasks import evidence
 
     root = _server_repo(tmp_path)
-    doc = load(str(root))
-    chars = [(m.start(), m.end()) for m in re.finditer(r"\S+", doc.text)]
-    flat = torch.zeros(len(chars))
     question = "What listen backlog does the development server use?"
-    lexical = evidence.rank(doc, chars, flat, question, signal="lexical")
-    fused = evidence.rank(doc, chars, flat, question)
+    doc, chars, flat, lexical, fused = _without_attention(root, question)
     assert "LISTEN_QUEUE = 128" not in lexical[0].text
     assert fused[0].text == "LISTEN_QUEUE = 128" and fused[0].where == "server/serving.py:3"
     _check_spans(doc, root, fused)

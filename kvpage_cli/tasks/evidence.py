@@ -56,10 +56,11 @@ NAME_WEIGHT = 8.0
 NAME_WORDS = {"largest": "max", "longest": "max", "biggest": "max", "highest": "max", "most": "max", "maximum": "max",
               "greatest": "max", "smallest": "min", "shortest": "min", "lowest": "min", "least": "min",
               "fewest": "min", "minimum": "min"}
-NAME_PHRASES = ((re.compile(r"\bhow long\b", re.I), ("length", "len", "time", "timeout", "duration", "age", "seconds")),
-                (re.compile(r"\bhow (?:big|large)\b", re.I), ("size", "max")),
-                (re.compile(r"\bhow many\b", re.I), ("num", "count", "max")))
-PYTHON_SUFFIXES = frozenset({".py", ".pyi"})  # files whose strings are found (tokenize): an example in a docstring defines nothing
+NAME_PHRASES = ((re.compile(r"\bhow long\b", re.IGNORECASE),
+                 ("length", "len", "time", "timeout", "duration", "age", "seconds")),
+                (re.compile(r"\bhow (?:big|large)\b", re.IGNORECASE), ("size", "max")),
+                (re.compile(r"\bhow many\b", re.IGNORECASE), ("num", "count", "max")))
+PYTHON_SUFFIXES = frozenset({".py", ".pyi"})  # strings found by tokenize: a docstring's example defines nothing
 SIGNALS = ("attention", "lexical", "fused")
 DEFAULT_SIGNAL = "fused"
 _WORD = re.compile(r"\w")
@@ -72,13 +73,14 @@ _ASSIGNED = re.compile(r"^\s*[\w.]+\s*(?::\s*[^=]+)?=\s*\S")
 # a definition's name: `NAME = `, `name: T = `, `const NAME = `, `key = ` (TOML, INI)
 _TARGET = re.compile(r"\s*(?:(?:export|pub|const|let|var|static|final|readonly)\s+)*([A-Za-z_][\w.-]*)\s*"
                      r"(?::\s*[^=\n]+?)?\s*(?<![=!<>+\-*/%&|^])=(?!=)")
-_PARAM = re.compile(r"(?:^|[(,])\s*\*{0,2}([A-Za-z_]\w*)\s*(?::\s*[^=,()\n]+?)?\s*=(?!=)")  # a parameter and its default
+# a parameter and its default
+_PARAM = re.compile(r"(?:^|[(,])\s*\*{0,2}([A-Za-z_]\w*)\s*(?::\s*[^=,()\n]+?)?\s*=(?!=)")
 _DEF_LINE = re.compile(r"\s*(?:async\s+)?def\s")
 _CLASS_LINE = re.compile(r"\s*class\s")
 _SCOPE_LINE = re.compile(r"\s*(?:async\s+)?(?:def|class)\s+(\w+)")
 _ATTRIBUTE = re.compile(r"\s*(?:self|this|cls)\.")
-_STRING = re.compile(r"""[bruf]{0,2}(?:"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')""", re.I)
-_EMPTY_STRING = re.compile(r"""\s*[bruf]{0,2}(?:""|'')\s*(?:[,)\]}]|$)""", re.I)
+_STRING = re.compile(r"""[bruf]{0,2}(?:"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')""", re.IGNORECASE)
+_EMPTY_STRING = re.compile(r"""\s*[bruf]{0,2}(?:""|'')\s*(?:[,)\]}]|$)""", re.IGNORECASE)
 _KEYWORD = re.compile(r"([A-Za-z_]\w*)\s*=(?!=)")
 _NAME_READ = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)(\s*\()?")
 _LITERAL = re.compile(r'\d|"')
@@ -295,8 +297,9 @@ def named_values(doc: Document, units: list[Unit], question: str) -> torch.Tenso
         terms = {t for name in names for t in lexical_terms(name.rsplit(".", 1)[-1], stopwords)}
         terms.update(t for name in files[u.file].scope(u.line) for t in lexical_terms(name, stopwords))
         out[i] = sum(idf(t) for t in terms & wanted)
-    whole = sum(idf(t) for t in set(asked) if t in counts)
-    return out / whole if whole > 0 else out
+    # the question's words found in the text read (all of them where none is), a unit's share at most 1
+    whole = sum(idf(t) for t in set(asked) if t in counts) or sum(idf(t) for t in set(asked))
+    return (out / whole).clamp(max=1.0)
 
 
 class _FileLines:
@@ -522,7 +525,8 @@ class Signals:
     def spans(self, doc: Document, signal: str = DEFAULT_SIGNAL, count: int = EVIDENCE_SPANS,
               min_share: float = MIN_SHARE) -> list[Evidence]:
         fused = signal == "fused"
-        scores = fuse(self.attention, self.lexical, signal, self.prior if fused else None, self.named if fused else None)
+        scores = fuse(self.attention, self.lexical, signal, self.prior if fused else None,
+                      self.named if fused else None)
         return spans(doc, self.units, scores, self.received, count, min_share)
 
 
