@@ -191,28 +191,28 @@ def prefill_gemm(results: list, stamp: dict) -> str:
 
 
 def quant_models(results: dict, stamp: dict) -> str:
-    """Per file, kvpage's faster decode against llama.cpp's, and its faster prefill of the longest
-    prompt where the run measured several lengths."""
+    """Per file, kvpage's decode with its default activations against llama.cpp's at each prompt
+    length the run measured (the range where there are several), and its prefill of the longest."""
     rows = [r for r in results["rows"] if r.get("decode_tok_s")]
-    lengths = {r.get("prompt_tokens") for r in rows}
+    names = {r["system"] for r in rows}
+    default = next((n for n in ("kvpage (auto activations)", "kvpage (float32 activations)", "kvpage") if n in names),
+                   None)  # float32 activations were the default before auto
     parts = []
     for shape, fmt in dict.fromkeys((r["shape"], r["format"]) for r in rows):
         mine = [r for r in rows if (r["shape"], r["format"]) == (shape, fmt)]
-        ours = max((r for r in mine if r["system"].startswith("kvpage")), key=lambda r: r["decode_tok_s"], default=None)
-        peer = next((r for r in mine if r["system"] == "llama.cpp" and r.get("prompt_tokens") == ours.get("prompt_tokens")),
-                    None) if ours else None
-        if ours and peer:
-            text = f"{shape} {fmt} {ours['decode_tok_s'] / peer['decode_tok_s']:.2f}x"
-            if len(lengths) > 1:
-                longest = max(r["prompt_tokens"] for r in mine)
-                last = [r for r in mine if r["prompt_tokens"] == longest]
-                fast = max((r for r in last if r["system"].startswith("kvpage")), key=lambda r: r["prefill_tok_s"])
-                theirs = next((r for r in last if r["system"] == "llama.cpp"), None)
-                if theirs:
-                    text += f" (prefill of {longest} tokens {fast['prefill_tok_s'] / theirs['prefill_tok_s']:.2f}x)"
+        ours = {r.get("prompt_tokens"): r for r in mine if r["system"] == default}
+        peer = {r.get("prompt_tokens"): r for r in mine if r["system"] == "llama.cpp"}
+        both = [n for n in ours if n in peer]
+        if both:
+            ratios = sorted(ours[n]["decode_tok_s"] / peer[n]["decode_tok_s"] for n in both)
+            text = f"{shape} {fmt} {ratios[0]:.2f}" + (f"-{ratios[-1]:.2f}x" if len(ratios) > 1 else "x")
+            if len(both) > 1:
+                longest = max(both, key=lambda n: n or 0)
+                text += (f" (prefill of {longest} tokens "
+                         f"{ours[longest]['prefill_tok_s'] / peer[longest]['prefill_tok_s']:.2f}x)")
             parts.append(text)
         elif ours:
-            parts.append(f"{shape} {fmt} {ours['decode_tok_s']:.1f} tok/s")
+            parts.append(f"{shape} {fmt} {max(r['decode_tok_s'] for r in ours.values()):.1f} tok/s")
     text = "decode against llama.cpp: " + ", ".join(parts) if any(p.endswith(("x", "x)")) for p in parts) else ", ".join(parts)
     threads = (stamp.get("args") or {}).get("threads")
     if threads and threads != stamp.get("cores"):

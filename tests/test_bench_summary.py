@@ -101,6 +101,13 @@ def test_a_headline_gives_kvpage_against_its_peer_in_the_same_run():
              for b, s, t, x, xt in [(1, "kvpage", 40.0, 1.0, 2.0), (1, "transformers", 20.0, None, None),
                                     (16, "kvpage", 320.0, 8.0, 4.0), (64, "kvpage", 400.0, 10.0, 8.0)]]
     assert summary.batch({"rows": batch}, {}) == "1K, batch 16: 320.0 tok/s, 8.0x batch 1, 4.00x transformers"
+    # quantized files: the default activations' decode at every prompt length, not the faster mode's
+    quant = [{"shape": "1b", "format": "Q4_K_M", "prompt_tokens": n, "system": s, "prefill_tok_s": p, "decode_tok_s": d}
+             for n, s, p, d in [(128, "llama.cpp", 100.0, 30.0), (128, "kvpage (auto activations)", 120.0, 24.0),
+                                (128, "kvpage (float32 activations)", 50.0, 40.0), (1024, "llama.cpp", 80.0, 25.0),
+                                (1024, "kvpage (auto activations)", 160.0, 30.0)]]
+    assert summary.quant_models({"rows": quant}, {}) == ("decode against llama.cpp: 1b Q4_K_M 0.80-1.20x "
+                                                         "(prefill of 1024 tokens 2.00x)")
 
 
 def test_compare_sets_the_rows_of_two_results_side_by_side_with_their_ratio():
