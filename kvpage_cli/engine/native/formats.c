@@ -81,11 +81,8 @@ void decode_i8(int type, const uint8_t *restrict p, int K, int8_t *restrict w, f
         }
         case T_Q2_K:
         case T_Q3_K: {
-            /* value 128 h + 32 k + l (sub-block 8 h + 2 k + l / 16): bits 2k, 2k + 1 of qs[32 h + l]; Q3_K's
-             * third bit is bit 4 h + k of hmask[l], and its values are offset by 4 */
-            const int three = type == T_Q3_K;
+            const int three = type == T_Q3_K; /* values_k2; Q3_K's are offset by 4 */
             for (int b = 0; b < K / 256; b++, p += three ? 110 : 84, w += 256, d += 16) {
-                const uint8_t *qs = p + (three ? 32 : 16);
                 if (three) {
                     uint32_t words[4];
                     uint8_t sc[16];
@@ -101,14 +98,9 @@ void decode_i8(int type, const uint8_t *restrict p, int K, int8_t *restrict w, f
                     }
                     m += 16;
                 }
-                for (int h = 0; h < 2; h++)
-                    for (int k = 0; k < 4; k++) {
-                        int8_t *o = w + 128 * h + 32 * k;
-                        for (int l = 0; l < 32; l++) {
-                            const int u = (qs[32 * h + l] >> (2 * k)) & 3;
-                            o[l] = (int8_t)(three ? (u | (((p[l] >> (4 * h + k)) & 1) << 2)) - 4 : u);
-                        }
-                    }
+                uint8_t u[256];
+                values_k2(type, p, u);
+                for (int j = 0; j < 256; j++) w[j] = (int8_t)(u[j] - (three ? 4 : 0));
             }
             return;
         }

@@ -89,6 +89,18 @@ static inline void scales_k3(const uint8_t *q, uint32_t out[4]) {
     out[3] = ((b >> 4) & 0x0f0f0f0fu) | (((c >> 6) & 0x03030303u) << 4);
 }
 
+/* Q2_K, Q3_K: a superblock's 256 unsigned values in value order. Value 128 h + 32 k + l is bits 2k,
+ * 2k + 1 of qs[32 h + l]; Q3_K's third bit is bit 4 h + k of hmask[l] (its values then less 4). */
+static inline void values_k2(int type, const uint8_t *p, uint8_t *u) {
+    const int three = type == T_Q3_K;
+    const uint8_t *qs = p + (three ? 32 : 16);
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < 32; l++)
+                u[128 * h + 32 * k + l] = (uint8_t)(((qs[32 * h + l] >> (2 * k)) & 3) |
+                                                    (three ? ((p[l] >> (4 * h + k)) & 1) << 2 : 0));
+}
+
 /* A quantized row is decoded into its integer values (as floats, exact) and one scale and one
  * offset per block of BS values: value j = d[b] * q[j] + m[b], b = j / BS, the float operations
  * of the reference (the offset is 0 for formats without one: d[b] * q[j] alone). */

@@ -476,14 +476,8 @@ static void unpack(int type, const uint8_t *p, kq_block *b) {
         }
         return;
     }
-    if (two_bits(type)) { /* value 128h + 32k + l: bits 2k, 2k + 1 of qs[32h + l]; Q3_K: bit 4h + k of hmask[l] */
-        const int three = type == T_Q3_K;
-        const uint8_t *qs = p + (three ? 32 : 16);
-        for (int h = 0; h < 2; h++)
-            for (int k = 0; k < 4; k++)
-                for (int l = 0; l < 32; l++)
-                    b->u[128 * h + 32 * k + l] = (uint8_t)(((qs[32 * h + l] >> (2 * k)) & 3) |
-                                                           (three ? ((p[l] >> (4 * h + k)) & 1) << 2 : 0));
+    if (two_bits(type)) {
+        values_k2(type, p, b->u);
         return;
     }
     const int five = type == T_Q5_K;
