@@ -227,19 +227,28 @@ def word_mass(doc: Document, token_chars: list[tuple[int, int]], mass: torch.Ten
     return mass.float() * words
 
 
-def lexical_scores(doc: Document, units: list[Unit], question: str) -> torch.Tensor:
-    """[units] BM25 of the question's terms over the units (bm25s; retrieval's terms: identifiers
-    split into their words)."""
-    import bm25s  # loads tqdm: imported where used, never by an engine or task module at import
+def unit_terms(doc: Document, units: list[Unit]) -> list[list[str]]:
+    """Each unit's terms as the lexical signals read them (retrieval's: identifiers split into their
+    words, bm25s's English stop words left out)."""
     from bm25s.stopwords import STOPWORDS_EN
 
     stopwords = frozenset(STOPWORDS_EN)
-    terms = lexical_terms(question, stopwords)
-    if not units or not terms:
+    return [lexical_terms(doc.text[u.start:u.end], stopwords) for u in units]
+
+
+def lexical_scores(doc: Document, units: list[Unit], question: str,
+                   terms: list[list[str]] | None = None) -> torch.Tensor:
+    """[units] BM25 of the question's terms over the units (bm25s; terms: unit_terms, computed where
+    not given)."""
+    import bm25s  # loads tqdm: imported where used, never by an engine or task module at import
+    from bm25s.stopwords import STOPWORDS_EN
+
+    asked = lexical_terms(question, frozenset(STOPWORDS_EN))
+    if not units or not asked:
         return torch.zeros(len(units))
     index = bm25s.BM25()
-    index.index([lexical_terms(doc.text[u.start:u.end], stopwords) or ["\u0000"] for u in units], show_progress=False)
-    return torch.as_tensor(index.get_scores(terms), dtype=torch.float32)
+    index.index([t or ["\u0000"] for t in terms or unit_terms(doc, units)], show_progress=False)
+    return torch.as_tensor(index.get_scores(asked), dtype=torch.float32)
 
 
 def value_prior(doc: Document, units: list[Unit]) -> torch.Tensor:
@@ -257,13 +266,15 @@ def value_prior(doc: Document, units: list[Unit]) -> torch.Tensor:
     return out
 
 
-def named_values(doc: Document, units: list[Unit], question: str) -> torch.Tensor:
+def named_values(doc: Document, units: list[Unit], question: str,
+                 terms: list[list[str]] | None = None) -> torch.Tensor:
     """[units] 0..1: the share of the question's words (each weighted by its IDF over the units)
     that the names a unit of code defines with a literal value hold, with the names of the def and
     class it lies in (`code = 418` in `class ImATeapot`); the question's words count with the words
     code says them with (NAME_WORDS, NAME_PHRASES: "largest" is a `max_*`, "how long" a length or
     a time); question words and other function words (bm25s's longer English list: "where", "what",
-    "does") name nothing. Prose, docstrings and units that define nothing get 0."""
+    "does") name nothing. Prose, docstrings and units that define nothing get 0. terms: unit_terms,
+    computed where not given."""
     from bm25s.stopwords import STOPWORDS_EN, STOPWORDS_EN_PLUS
 
     stopwords, function_words = frozenset(STOPWORDS_EN), frozenset(STOPWORDS_EN_PLUS)
@@ -277,8 +288,8 @@ def named_values(doc: Document, units: list[Unit], question: str) -> torch.Tenso
         if phrase.search(question):
             wanted.update(words)
     counts: dict[str, int] = {}
-    for u in units:
-        for term in set(lexical_terms(doc.text[u.start:u.end], stopwords)):
+    for unit_words in terms or unit_terms(doc, units):
+        for term in set(unit_words):
             counts[term] = counts.get(term, 0) + 1
 
     def idf(term: str) -> float:
@@ -533,9 +544,11 @@ class Signals:
 def signals(doc: Document, token_chars: list[tuple[int, int]], mass: torch.Tensor, question: str) -> Signals:
     """The ranking signals of the units in the text `token_chars` hold (see Signals)."""
     units = units_of(doc, token_chars)
+    terms = unit_terms(doc, units)
     return Signals(units, unit_mass(units, token_chars, mass),
                    unit_mass(units, token_chars, word_mass(doc, token_chars, mass)),
-                   lexical_scores(doc, units, question), value_prior(doc, units), named_values(doc, units, question))
+                   lexical_scores(doc, units, question, terms), value_prior(doc, units),
+                   named_values(doc, units, question, terms))
 
 
 def rank(doc: Document, token_chars: list[tuple[int, int]], mass: torch.Tensor, question: str,
