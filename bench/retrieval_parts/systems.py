@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from kvpage_cli.tasks.retrieval import lexical_terms  # the same terms as retrieval mode's BM25
+from kvpage_cli.tasks.retrieval import search_terms  # the same terms as retrieval mode's BM25
 
 SYSTEMS = ("retrieval", "bm25", "exact")
 
@@ -132,14 +132,14 @@ class BM25Chunks:
         self.stopwords = frozenset(STOPWORDS_EN)
         self.chunks = chunk_document(doc, tokenizer, chunk_tokens)
         self.index = bm25s.BM25()
-        self.index.index([lexical_terms(doc.text[c.start:c.end], self.stopwords) for c in self.chunks],
+        self.index.index([search_terms(doc.text[c.start:c.end], self.stopwords) for c in self.chunks],
                          show_progress=False)
 
     def pack(self, doc, tokenizer, question: str, budget: int, order: str = "best-last") -> tuple[str, list[Chunk]]:
         """The best chunks for `question` that fit `budget` tokens with their headers, in document
         order (`order` "best-last": the best chunk last, as retrieval mode reads its passages); the
         packed text, tokenized as the prompt will be, is within the budget."""
-        scores = self.index.get_scores(lexical_terms(question, self.stopwords))
+        scores = self.index.get_scores(search_terms(question, self.stopwords))
         ranked = sorted(range(len(self.chunks)), key=lambda i: -scores[i])
         chosen, used = [], 0
         for i in ranked:

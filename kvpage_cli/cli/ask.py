@@ -105,8 +105,9 @@ def ask(
         results = [_result(asker, engine, doc, i, answers[i], session) for i in range(len(questions))]
         for i, result in enumerate(results):
             if not result.answer:
-                session.warn(f"the model gave an empty answer to {asker.questions[i]!r}" if len(questions) > 1
-                             else "the model gave an empty answer")
+                found = "; the evidence is what its reading of the question attended" if result.evidence else ""
+                session.warn((f"the model gave an empty answer to {asker.questions[i]!r}" if len(questions) > 1
+                              else "the model gave an empty answer") + found)
             printer.done(i, answers[i], result)
             if result.sources:
                 label = f"Q{i + 1} " if len(questions) > 1 else ""
@@ -138,7 +139,7 @@ def _result(asker: Asker, engine, doc, index: int, answer: str, session: Session
         complete=asker.complete[index], warnings=list(doc.warnings), stats=stats_dict(engine, session.elapsed()),
         question_index=index, attended_blocks=len(selection.blocks) if selection else None,
         total_blocks=selection.total if selection else None, sources=asker.sources[index],
-        evidence=list(asker.evidence[index]) if answer.strip() else [], indexed_tokens=asker.indexed[index],
+        evidence=list(asker.evidence[index]), indexed_tokens=asker.indexed[index],
         index_total_tokens=index_total if asker.indexed[index] is not None else None,
     )
 

@@ -184,9 +184,12 @@ class Asker:
         """The answer's evidence: `tokens` (the answer as shown) read again after `ctx` (the
         context its question left) with their queries kept, their attention summed over the
         document's tokens (places: per position of ctx, its prompt token, None for tokens not
-        from the prompt) and ranked (tasks/evidence.py)."""
-        if not tokens:
-            return []
+        from the prompt) and ranked (tasks/evidence.py). An empty answer's are the question's
+        own tokens read again: the lines its reading of the question attended, as `kvpage find`
+        ranks them (SmolLM2 began two of bench/retrieval.py's 27 answers with a turn of the
+        prompt's, "Question:", and said nothing else)."""
+        if not self.prompts.decode(tokens).strip():
+            tokens = self.question_ids[i]
         queries = self.engine.append_with_queries(ctx, tokens)
         self.attention[i] = self.document_tokens_of(places, token_mass(self.engine, ctx, queries))
         return evidence_spans.rank(self.doc, *self.attention[i], self.questions[i])

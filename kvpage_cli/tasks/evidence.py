@@ -33,7 +33,7 @@ import torch
 
 from ..ingest import Document
 from ..ingest.document import Span
-from .retrieval import lexical_terms
+from .retrieval import lexical_terms, search_terms, stems
 from .schema import Evidence
 from .values import sentences
 
@@ -233,7 +233,7 @@ def unit_terms(doc: Document, units: list[Unit]) -> list[list[str]]:
     from bm25s.stopwords import STOPWORDS_EN
 
     stopwords = frozenset(STOPWORDS_EN)
-    return [lexical_terms(doc.text[u.start:u.end], stopwords) for u in units]
+    return [search_terms(doc.text[u.start:u.end], stopwords) for u in units]
 
 
 def lexical_scores(doc: Document, units: list[Unit], question: str,
@@ -243,7 +243,7 @@ def lexical_scores(doc: Document, units: list[Unit], question: str,
     import bm25s  # loads tqdm: imported where used, never by an engine or task module at import
     from bm25s.stopwords import STOPWORDS_EN
 
-    asked = lexical_terms(question, frozenset(STOPWORDS_EN))
+    asked = search_terms(question, frozenset(STOPWORDS_EN))
     if not units or not asked:
         return torch.zeros(len(units))
     index = bm25s.BM25()
@@ -280,13 +280,13 @@ def named_values(doc: Document, units: list[Unit], question: str,
     stopwords, function_words = frozenset(STOPWORDS_EN), frozenset(STOPWORDS_EN_PLUS)
     out = torch.zeros(len(units))
     said = lexical_terms(question, stopwords)
-    asked = [t for t in said if t not in function_words]
+    asked = stems([t for t in said if t not in function_words])
     if not units or not asked:
         return out
-    wanted = set(asked) | {NAME_WORDS[t] for t in said if t in NAME_WORDS}
+    wanted = set(asked) | set(stems([NAME_WORDS[t] for t in said if t in NAME_WORDS]))
     for phrase, words in NAME_PHRASES:
         if phrase.search(question):
-            wanted.update(words)
+            wanted.update(stems(list(words)))
     counts: dict[str, int] = {}
     for unit_words in terms or unit_terms(doc, units):
         for term in set(unit_words):
@@ -305,8 +305,8 @@ def named_values(doc: Document, units: list[Unit], question: str,
         names = files[u.file].defined(doc, u)
         if not names:
             continue
-        terms = {t for name in names for t in lexical_terms(name.rsplit(".", 1)[-1], stopwords)}
-        terms.update(t for name in files[u.file].scope(u.line) for t in lexical_terms(name, stopwords))
+        terms = {t for name in names for t in search_terms(name.rsplit(".", 1)[-1], stopwords)}
+        terms.update(t for name in files[u.file].scope(u.line) for t in search_terms(name, stopwords))
         out[i] = sum(idf(t) for t in terms & wanted)
     # the question's words found in the text read (all of them where none is), a unit's share at most 1
     whole = sum(idf(t) for t in set(asked) if t in counts) or sum(idf(t) for t in set(asked))
