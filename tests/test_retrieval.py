@@ -11,7 +11,7 @@ from kvpage_cli.engine.index import RetrievalIndex
 from kvpage_cli.ingest import load
 from kvpage_cli.tasks import Asker
 from kvpage_cli.tasks.ask import READ_AGAIN_TOKENS, read_again, reading_order
-from kvpage_cli.tasks.retrieval import UNIT_BLOCKS, Selection, lexical_terms
+from kvpage_cli.tasks.retrieval import UNIT_BLOCKS, Selection, lexical_terms, search_terms
 
 from .conftest import SAMPLES, random_prompt, tiny_model
 
@@ -96,6 +96,21 @@ def test_windows_overlap_and_blocks_move_to_consecutive_places(kv_home):
 def test_identifiers_split_into_words_for_the_lexical_signal():
     assert lexical_terms("TooManyRedirects max_redirects") == ["toomanyredirects", "too", "many", "redirects",
                                                                 "max_redirects", "max", "redirects"]
+
+
+def test_words_match_by_their_stems_so_an_inflected_question_finds_its_clause(short_engine, tmp_path):
+    assert search_terms("governs governed laws law max_retries") == [
+        "govern", "govern", "law", "law", "max_retri", "max", "retri"]
+    lines = [f"{n}. The Supplier shall deliver the goods of order {n} to the warehouse on the date set." for n in range(300)]
+    lines[250] = "250. This Agreement is governed by the laws of the State of Delaware."
+    (tmp_path / "supply.txt").write_text("\n".join(lines) + "\n")
+    doc = load(str(tmp_path / "supply.txt"))
+    asker = Asker(short_engine, doc, "Which law governs?", max_new_tokens=4)
+    retriever = asker.index()
+    selection = retriever.select_lazily(asker.questions[0], retriever.tail + asker.question_ids[0], asker.budget())
+    law = doc.text.index("governed by the laws")
+    assert selection.share < 0.5  # the clause is chosen, not the document read whole
+    assert any(s <= law < e for s, e in (retriever.char_spans[i] for i in selection.blocks))
 
 
 @pytest.mark.parametrize("kv_dtype", ["auto", "int8"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import codecs
 import os
-import unicodedata
+import re
 
 import charset_normalizer
 
@@ -27,6 +27,10 @@ _WESTERN = set(
     "ŒœŠšŽžŸ\u00a0«»“”‘’‚„–—…•€£§©®°·¿¡™†‡‰½¼"
 )
 _ALLOWED_CONTROLS = set("\t\n\r\f\v\x1b")
+# Unicode's control (Cc), surrogate (Cs) and private-use (Co) characters, less _ALLOWED_CONTROLS:
+# one regex pass instead of a category lookup per character (a repository's files were 0.11 s)
+_CONTROL = re.compile("[\x00-\x08\x0e-\x1a\x1c-\x1f\x7f-\x9f\ud800-\udfff\ue000-\uf8ff"
+                      "\U000f0000-\U000ffffd\U00100000-\U0010fffd]")
 
 
 def read_text(source: str | os.PathLike | bytes, display: str | None = None) -> Document:
@@ -142,8 +146,4 @@ def _looks_binary(text: str) -> bool:
     sample = text[:65536]
     if not sample:
         return False
-    controls = sum(
-        1 for c in sample
-        if c not in _ALLOWED_CONTROLS and unicodedata.category(c) in ("Cc", "Cs", "Co")
-    )
-    return controls > max(2, len(sample) // 200)
+    return len(_CONTROL.findall(sample)) > max(2, len(sample) // 200)
