@@ -181,38 +181,40 @@ class Engine:
         """The queries of the last tokens of `token_ids` read after `ctx` (on a fork, released):
         layer -> (q [t, Hq, D] rotated, position of its first row)."""
         fork = self.fork(ctx)
-        self.dispatch.capture_ids.add(fork.id)
+        self.dispatch.capture_ids[fork.id] = SCORE_QUERY_TOKENS
         try:
             self._append_one(fork, list(token_ids), None)
             return fork.score_queries
         finally:
-            self.dispatch.capture_ids.discard(fork.id)
+            self.dispatch.capture_ids.pop(fork.id, None)
             self.release(fork)
 
     def append_with_queries(self, ctx: Context, token_ids: list[int]) -> dict[int, tuple[torch.Tensor, int]]:
         """Appends `token_ids` to `ctx` (as `append`; fork first to keep it) and returns the
         queries of every one of them: layer -> (q [T, Hq, D] rotated, position of its first row).
 
-        A prompt keeps the queries of its last SCORE_QUERY_TOKENS rows (dispatch), so the tokens
-        go in pieces of at most that many and none of one row (a one-row piece runs as a decode
-        query, whose queries are not kept); a single token is run with a copy of itself after it,
-        whose row is dropped (a row never sees the rows after it) and which stays in `ctx`. Off
-        the decode path: evidence (attention/evidence.py) scores an answer after it was decoded."""
+        The tokens go in pieces of at most a prefill chunk (one pass each, every row's queries
+        kept by the dispatch) and none of one row (a one-row piece runs as a decode query, whose
+        queries are not kept); a single token is run with a copy of itself after it, whose row is
+        dropped (a row never sees the rows after it) and which stays in `ctx`. Off the decode
+        path: evidence (attention/evidence.py) scores an answer after it was decoded (an answer
+        of 100 tokens is one pass, not seven of 16 rows)."""
         token_ids = list(token_ids)
         if not token_ids:
             return {}
         run = token_ids * 2 if len(token_ids) == 1 else token_ids
-        pieces = [run[i:i + SCORE_QUERY_TOKENS] for i in range(0, len(run), SCORE_QUERY_TOKENS)]
+        size = self.config.prefill_chunk
+        pieces = [run[i:i + size] for i in range(0, len(run), size)]
         if len(pieces[-1]) == 1:  # the piece before gives it its last token
             pieces[-2:] = [pieces[-2][:-1], pieces[-2][-1:] + pieces[-1]]
         rows: dict[int, list[torch.Tensor]] = {}
         first: dict[int, int] = {}
         for piece in pieces:
-            self.dispatch.capture_ids.add(ctx.id)
+            self.dispatch.capture_ids[ctx.id] = len(piece)
             try:
                 self._append_one(ctx, piece, None)
             finally:
-                self.dispatch.capture_ids.discard(ctx.id)
+                self.dispatch.capture_ids.pop(ctx.id, None)
             for layer, (q, start) in (ctx.score_queries or {}).items():
                 rows.setdefault(layer, []).append(q)
                 first.setdefault(layer, start)

@@ -49,9 +49,9 @@ class Finder:
         ctx, tokens, places = asker.retrieval_context(0)
         engine = self.engine
         try:
-            asked = len(asker.question_ids[0])
-            engine.append(ctx, tokens[:-asked])
-            queries = engine.append_with_queries(ctx, tokens[-asked:])
+            asked = len(asker.question_ids[0])  # the question's rows rank: the last of the pass
+            queries = {layer: (q[-asked:], start + len(q) - asked)
+                       for layer, (q, start) in engine.append_with_queries(ctx, tokens).items()}
             chars, mass = asker.document_tokens_of(places, token_mass(engine, ctx, queries))
         finally:
             engine.release(ctx)

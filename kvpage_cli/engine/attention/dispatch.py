@@ -81,7 +81,7 @@ class AttentionDispatch:
         self.selector = None
         self.kv_read_bytes = 0  # this step's K/V bytes attention read: each block once per layer
         self.captured: dict[int, dict[int, tuple[torch.Tensor, int]]] = {}  # ctx id -> layer -> (q rows, first position)
-        self.capture_ids: set[int] = set()  # contexts whose prompt queries are kept whatever the mode
+        self.capture_ids: dict[int, int] = {}  # ctx id -> its prompt's last rows whose queries are kept, whatever the mode
         self.stream_schedule = True  # streaming passes by a schedule per layer (False: least recently used)
         self.schedules: dict[int, StreamSchedule] = {}  # layer -> its schedule, made when it first streams
 
@@ -100,8 +100,9 @@ class AttentionDispatch:
             out[step.decode_rows] = self._decode(layer, q[step.decode_rows].float(), step)
         for segment in step.prefill:
             qs = q[segment.rows]
-            if self.capture_rows or segment.ctx.id in self.capture_ids:
-                keep = min(self.capture_rows or SCORE_QUERY_TOKENS, segment.count)
+            rows = self.capture_ids.get(segment.ctx.id) or self.capture_rows
+            if rows:
+                keep = min(rows, segment.count)
                 self.captured.setdefault(segment.ctx.id, {})[layer] = (qs[-keep:].clone(), segment.start + segment.count - keep)
             out[segment.rows] = self._prefill(layer, qs, segment.start, segment.ctx, step)
         return out
