@@ -8,7 +8,10 @@ query and 3 KV heads of 64, a hidden size of 72).
 
 Host preparation: per decode step, the wall time of everything the device path does on the host
 (blocks made room for, the pool's bookkeeping, the plan packed into the step's buffer), that is
-the step's time less its device work and readback, measured around them. Operations: aten
+the step's time less its device work and readback, measured around them; twice: with the torch
+backend's step run between (on this CPU, the same core: the host's work after it finds its
+caches cold) and with no device work between steps after each buffer's first (fixed tokens), as a
+GPU leaves the host's core to the host. Operations: aten
 operations dispatched during one steady decode step (TorchDispatchMode), per layer, for both
 paths. The torch backend runs the attention (the Triton interpreter would count its emulation).
 """
@@ -74,12 +77,21 @@ def steady(engine, batch: int, context: int, steps: int):
     return run
 
 
-def host_preparation(batch: int, context: int, steps: int, pool_mib: float) -> list[float]:
-    """Seconds of host work per device decode step: decode() less its _run (upload, device work, readback)."""
+def host_preparation(batch: int, context: int, steps: int, pool_mib: float, device_work: bool = True) -> list[float]:
+    """Seconds of host work per device decode step: decode() less its _run (upload, device work,
+    readback). device_work False: _run does no work after a buffer's first step (it returns
+    fixed tokens), as on a GPU, where the step's work runs on the device: on a CPU the torch
+    backend's step runs on the core that times the host, and the host's work after it finds
+    its caches cold."""
     engine = engine_for("eager", pool_mib, batch)
     device = engine.device_decode
     spent = {"run": 0.0}
-    run_step = device._run
+    real_run = device._run
+
+    def run_step(bufs, count):
+        if device_work or bufs.logits is None:
+            return real_run(bufs, count)
+        return 0.0, [7] * count
 
     def timed_run(bufs, count):
         started = time.perf_counter()
@@ -128,16 +140,21 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     host = host_preparation(args.batch, args.context, args.steps, args.pool_mib)
+    alone = host_preparation(args.batch, args.context, args.steps, args.pool_mib, device_work=False)
     device_ops = ops_per_layer("eager", args.batch, args.context, args.pool_mib)
     host_ops = ops_per_layer("host", args.batch, args.context, args.pool_mib)
     result = {
         "batch": args.batch, "context": args.context, "layers": LAYERS, "steps": len(host),
         "host_prep_us_median": statistics.median(host) * 1e6, "host_prep_us_p90": sorted(host)[int(0.9 * len(host))] * 1e6,
+        "host_prep_alone_us_median": statistics.median(alone) * 1e6,
+        "host_prep_alone_us_p90": sorted(alone)[int(0.9 * len(alone))] * 1e6,
         "aten_ops_per_layer_device_step": device_ops, "aten_ops_per_layer_host_path": host_ops,
     }
     print(f"batch {args.batch}, {args.context}-token document, {LAYERS} layers, {len(host)} steps")
     print(f"host preparation per device step: median {result['host_prep_us_median']:.0f} us, "
-          f"p90 {result['host_prep_us_p90']:.0f} us")
+          f"p90 {result['host_prep_us_p90']:.0f} us (the torch backend's step run between on the same core); "
+          f"with no device work between steps (as a GPU runs it): median {result['host_prep_alone_us_median']:.0f} us, "
+          f"p90 {result['host_prep_alone_us_p90']:.0f} us")
     print(f"aten ops per decode step per layer: device step {device_ops:.1f}, host path {host_ops:.1f}")
     write_result("device_step", args, result, args.json_path)
 
