@@ -9,7 +9,8 @@ and the text baseline: BM25's best spans of the same kind (lines, sentences) ove
 document, no model at all. `bench/retrieval.py questions --systems retrieval` adds these columns;
 `--evidence-dump PATH` also writes each answer's attention per document token (JSON lines) so
 that rankings can be compared again without the model (`python bench/retrieval_evidence.py
-rerank PATH`).
+rerank PATH`). `lazy` replays a lazy index's choices without the model: the passages each
+question reads and the tokens of new windows it would compute, for other window sizes and budgets.
 """
 
 from __future__ import annotations
@@ -191,6 +192,52 @@ def find_latency(model: str, home: str | None, question_set: dict, cache: Path, 
     return rows
 
 
+def lazy_windows(model: str, question_set: dict, cache: Path, configs: list[tuple[int, int, int]]) -> list[dict]:
+    """A lazy index's choices replayed without the model (only the prompt's head is computed): per
+    (window, overlap, index_tokens), each source's questions asked in the set's order, the
+    passages `select_lazily` chooses, whether they hold the question's evidence, and the tokens of
+    windows not indexed by the questions before it (what it would compute: its wait)."""
+    from statistics import median
+
+    from retrieval_parts.sources import evidence_attended, evidence_ranges, fetch_source
+
+    import kvpage_cli.tasks.retrieval as retrieval
+    from kvpage_cli.engine import Engine, EngineConfig
+    from kvpage_cli.engine.index import RetrievalIndex
+    from kvpage_cli.ingest import load
+    from kvpage_cli.tasks import Asker
+
+    RetrievalIndex.ensure = lambda self, windows, on_event=None: 0  # nothing computed: choices only
+    engine = Engine.load(model, EngineConfig(kv_cache=False))
+    by_source: dict[str, list[dict]] = {}
+    for q in question_set["questions"]:
+        by_source.setdefault(q["source"], []).append(q)
+    docs = {s: load(str(fetch_source(s, question_set["sources"][s], cache))) for s in by_source}
+    rows = []
+    for window, overlap, index_tokens in configs:
+        retrieval.default_window = lambda max_context, w=window, o=overlap: (w, o)
+        held, first, later = 0, [], []
+        for source, questions in by_source.items():
+            retriever, indexed = None, set()
+            for n, q in enumerate(questions):
+                asker = Asker(engine, docs[source], q["question"], max_new_tokens=48, retrieval_tokens=4096)
+                asker.mode = "retrieval"
+                asker.retriever = retriever
+                retriever = asker.index()
+                index = retriever.index
+                selection = retriever.select_lazily(q["question"], retriever.tail + asker.question_ids[0],
+                                                    asker.budget(), index_tokens)
+                windows = {index.window_of(b) for b in selection.blocks}
+                (first if n == 0 else later).append(sum(index.window_cost(w) for w in windows - indexed))
+                indexed |= windows
+                wanted = evidence_ranges(docs[source], q["evidence"])
+                held += evidence_attended(wanted, [retriever.char_spans[b] for b in selection.blocks])
+        rows.append({"window": window, "overlap": overlap, "index_tokens": index_tokens,
+                     "evidence": f"{held} of {sum(map(len, by_source.values()))}",
+                     "first_tokens": median(first), "later_tokens": median(later)})
+    return rows
+
+
 if __name__ == "__main__":
     import argparse
 
@@ -199,7 +246,7 @@ if __name__ == "__main__":
     from retrieval_parts.sources import DEFAULT_CACHE, load_question_set
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=("rerank", "baseline", "find"))
+    parser.add_argument("part", choices=("rerank", "baseline", "find", "lazy"))
     parser.add_argument("dump", nargs="?")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--home", default=None, help="find: KVPAGE_HOME whose saved-KV cache holds the index")
@@ -207,7 +254,17 @@ if __name__ == "__main__":
     parser.add_argument("--limit", type=int, default=3, help="find: questions")
     parser.add_argument("--cache", default=str(DEFAULT_CACHE))
     parser.add_argument("--grow", type=float, default=None, help="GROW_SHARE to rank with")
+    parser.add_argument("--configs", default="2048,512,10240;1024,256,10240;2048,512,5120",
+                        help="lazy: window,overlap,index_tokens sets (';' between them)")
     args = parser.parse_args()
+    if args.part == "lazy":
+        configs = [tuple(int(x) for x in c.split(",")) for c in args.configs.split(";") if c]
+        rows = lazy_windows(args.model, load_question_set(), Path(args.cache).expanduser(), configs)
+        print(table(rows, [("window", "window"), ("overlap", "overlap"), ("index_tokens", "index tokens / question"),
+                           ("evidence", "passages holding the evidence"),
+                           ("first_tokens", "1st question's new window tokens (median)"),
+                           ("later_tokens", "later questions' (median)")]))
+        raise SystemExit(0)
     if args.part == "find":
         from common import peak_rss_mib
 
