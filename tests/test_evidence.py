@@ -421,6 +421,21 @@ def _stream(words, turns):
     return shown + text.finish(), ended
 
 
+def test_an_empty_answer_gets_the_evidence_its_question_attended(tiny_cli_model, tmp_path, native_library,
+                                                                  monkeypatch):
+    """A model whose first words end its answer (a turn of the prompt's) says nothing; its evidence
+    is what its reading of the question attended, exact spans of the document, best first."""
+    with_native_library(tmp_path, native_library)
+    engine = Engine.load(str(tiny_cli_model), EngineConfig(home=str(tmp_path), backend="native"))
+    doc = load(str(SAMPLES / "repo" / "src" / "ledgerline" / "config.py"))
+    monkeypatch.setattr(AnswerText, "kept_tokens", lambda self: [])  # as after "Question:" and nothing else
+    asker = Asker(engine, doc, "Where is the VAT rate configured?", max_new_tokens=4)
+    list(asker.answers())
+    assert asker.complete[0] and asker.evidence[0]
+    for span in asker.evidence[0]:
+        assert doc.text[span.start:span.end] == span.text and re.fullmatch(r".*config\.py:\d+(-\d+)?", span.where)
+
+
 def test_a_question_of_the_models_own_ends_the_answer_inside_a_line_too():
     text, ended = _stream([" The", " rate", " is", " 0", ".21", ".", " Question", ":", " What", " is"], BASE_TURNS)
     assert ended and text == "The rate is 0.21."

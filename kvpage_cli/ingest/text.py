@@ -28,7 +28,7 @@ _WESTERN = set(
 )
 _ALLOWED_CONTROLS = set("\t\n\r\f\v\x1b")
 # Unicode's control (Cc), surrogate (Cs) and private-use (Co) characters, less _ALLOWED_CONTROLS:
-# one regex pass instead of a category lookup per character (a repository's files were 0.11 s)
+# one regex pass instead of a category lookup per character (0.11 s for packaging's 58 files under a profiler)
 _CONTROL = re.compile("[\x00-\x08\x0e-\x1a\x1c-\x1f\x7f-\x9f\ud800-\udfff\ue000-\uf8ff"
                       "\U000f0000-\U000ffffd\U00100000-\U0010fffd]")
 
