@@ -24,8 +24,8 @@ best first, up to `index_tokens` of windows a question, are indexed where they a
 
 from __future__ import annotations
 
-import functools
 import re
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -63,14 +63,15 @@ def stems(terms: list[str]) -> list[str]:
     "governing" are one term, as are "connections" and "connection". Over bench/retrieval.py's
     79 questions the passages selected held the evidence of 61 against 57 with whole words,
     7 found and 3 lost (the questions of a held-out half alike)."""
-    return _stemmer().stemWords(terms)
+    stemmer = getattr(_STEMMERS, "english", None)
+    if stemmer is None:  # one a thread: a PyStemmer stemmer is not safe to share between threads
+        import Stemmer  # PyStemmer: Snowball's stemmers in C, the one bm25s takes
+
+        stemmer = _STEMMERS.english = Stemmer.Stemmer("english")
+    return stemmer.stemWords(terms)
 
 
-@functools.cache
-def _stemmer():
-    import Stemmer  # PyStemmer: Snowball's stemmers in C, the one bm25s takes
-
-    return Stemmer.Stemmer("english")
+_STEMMERS = threading.local()
 
 
 @dataclass(frozen=True)
