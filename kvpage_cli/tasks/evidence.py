@@ -14,9 +14,8 @@ question's words, and a definition that gives a literal value a name the questio
 `def dump_cookie(` for "the largest cookie dump_cookie allows") ranks ahead of both, as an
 engineer looks for the constant before the prose about it (a docstring's example, a test's
 local variable and a call's keyword define nothing). The best units become spans, each grown
-over the lines beside it that scored
-too (at most MAX_SPAN_LINES lines), returned best first. `kvpage find`
-ranks the same way with the question's own attention in place of an answer's.
+over the lines beside it that scored too (at most MAX_SPAN_LINES lines), returned best first.
+`kvpage find` ranks the same way with the question's own attention in place of an answer's.
 """
 
 from __future__ import annotations
@@ -305,9 +304,9 @@ def named_values(doc: Document, units: list[Unit], question: str,
         names = files[u.file].defined(doc, u)
         if not names:
             continue
-        terms = {t for name in names for t in search_terms(name.rsplit(".", 1)[-1], stopwords)}
-        terms.update(t for name in files[u.file].scope(u.line) for t in search_terms(name, stopwords))
-        out[i] = sum(idf(t) for t in terms & wanted)
+        named = {t for name in names for t in search_terms(name.rsplit(".", 1)[-1], stopwords)}
+        named.update(t for name in files[u.file].scope(u.line) for t in search_terms(name, stopwords))
+        out[i] = sum(idf(t) for t in named & wanted)
     # the question's words found in the text read (all of them where none is), a unit's share at most 1
     whole = sum(idf(t) for t in set(asked) if t in counts) or sum(idf(t) for t in set(asked))
     return (out / whole).clamp(max=1.0)
