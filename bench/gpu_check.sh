@@ -3,7 +3,8 @@
 # limit and all of them under one deadline (KVPAGE_CHECK_SECONDS, default 340), logs and JSON in
 # OUT_DIR, the parts that matter most first:
 #   1. tests/test_device_step.py on the GPU: the decode step captured as a CUDA graph, run eagerly
-#      and on the per-layer path give the same bits; one read of the device a step;
+#      and on the per-layer path give the same bits; one read of the device a step; prompt chunks
+#      on the device's slots give the per-layer path's bits and read nothing back;
 #   2. bench/engine.py, kvpage beside transformers on the same device: prefill and decode tok/s at
 #      1K and 8K, float32 weights and the GGUF's own blocks, a 64 MiB pool (decode steps on the
 #      device, as CUDA graphs);
@@ -70,8 +71,8 @@ else
 fi
 echo "model: $model"
 
-part 60 "the device decode step: graph, eager and the per-layer path agree; one read a step" \
-  python -m pytest tests/test_device_step.py -q -p no:cacheprovider -rf -k "gpu or reads_the_device or torch_device"
+part 80 "the device step: graph, eager and the per-layer path agree; one read a decode step, none a prompt chunk" \
+  python -m pytest tests/test_device_step.py -q -p no:cacheprovider -rf -k "gpu or reads_the_device or torch_device or chunk or saved_kv"
 part 90 "engine: kvpage beside transformers on $dev" python bench/engine.py --device "$dev" --models "$model" \
   --contexts "$contexts" --kv-paths auto --weights float32,gguf --systems kvpage,transformers --new-tokens "$new" \
   --pool-mib 64 --json "$out/engine.json"

@@ -19,8 +19,12 @@ from .conftest import random_prompt, tiny_model
 SHAPE = dict(head_dim=64, hidden_size=128, num_attention_heads=4, num_key_value_heads=2)
 
 
-def load(model, kv_home, backend: str, step: str, pool_mib: float = 4.0, **config) -> Engine:
-    return Engine.load(model, EngineConfig(home=str(kv_home), device="cpu", backend=backend, kv_path="pool",
+# the prompt-chunk tests run on the GPU where there is one (bench/gpu_check.sh), else on the CPU
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load(model, kv_home, backend: str, step: str, pool_mib: float = 4.0, device: str = "cpu", **config) -> Engine:
+    return Engine.load(model, EngineConfig(home=str(kv_home), device=device, backend=backend, kv_path="pool",
                                            pool_mib=pool_mib, decode_step=step, **config))
 
 
@@ -50,7 +54,7 @@ def test_the_triton_device_step_gives_the_per_layer_paths_bits(arch, kv_home):
     for ours, theirs in zip(logits, host_logits):
         assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
     assert int(engine.device_decode.invalid_reads) == 0
-    assert engine.device_decode.resident.loaded_blocks > 0  # the step ran on resident slots
+    assert engine.device_decode.prefilled_rows > 0 and engine.device_decode.buffers  # both ran on resident slots
 
 
 def test_the_torch_device_step_agrees_with_the_per_layer_path(kv_home):
@@ -182,6 +186,65 @@ def test_blocks_that_do_not_fit_the_pool_run_on_the_host_path(kv_home):
     tokens = list(engine.generate(ctx, [1], max_new_tokens=3, stop=()))
     assert len(tokens) == 3 and engine.device_decode.resident.loaded_blocks == 0
     assert engine.stats().blocks_moved > 0  # streamed through the pool instead
+
+
+@pytest.mark.parametrize("arch,backend", [("llama", "triton"), ("gemma3_text", "triton"), ("llama", "torch")])
+def test_prompt_chunks_run_on_the_devices_slots_with_the_per_layer_paths_bits(arch, backend, kv_home):
+    """A document in chunks of 48 tokens (chunks that begin and end inside blocks; Gemma's sliding
+    layers drop blocks between them), then prompts of three lengths appended to its forks together
+    (one copies the shared partial block on write): on the device each chunk's rows go into resident
+    slots and attend there, and the logits are the per-layer path's bits. A step the device does
+    not take (scoring keeps every row's logits) then reads the rows back from the store."""
+    overrides = dict(sliding_window=64) if arch == "gemma3_text" else dict(num_hidden_layers=2)
+    model = tiny_model(arch, **SHAPE, **overrides)
+    document = random_prompt(5 * 48 + 7, seed=21)
+    prompts = [random_prompt(n, seed=30 + n) for n in (5, 70, 33)]
+
+    def run(step: str):
+        engine = load(model, kv_home, backend, step, prefill_chunk=48, device=DEVICE)
+        doc = engine.prefill(document)
+        logits = [engine.logits(doc).clone()]
+        forks = [engine.fork(doc) for _ in prompts]
+        engine.append_many(forks, prompts)
+        logits += [engine.logits(f).clone() for f in forks]
+        return engine, logits, engine.score(forks[1], [3, 4, 5])
+
+    _, host_logits, host_scores = run("host")
+    engine, logits, scores = run("eager")
+    assert all(torch.equal(a, b) for a, b in zip(logits, host_logits))
+    assert scores == host_scores
+    device = engine.device_decode
+    assert device.prefilled_rows == len(document) + sum(map(len, prompts))
+    assert int(device.invalid_reads) == 0 and device.resident.loaded_blocks == 0  # nothing came from the store
+
+
+def test_a_prompt_chunk_reads_no_device_value(kv_home):
+    """A chunk on the device reads nothing back, in its layers or around them (the logits are read
+    by whoever samples from them)."""
+    model = tiny_model("llama", **SHAPE, num_hidden_layers=2)
+    engine = load(model, kv_home, "triton", "eager", pool_mib=32.0, prefill_chunk=64, device=DEVICE)
+    ctx = engine.prefill(random_prompt(3 * BLOCK_TOKENS, seed=22))
+    with HostReads() as reads:
+        engine.append(ctx, random_prompt(2 * BLOCK_TOKENS + 9, seed=23))
+    assert engine.device_decode.prefilled_rows == 5 * BLOCK_TOKENS + 9
+    assert reads.count == 0, reads.sites
+
+
+def test_the_saved_kv_cache_keeps_the_rows_a_device_prefill_wrote(tmp_path):
+    """Saved chunk by chunk while the device prefills (the store must hold each chunk's rows when
+    its segment is saved), the blocks restored by a per-layer engine give the logits it computes."""
+    model = tiny_model("llama", **SHAPE, num_hidden_layers=2)
+    document = random_prompt(4 * BLOCK_TOKENS + 11, seed=24)
+    saving = load(model, tmp_path, "torch", "eager", prefill_chunk=64, kv_cache=True, device=DEVICE)
+    saved = saving.prefill(document, label="doc")
+    assert saving.device_decode.prefilled_rows == len(document)
+    restoring = load(model, tmp_path, "torch", "host", prefill_chunk=64, kv_cache=True, device=DEVICE)
+    restored = restoring.prefill(document, label="doc")
+    assert restored.cached_prefix == 4 * BLOCK_TOKENS
+    computed = load(model, tmp_path, "torch", "host", prefill_chunk=64, device=DEVICE)
+    expected = computed.logits(computed.prefill(document))
+    assert torch.equal(restoring.logits(restored), expected)
+    assert torch.equal(saving.logits(saved), expected)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (bench/gpu_check.sh runs this)")

@@ -34,6 +34,7 @@ import torch
 
 from . import hostreads
 from .attention import reference
+from .attention.backend import LayerBlocks
 from .config import BLOCK_TOKENS
 from .events import BlocksMoved, EngineWarning, emit
 from .kv.resident import ResidentSlots
@@ -197,14 +198,19 @@ class DeviceDecode:
         self.windows = any(g.window for g in self.store.groups)  # sliding-window groups drop old blocks
         self._events = None
         self._warned = False
+        self.prefilled_rows = 0  # prompt rows run here (`prefill`)
 
     # -- which steps -------------------------------------------------------------------------------
 
+    def _plain(self) -> bool:
+        """Whether the engine runs plain steps: no policy, draft or observer reads a step's attention."""
+        engine = self.engine
+        return not (engine.policy is not None or engine.draft is not None or engine.dispatch.observer is not None
+                    or engine.dispatch.capture_rows)
+
     def takes(self, requests) -> bool:
         """Whether this step's requests (each decoding one generated token) run here."""
-        engine = self.engine
-        if engine.policy is not None or engine.draft is not None or engine.dispatch.observer is not None \
-                or engine.dispatch.capture_rows:
+        if not self._plain():
             return False
         if any(r.temperature > 0 or r.all_logits or r.pool_values for r in requests):
             return False
@@ -213,12 +219,37 @@ class DeviceDecode:
             return all(len(g.free) >= len(requests) for g in resident.groups)
         return resident.fits([r.ctx.tables for r in requests])
 
+    def takes_prefill(self, work) -> bool:
+        """Whether a step of prompt chunks runs here: work as `Scheduler.step` takes it, (context,
+        rows, logits kept, request) each. Every chunk has two rows at least (a one-row segment is a
+        decode query on the per-layer path, with other bits), keeps the last row's logits or none,
+        and no one asks for the queries or the value rows; the blocks the chunks read and write fit
+        the slots."""
+        if not self._plain() or not work:
+            return False
+        capture = self.engine.dispatch.capture_ids
+        for ctx, rows, keep, request in work:
+            if len(rows) < 2 or keep == "all" or ctx.id in capture or (request is not None and request.pool_values):
+                return False
+        for index, resident in enumerate(self.resident.groups):
+            needed, new = set(), 0
+            for ctx, rows, _, _ in work:
+                ids, _ = ctx.tables[index].live()
+                needed.update(ids)
+                start = ctx.num_cached
+                # blocks the chunk adds, and the partly filled one it may copy on write
+                new += -(-(start + len(rows)) // BLOCK_TOKENS) - start // BLOCK_TOKENS
+            if len(needed) + new > resident.num_slots:
+                return False
+        return True
+
     # -- a step ------------------------------------------------------------------------------------
 
     def decode(self, requests) -> tuple[list[int], float]:
         """One decode step over the requests' last tokens: writes their K/V, sets each context's
         logits, and returns the greedy next tokens (not yet appended) and the step's seconds."""
         engine, blocks, resident = self.engine, self.engine.blocks, self.resident
+        resident.settle()  # the copies back of the step before are in the store before blocks are copied on write
         starts = [r.ctx.num_cached for r in requests]
         for request, start in zip(requests, starts):
             blocks.make_room(request.ctx.tables, start, 1)
@@ -295,6 +326,112 @@ class DeviceDecode:
         plan = GroupPlan.build([r.ctx.tables[index].live() for r in requests])
         self._plans[index] = (versions, plan)
         return plan
+
+    def prefill(self, segments, token_ids: list[int], logit_rows: torch.Tensor, logit_counts: list[int],
+                tiles: bool) -> tuple[torch.Tensor, float]:
+        """One step of prompt chunks on the device (`takes_prefill` said yes; the block manager made
+        room for them): each chunk's K/V rows baked into their blocks' slots, each chunk attending
+        over its sequence's resident blocks in one pass (the per-layer pool path's call, one pass:
+        the same bits), nothing read back. segments: dispatch.Segment per chunk, in row order; the
+        rows of the logits kept (a host tensor) and their counts per chunk, and tiles, as
+        `Scheduler.step` gives them to `ModelRunner.forward`. Returns the logits of `logit_rows` and the step's
+        seconds. The rows written are copied back to the store asynchronously (`ResidentSlots.mirror`)."""
+        engine, resident, pool, device = self.engine, self.resident, self.pool, self.device
+        resident.settle()
+        if not resident.active:
+            self.admitted.clear()
+            self._plans.clear()
+        # every chunk's blocks get slots: those not resident are loaded (up to the chunk's start),
+        # the blocks the chunk adds take free ones
+        evicted = resident.evicted_blocks
+        moved, moved_bytes = resident.admit([s.ctx.tables for s in segments], [s.start for s in segments])
+        if resident.evicted_blocks != evicted:  # others' blocks left: they are admitted again when they return
+            self.admitted = set()
+        self.admitted.update(s.ctx.id for s in segments)
+        if moved:
+            engine._emit(engine.scheduler.listener, BlocksMoved(moved, moved_bytes, lookups=moved))
+        # the host's plan, in one int64 buffer sent with one copy: per group the slot each row
+        # writes, then per chunk and group the slots and positions of the blocks it reads
+        pos = np.concatenate([np.arange(s.start, s.start + s.count, dtype=np.int64) for s in segments])
+        logit_index = hostreads.host_array(logit_rows).astype(np.int64)
+        parts = [np.asarray(token_ids, dtype=np.int64), pos, pos % BLOCK_TOKENS, logit_index]
+        kv_bytes = 0
+        for index, group in enumerate(self.store.groups):
+            row_slots = []
+            for segment in segments:
+                table = segment.ctx.tables[index]
+                end = segment.start + segment.count
+                for block in range(segment.start // BLOCK_TOKENS, (end - 1) // BLOCK_TOKENS + 1):
+                    first_row = max(segment.start, block * BLOCK_TOKENS)
+                    last_row = min(end, (block + 1) * BLOCK_TOKENS)
+                    slot = resident.place_new(index, table.ids[block])
+                    resident.wrote(index, table.ids[block], last_row - block * BLOCK_TOKENS)
+                    row_slots += [slot] * (last_row - first_row)
+            parts.append(np.asarray(row_slots, dtype=np.int64))
+            slot_of = resident.groups[index].slot_of
+            for segment in segments:
+                first = max(0, segment.start - group.window + 1) // BLOCK_TOKENS if group.window else 0
+                ids, block_pos = segment.ctx.tables[index].live(first)
+                parts += [np.fromiter((slot_of[b] for b in ids), dtype=np.int64, count=len(ids)),
+                          np.asarray(block_pos, dtype=np.int64)]
+                kv_bytes += len(ids) * group.block_bytes_per_layer * len(group.layers)
+        sizes = [p.size for p in parts]
+        packed = torch.from_numpy(np.concatenate(parts)).to(device, non_blocking=True)
+        fields = list(packed.split(sizes))
+        tokens, row_pos, write_off, logit_index = fields[:4]
+        per_group = 1 + 2 * len(segments)
+        write_slots, read_slots = [], {}
+        for index in range(len(self.store.groups)):
+            base = 4 + index * per_group
+            write_slots.append(fields[base])
+            for j in range(len(segments)):
+                read_slots[index, j] = (fields[base + 1 + 2 * j], fields[base + 2 + 2 * j])
+        for index, group in enumerate(self.store.groups):
+            pool.valid_all.index_put_((self.group_layers[index][:, None], write_slots[index][None, :]), self.one)
+            for j in range(len(segments)):
+                slots = read_slots[index, j][0]
+                self.invalid_reads += (pool.valid[group.layers[0]].index_select(0, slots) == 0).sum()
+        layer_group, backend = self.store.layer_group, self.backend
+
+        def write_kv(layer: int, k: torch.Tensor, v: torch.Tensor, rope) -> None:
+            slots = write_slots[layer_group[layer]]
+            pool.k[layer][slots, :, write_off] = rope.apply(k).to(pool.dtype)
+            pool.v[layer][slots, :, write_off] = v.to(pool.dtype)
+
+        def attend(layer: int, q: torch.Tensor) -> torch.Tensor:
+            index = layer_group[layer]
+            window = self.store.groups[index].window
+            blocks = LayerBlocks(pool.k_addr[layer], pool.v_addr[layer], lambda slots: pool.slots(layer, slots),
+                                 pool.k[layer], pool.v[layer], pool.valid[layer])
+            q = q.float()
+            if len(segments) == 1:
+                return backend.pool_prefill(q, segments[0].start, blocks, [read_slots[index, 0]], window)
+            out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+            for j, segment in enumerate(segments):
+                out[segment.rows] = backend.pool_prefill(q[segment.rows], segment.start, blocks, [read_slots[index, j]],
+                                                         window)
+            return out
+
+        cuda = device.type == "cuda"
+        if cuda:
+            if self._events is None:
+                self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._events[0].record()
+        started = time.perf_counter()
+        hostreads.phase("forward")
+        logits = self.runner.forward(tokens, row_pos, Rows.of([s.count for s in segments], tiles), write_kv, attend,
+                                     logit_index, Rows.of(logit_counts, tiles))
+        hostreads.phase(None)
+        if cuda:
+            self._events[1].record()
+        self.prefilled_rows += len(token_ids)
+        engine.dispatch.kv_read_bytes += kv_bytes
+        seconds = self._events[0].elapsed_time(self._events[1]) / 1000 if cuda else time.perf_counter() - started
+        return logits, seconds
+
+    def after_prefill(self) -> None:
+        """After a prefill step's bookkeeping (sliding windows dropped): the filled blocks copied back."""
+        self.resident.mirror(full_only=True)
 
     def _run(self, bufs: StepBuffers, count: int) -> tuple[float, list[int]]:
         """Uploads the metadata, runs the step (its graph where captured), reads the tokens back."""
@@ -402,6 +539,8 @@ class DeviceDecode:
             self._plans.clear()
 
     def sync(self) -> None:
-        """After a run: the store holds every row the device wrote (the pool stays resident)."""
+        """After a run (and before the saved-KV cache reads a chunk): the store holds every row the
+        device wrote (the pool stays resident)."""
         if self.resident.active:
             self.resident.mirror(full_only=False)
+            self.resident.settle()

@@ -118,6 +118,8 @@ class Scheduler:
                                                active[0].ctx.cached_prefix if len(active) == 1 else 0))
             for (request, rows), in_prompt in zip(work, prompt):
                 if in_prompt and after_chunk is not None:
+                    if self.device_decode is not None:
+                        self.device_decode.sync()  # the saved-KV cache reads the chunk's rows from the store
                     after_chunk(request.ctx)
                 if request._todo:
                     continue
@@ -193,7 +195,8 @@ class Scheduler:
         """One forward pass over the rows of several contexts: (context, its tokens, the logits
         kept: "none", "last" or "all", the request collecting "all" logits). tiles: one-row
         segments may take AMX tiles (a batch's generated tokens). Returns the seconds it took."""
-        if self.device_decode is not None:
+        on_device = self.device_decode is not None and self.device_decode.takes_prefill(work)
+        if self.device_decode is not None and not on_device:
             self.device_decode.release()  # the host path reads the store and streams blocks through the pool
         # short segments first, so that their rows share one linear call (model.Rows)
         work = sorted(work, key=lambda item: len(item[1]) > SMALL_ROWS)
@@ -213,6 +216,28 @@ class Scheduler:
             if kept:
                 logit_counts.append(kept)
             row += len(rows)
+        if on_device:  # prompt chunks on the device's resident slots (device_step.py)
+            logits, seconds = self.device_decode.prefill(segments, token_ids, torch.cat(logit_rows), logit_counts, tiles)
+        else:
+            logits, seconds = self._forward(work, segments, writes, token_ids, positions, counts, logit_rows,
+                                            logit_counts, tiles)
+        first = 0
+        for ctx, rows, keep, request in work:
+            ctx.num_cached += len(rows)
+            self.blocks.drop_outside_windows(ctx.tables, ctx.num_cached)
+            kept = {"none": 0, "last": 1, "all": len(rows)}[keep]
+            ctx.last_logits = logits[first + kept - 1] if kept else None
+            if keep == "all":
+                request.logits.append(logits[first:first + kept])
+            first += kept
+        if on_device:
+            self.device_decode.after_prefill()
+        return seconds
+
+    def _forward(self, work, segments, writes, token_ids, positions, counts, logit_rows, logit_counts,
+                 tiles: bool) -> tuple[torch.Tensor, float]:
+        """The per-layer path's forward pass of a step: rows written to the store, attention by the
+        dispatch. Returns the logits kept and the seconds it took."""
         if self.engine.draft is not None:  # the draft reads the same tokens first; its attention ranks our blocks
             for ctx, rows, _, _ in work:
                 ctx.draft.tokens.extend(rows)
@@ -225,17 +250,7 @@ class Scheduler:
             Rows.of(counts, tiles), self._writer(plans, work, segments),
             lambda layer, q: self.dispatch.attend(layer, q, step), torch.cat(logit_rows).to(self.device),
             Rows.of(logit_counts, tiles))
-        seconds = self.engine._clock() - started
-        first = 0
-        for ctx, rows, keep, request in work:
-            ctx.num_cached += len(rows)
-            self.blocks.drop_outside_windows(ctx.tables, ctx.num_cached)
-            kept = {"none": 0, "last": 1, "all": len(rows)}[keep]
-            ctx.last_logits = logits[first + kept - 1] if kept else None
-            if keep == "all":
-                request.logits.append(logits[first:first + kept])
-            first += kept
-        return seconds
+        return logits, self.engine._clock() - started
 
     def _writer(self, plans, work, segments):
         """The step's KV write callback; it also sums the value rows of requests that pool them."""

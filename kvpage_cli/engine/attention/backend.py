@@ -191,7 +191,8 @@ class TorchBackend:
         accumulator = self.accumulator(qh)
         for slots, positions in passes:
             k, v = blocks.gather(slots)
-            out, lse = self.block_states(qh, row_pos, k, v, torch.tensor(positions, device=q.device), seq_end, window)
+            out, lse = self.block_states(qh, row_pos, k, v, torch.as_tensor(positions, dtype=torch.int64, device=q.device),
+                                         seq_end, window)
             accumulator.add(out, lse)
         return reference.rows_to_tokens(accumulator.result(), q.shape[0])
 
@@ -284,8 +285,8 @@ class TritonBackend(TorchBackend):
         for slots, positions in passes:
             out, lse = self.ops.paged_prefill_attention(
                 q.contiguous(), q_pos, blocks.k_slots, blocks.v_slots, blocks.valid,
-                torch.tensor(slots, dtype=torch.int32, device=q.device),
-                torch.tensor(positions, dtype=torch.int32, device=q.device), scale=self.scale, window=window)
+                torch.as_tensor(slots, dtype=torch.int32, device=q.device),  # lists, or the device step's tensors
+                torch.as_tensor(positions, dtype=torch.int32, device=q.device), scale=self.scale, window=window)
             outs.append(out)
             lses.append(lse)
         if not outs:

@@ -164,8 +164,8 @@ class SlotPool:
             self.on_event(event)
 
     def slots(self, layer: int, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V values held in `slots` of `layer`: [n, Hkv, 64, D] copies."""
-        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        """K, V values held in `slots` of `layer` (a list, or a device tensor): [n, Hkv, 64, D] copies."""
+        index = torch.as_tensor(slots, dtype=torch.int64, device=self.device)
         return decode_rows(self.k[layer].index_select(0, index)), decode_rows(self.v[layer].index_select(0, index))
 
     def prefetch(self, layer: int, blocks: list[tuple[int, int, int]], copy_in) -> int:

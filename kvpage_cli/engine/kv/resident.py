@@ -6,7 +6,11 @@ it while it lives: a decode step then reads its blocks where they are and writes
 straight into the tail block's slot, and nothing crosses the link per step. The host store stays
 the blocks' backing copy: a block is loaded into its slot once (when a sequence joins), and the
 rows a step writes on the device are copied back to the store in batches, when the engine leaves
-the device path (a prefill, the end of a run) and whenever enough filled blocks wait (`mirror`).
+the device path (the end of a run, a step the device does not take) and whenever enough filled
+blocks wait (`mirror`). A copy back is one gather on the device and one asynchronous copy into
+page-locked staging (on a GPU: it runs behind the step's work, no host wait); its rows are put
+into the store by `settle`, which waits for it, before anything reads the store (a step's start,
+handing the pool over, the end of a run, loading blocks).
 
 Bookkeeping happens on events: a sequence joins (its blocks are admitted), a block is added to a
 table (a slot is taken), a shared block is copied on write (slot to slot on the device), a block
@@ -18,11 +22,28 @@ step reads it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from ..config import BLOCK_TOKENS
 
 MIRROR_BATCH = 16  # filled blocks waiting before they are copied back to the store together
+
+
+@dataclass
+class Mirror:
+    """A copy back in flight: a group's blocks, their rows written on the device, the staged K and
+    V [layers, n, *block shape] (page-locked on a GPU), the event that marks the copy done (None
+    on a CPU), and the blocks freed since (their rows are not put back)."""
+
+    resident: "ResidentGroup"
+    block_ids: list[int]
+    rows: list[int]
+    k: torch.Tensor
+    v: torch.Tensor
+    event: object = None
+    freed: set[int] = field(default_factory=set)
 
 
 class ResidentGroup:
@@ -72,6 +93,7 @@ class ResidentSlots:
         self.loaded_blocks = 0  # blocks copied from the store into slots (admissions)
         self.mirrored_blocks = 0  # blocks copied back to the store
         self.evicted_blocks = 0  # blocks that gave their slots to others'
+        self.pending: list[Mirror] = []  # copies back not yet put into the store (`settle`)
 
     @property
     def sink(self) -> int:
@@ -99,6 +121,7 @@ class ResidentSlots:
         one copy per layer. Blocks resident for no one here may be evicted for them (copied back
         first where the device holds rows the store lacks). Returns the blocks and bytes copied."""
         self.activate()
+        self.settle()  # a block copied back and evicted before may be loaded again from the store
         moved = moved_bytes = 0
         for index, resident in enumerate(self.groups):
             wanted: dict[int, int] = {}  # block id -> rows to load
@@ -113,10 +136,13 @@ class ResidentSlots:
             if len(missing) > len(resident.free):
                 self._evict(resident, len(missing) - len(resident.free), keep=set(wanted))
             slots = [resident.take(b) for b in missing]
-            self._load(resident, missing, slots)
-            self.loaded_blocks += len(missing)
-            moved += len(missing)
-            moved_bytes += len(missing) * self.pool.slot_bytes * len(resident.group.layers)
+            # a block with no rows before `end` (added for the rows a step writes) takes its slot only
+            loaded = [(b, s) for b, s in zip(missing, slots) if wanted[b]]
+            if loaded:
+                self._load(resident, [b for b, _ in loaded], [s for _, s in loaded])
+            self.loaded_blocks += len(loaded)
+            moved += len(loaded)
+            moved_bytes += len(loaded) * self.pool.slot_bytes * len(resident.group.layers)
         return moved, moved_bytes
 
     def place_new(self, index: int, block_id: int) -> int:
@@ -163,12 +189,16 @@ class ResidentSlots:
         self.wrote(index, dst, rows)
 
     def forget(self, group_layers: list[int], block_ids: list[int]) -> None:
-        """Freed blocks give their slots back (their rows are gone with them)."""
+        """Freed blocks give their slots back (their rows are gone with them, those of a copy
+        back in flight too: the store may give the ids to other blocks before it lands)."""
         for resident in self.groups:
             if resident.group.layers != group_layers:
                 continue
             for block_id in block_ids:
                 resident.give_back(block_id)
+            for mirror in self.pending:
+                if mirror.resident is resident:
+                    mirror.freed.update(block_ids)
 
     def mirror(self, full_only: bool = True) -> None:
         """Copies the rows the device holds ahead of the store back to it. full_only: only once
@@ -188,6 +218,7 @@ class ResidentSlots:
         if not self.active:
             return
         self.mirror(full_only=False)
+        self.settle()
         for resident in self.groups:
             resident.clear()
         self.pool.reset()
@@ -207,20 +238,42 @@ class ResidentSlots:
             pool.valid[layer].index_fill_(0, index, 1)
 
     def _store(self, resident: ResidentGroup, block_ids: list[int]) -> None:
-        """Slots -> store for the rows the device wrote (a read of device memory: outside steps)."""
+        """Slots -> store for the rows the device wrote: the slots of every layer of the group
+        gathered on the device, then one copy each for K and V into staging, asynchronous on a
+        GPU; `settle` puts the rows into the store."""
         group, pool = resident.group, self.pool
-        slots = torch.tensor([resident.slot_of[b] for b in block_ids], dtype=torch.int64).to(pool.device)
-        rows = [resident.rows[b] for b in block_ids]
-        for pos, layer in enumerate(group.layers):
-            k = pool.k[layer].index_select(0, slots).to("cpu")
-            v = pool.v[layer].index_select(0, slots).to("cpu")
-            for i, (block_id, count) in enumerate(zip(block_ids, rows)):
-                group.k_block(pos, block_id)[:, :count].copy_(k[i, :, :count])
-                group.v_block(pos, block_id)[:, :count].copy_(v[i, :, :count])
+        slots = torch.tensor([resident.slot_of[b] for b in block_ids], dtype=torch.int64).to(pool.device,
+                                                                                              non_blocking=True)
+        rows = [resident.rows.pop(b) for b in block_ids]
+        k = torch.stack([pool.k[layer].index_select(0, slots) for layer in group.layers])
+        v = torch.stack([pool.v[layer].index_select(0, slots) for layer in group.layers])
+        cuda = pool.device.type == "cuda"
+        staged_k = torch.empty(k.shape, dtype=k.dtype, pin_memory=cuda)
+        staged_v = torch.empty(v.shape, dtype=v.dtype, pin_memory=cuda)
+        staged_k.copy_(k, non_blocking=cuda)
+        staged_v.copy_(v, non_blocking=cuda)
+        event = None
+        if cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self.pending.append(Mirror(resident, list(block_ids), rows, staged_k, staged_v, event))
         for block_id in block_ids:
-            del resident.rows[block_id]
             resident.full.discard(block_id)
         self.mirrored_blocks += len(block_ids)
+
+    def settle(self) -> None:
+        """Waits for the copies back in flight and puts their rows into the store (blocks freed
+        since excepted)."""
+        for mirror in self.pending:
+            if mirror.event is not None:
+                mirror.event.synchronize()
+            group = mirror.resident.group
+            for pos in range(len(group.layers)):
+                for i, (block_id, count) in enumerate(zip(mirror.block_ids, mirror.rows)):
+                    if block_id not in mirror.freed:
+                        group.k_block(pos, block_id)[:, :count].copy_(mirror.k[pos, i, :, :count])
+                        group.v_block(pos, block_id)[:, :count].copy_(mirror.v[pos, i, :, :count])
+        self.pending.clear()
 
     def _evict(self, resident: ResidentGroup, count: int, keep: set[int]) -> None:
         victims = [b for b in resident.slot_of if b not in keep][:count]
