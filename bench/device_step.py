@@ -14,6 +14,8 @@ caches cold) and with no device work between steps after each buffer's first (fi
 GPU leaves the host's core to the host. Operations: aten
 operations dispatched during one steady decode step (TorchDispatchMode), per layer, for both
 paths. The torch backend runs the attention (the Triton interpreter would count its emulation).
+Prompt chunks: the document prefilled in chunks of `--chunk` tokens on each path, the host's reads
+of tensor values (engine/hostreads.py) and the aten operations per chunk per layer.
 """
 
 from __future__ import annotations
@@ -130,12 +132,31 @@ def ops_per_layer(step: str, batch: int, context: int, pool_mib: float) -> float
     return ops.count / LAYERS
 
 
+def prefill_counts(step: str, context: int, chunk: int, pool_mib: float) -> tuple[float, float, dict]:
+    """(host reads of tensor values per prompt chunk, aten ops per chunk per layer, the reads'
+    sites) while the document is prefilled in chunks of `chunk` tokens. The torch backend's block
+    states on CPU tensors take torch's CPU flash kernel, whose masks are chosen on the host (reads
+    a GPU's tensors do not take: there the same function multiplies on the device)."""
+    from kvpage_cli.engine import Engine, EngineConfig
+    from kvpage_cli.engine.hostreads import HostReads
+
+    engine = Engine.load(model(), EngineConfig(device="cpu", backend="torch", kv_path="pool", pool_mib=pool_mib,
+                                               decode_step=step, kv_cache=False, prefill_chunk=chunk))
+    chunks = -(-context // chunk)
+    with HostReads() as reads, Ops() as ops:
+        engine.prefill([(i * 7919) % 300 + 10 for i in range(context)])
+    if step != "host":
+        assert engine.device_decode.prefilled_rows == context, "the chunks did not run on the device path"
+    return reads.count / chunks, ops.count / chunks / LAYERS, dict(reads.sites.most_common(5))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--pool-mib", type=float, default=4096.0)
+    parser.add_argument("--chunk", type=int, default=256, help="prompt chunk tokens for the prefill counts")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -143,12 +164,18 @@ def main() -> None:
     alone = host_preparation(args.batch, args.context, args.steps, args.pool_mib, device_work=False)
     device_ops = ops_per_layer("eager", args.batch, args.context, args.pool_mib)
     host_ops = ops_per_layer("host", args.batch, args.context, args.pool_mib)
+    device_reads, device_chunk_ops, device_sites = prefill_counts("eager", args.context, args.chunk, args.pool_mib)
+    host_reads, host_chunk_ops, host_sites = prefill_counts("host", args.context, args.chunk, args.pool_mib)
     result = {
         "batch": args.batch, "context": args.context, "layers": LAYERS, "steps": len(host),
         "host_prep_us_median": statistics.median(host) * 1e6, "host_prep_us_p90": sorted(host)[int(0.9 * len(host))] * 1e6,
         "host_prep_alone_us_median": statistics.median(alone) * 1e6,
         "host_prep_alone_us_p90": sorted(alone)[int(0.9 * len(alone))] * 1e6,
         "aten_ops_per_layer_device_step": device_ops, "aten_ops_per_layer_host_path": host_ops,
+        "prefill_chunk": args.chunk, "prefill_host_reads_per_chunk_device": device_reads,
+        "prefill_host_reads_per_chunk_host_path": host_reads, "prefill_aten_ops_per_chunk_layer_device": device_chunk_ops,
+        "prefill_aten_ops_per_chunk_layer_host_path": host_chunk_ops,
+        "prefill_read_sites_device": device_sites, "prefill_read_sites_host_path": host_sites,
     }
     print(f"batch {args.batch}, {args.context}-token document, {LAYERS} layers, {len(host)} steps")
     print(f"host preparation per device step: median {result['host_prep_us_median']:.0f} us, "
@@ -156,6 +183,9 @@ def main() -> None:
           f"with no device work between steps (as a GPU runs it): median {result['host_prep_alone_us_median']:.0f} us, "
           f"p90 {result['host_prep_alone_us_p90']:.0f} us")
     print(f"aten ops per decode step per layer: device step {device_ops:.1f}, host path {host_ops:.1f}")
+    print(f"prompt chunks of {args.chunk} tokens: host reads per chunk: device {device_reads:.1f}, host path "
+          f"{host_reads:.1f}; aten ops per chunk per layer: device {device_chunk_ops:.1f}, host path {host_chunk_ops:.1f}")
+    print(f"  the device path's reads by site: {device_sites}")
     write_result("device_step", args, result, args.json_path)
 
 

@@ -590,11 +590,13 @@ def test_native_store_prefill_over_bf16_kv_agrees_with_the_torch_backend(kv_home
     assert NativeBackend(lib, *args, "float32").attend_all(q[None, :, 0].contiguous(), [(kv[0], kv[1])], None, 1) is None
 
 
-def test_streaming_forks_copy_only_the_blocks_past_the_schedules_prefix(kv_home):
+@pytest.mark.parametrize("double_buffered", [False, True])
+def test_streaming_forks_copy_only_the_blocks_past_the_schedules_prefix(double_buffered, kv_home):
     """A document longer than the pool, read by 6 forks at once: with the pass schedule each
     decode step copies only the 14 blocks a layer streams past its resident prefix of 12, where the
     least-recently-used pool copies 20 of the 26 (a cyclic scan evicts what the next step reads first);
-    the tokens are the same, and the same as reading the store in place."""
+    the tokens are the same, and the same as reading the store in place. The ring read in halves
+    (a GPU's copy stream fills one while the other is read) copies the same blocks."""
     from kvpage_cli.engine.events import BlocksMoved, StepDone
     from kvpage_cli.engine.scheduler import Request
 
@@ -620,6 +622,7 @@ def test_streaming_forks_copy_only_the_blocks_past_the_schedules_prefix(kv_home)
         return tokens, copies[:-1]
 
     scheduled = engine_with_slots(model, kv_home, 16, backend="native", kv_path="pool")
+    scheduled.dispatch.double_buffered = double_buffered
     lru = engine_with_slots(model, kv_home, 16, backend="native", kv_path="pool")
     lru.dispatch.stream_schedule = False
     in_place = Engine.load(model, EngineConfig(home=str(kv_home), backend="native", kv_path="store"))
@@ -631,3 +634,49 @@ def test_streaming_forks_copy_only_the_blocks_past_the_schedules_prefix(kv_home)
     assert len(our_copies) == len(their_copies) == 5  # the first token came with the question's logits
     assert all(n == 14 * layers for n in our_copies), our_copies  # the prefix stayed from the questions' pass
     assert all(n >= 20 * layers for n in their_copies[1:]), their_copies
+
+
+@pytest.mark.parametrize("backend", ["torch", "native"])
+def test_a_double_buffered_ring_copies_the_next_pass_before_this_one_is_read(backend, kv_home):
+    """Streaming with the ring in halves: each pass's blocks are copied together, and the next
+    pass's copies start before this pass is read (on a GPU they then run while it is read), never
+    into a slot a pass still to be read holds; the logits are the bits of a pool holding every block."""
+    model = tiny_model("llama")
+    ids = random_prompt(22 * BLOCK_TOKENS + 17, seed=21)
+    engine = engine_with_slots(model, kv_home, 8, backend=backend, kv_path="pool")
+    engine.dispatch.double_buffered = True
+    log = []
+    pool, dispatch_backend = engine.pool, engine.dispatch.backend
+    load_batch, decode_states, pool_prefill = pool.load_batch, dispatch_backend.decode_states, dispatch_backend.pool_prefill
+
+    def logged_load(layer, blocks, slots, stacked):
+        log.append(("load", layer, tuple(slots)))
+        return load_batch(layer, blocks, slots, stacked)
+
+    def logged_decode(q, part, blocks, *args, **kwargs):
+        log.append(("read", None, tuple(part.item_ids.tolist())))
+        return decode_states(q, part, blocks, *args, **kwargs)
+
+    def logged_prefill(q, q_start, blocks, passes, window):
+        def each():
+            for slots, positions in passes:
+                log.append(("read", None, tuple(slots)))
+                yield slots, positions
+        return pool_prefill(q, q_start, blocks, each(), window)
+
+    pool.load_batch, dispatch_backend.decode_states, dispatch_backend.pool_prefill = logged_load, logged_decode, logged_prefill
+    logits, tokens = run(engine, ids)
+    full = engine_with_slots(model, kv_home, 32, backend=backend, kv_path="pool")
+    full_logits, full_tokens = run(full, ids)
+    assert tokens == full_tokens and all(torch.equal(a, b) for a, b in zip(logits, full_logits))
+    unread: set[int] = set()  # slots loaded and not read since
+    for index, (kind, _, slots) in enumerate(log):
+        if kind == "load":
+            assert unread.isdisjoint(slots), f"entry {index}: a load over slots a pass still has to read"
+            unread.update(slots)
+        else:
+            unread.difference_update(slots)
+    loads = sum(1 for kind, _, _ in log if kind == "load")
+    started_ahead = sum(1 for a, b in zip(log, log[1:]) if a[0] == b[0] == "load")  # the next pass's, before this read
+    assert loads > 2 * engine.spec.num_layers  # streamed: several passes a layer
+    assert started_ahead > engine.spec.num_layers

@@ -68,7 +68,7 @@ def test_the_old_pools_simulation_is_the_pools_own_count():
 
 
 def test_without_a_copy_stream_the_ring_is_read_whole_with_the_same_copies():
-    """Copies made in line before each pass (the engine today): ring passes of the whole ring,
+    """Copies made in line before each pass (the engine on a CPU): ring passes of the whole ring,
     half as many passes, the same blocks copied as the double-buffered plan's."""
     whole, halves = StreamSchedule(6, ring=2, double_buffered=False), StreamSchedule(6, ring=2)
     for _ in range(3):

@@ -84,6 +84,7 @@ class AttentionDispatch:
         self.capture_ids: dict[int, int] = {}  # ctx id -> its prompt's last rows whose queries are kept, whatever the mode
         self.stream_schedule = True  # streaming passes by a schedule per layer (False: least recently used)
         self.schedules: dict[int, StreamSchedule] = {}  # layer -> its schedule, made when it first streams
+        self.double_buffered: bool | None = None  # the schedules' ring in halves (None: where there is a copy stream)
 
     def use_selector(self, selector) -> None:
         """Selective decoding with this selector (None: exact, every block)."""
@@ -210,11 +211,12 @@ class AttentionDispatch:
         item_of_pair = torch.repeat_interleave(torch.arange(len(items)), (plan.item_off[1:] - plan.item_off[:-1]).long())
         ends = torch.zeros(len(items), dtype=torch.int64).scatter_reduce_(
             0, item_of_pair, plan.q_end[plan.pair_query.long()], "amax").tolist()
-        copy_in = self._copier(layer, group)
-        for first, last, slots in self._pass_bounds(layer, items):
-            blocks = [(b, generation[b], min(BLOCK_TOKENS, end - p * BLOCK_TOKENS))
-                      for b, p, end in zip(items[first:last], positions[first:last], ends[first:last])]
-            slots = self._load(layer, blocks, copy_in, slots)
+
+        def blocks(first: int, last: int) -> list[tuple[int, int, int]]:
+            return [(b, generation[b], min(BLOCK_TOKENS, end - p * BLOCK_TOKENS))
+                    for b, p, end in zip(items[first:last], positions[first:last], ends[first:last])]
+
+        for first, last, slots in self._loaded_passes(layer, group, items, blocks):
             yield plan.items(first, last, torch.tensor(slots, dtype=torch.int32))
 
     def _passes(self, layer: int, group, ids: list[int], positions: list[int], seq_end: int):
@@ -222,11 +224,41 @@ class AttentionDispatch:
 
         Yields (its slots, their logical block indices) per pass."""
         generation = group.allocator.generation
-        copy_in = self._copier(layer, group)
-        for first, last, slots in self._pass_bounds(layer, ids):
-            blocks = [(b, generation[b], min(BLOCK_TOKENS, seq_end - p * BLOCK_TOKENS))
-                      for b, p in zip(ids[first:last], positions[first:last])]
-            yield self._load(layer, blocks, copy_in, slots), positions[first:last]
+
+        def blocks(first: int, last: int) -> list[tuple[int, int, int]]:
+            return [(b, generation[b], min(BLOCK_TOKENS, seq_end - p * BLOCK_TOKENS))
+                    for b, p in zip(ids[first:last], positions[first:last])]
+
+        for first, last, slots in self._loaded_passes(layer, group, ids, blocks):
+            yield slots, positions[first:last]
+
+    def _loaded_passes(self, layer: int, group, ids: list[int], blocks):
+        """Yields (first, last, slots) per pass over `ids` once the pass's blocks are in its slots
+        (blocks(first, last): the (id, generation, rows) of those). Passes of a schedule copy their
+        blocks together (`SlotPool.load_batch`), and the next pass's copies are started before
+        this pass is read where their slots differ (double buffering: on a GPU the copy stream
+        fills one half of the ring while attention reads the other); other passes load as the
+        pool chooses."""
+        bounds = self._pass_bounds(layer, ids)
+        if not bounds or bounds[0][2] is None:
+            copy_in = self._copier(layer, group)
+            for first, last, _ in bounds:
+                yield first, last, self.pool.load(layer, blocks(first, last), copy_in)
+            return
+        pos, pin = self.store.layer_pos[layer], self.pool.device.type == "cuda"
+
+        def start(bound):
+            first, last, slots = bound
+            return self.pool.load_batch(layer, blocks(first, last), slots, lambda b: group.stacked(pos, b, pin))
+
+        landing = start(bounds[0])
+        for i, (first, last, slots) in enumerate(bounds):
+            following = None
+            if i + 1 < len(bounds) and set(bounds[i + 1][2]).isdisjoint(slots):
+                following = start(bounds[i + 1])  # copied while this pass is read
+            yield first, last, self.pool.land(layer, landing)
+            if i + 1 < len(bounds):
+                landing = following if following is not None else start(bounds[i + 1])
 
     def _pass_bounds(self, layer: int, ids: list[int]) -> list[tuple[int, int, list[int] | None]]:
         """The passes over `ids` (distinct blocks, logical order) as (first, last, slots): the
@@ -237,18 +269,15 @@ class AttentionDispatch:
             return [(first, min(first + size, len(ids)), None) for first in range(0, len(ids), size)]
         schedule = self.schedules.get(layer)
         if schedule is None or schedule.num_slots != size:
-            # copies are made in line before each pass (no copy stream yet): passes of the whole ring
-            schedule = self.schedules[layer] = StreamSchedule(size, double_buffered=False)
+            # passes of half the ring where a copy stream fills one half while the other is read;
+            # without one (a CPU), the whole ring: fewer passes, the same copies
+            double = self.double_buffered if self.double_buffered is not None else self.pool.device.type == "cuda"
+            schedule = self.schedules[layer] = StreamSchedule(size, double_buffered=double)
         bounds, first = [], 0
         for part in schedule.passes(ids):
             bounds.append((first, first + len(part.blocks), part.slots))
             first += len(part.blocks)
         return bounds
-
-    def _load(self, layer: int, blocks, copy_in, slots: list[int] | None = None) -> list[int]:
-        if slots is not None:
-            return self.pool.load_into(layer, blocks, slots, copy_in)
-        return self.pool.load(layer, blocks, copy_in)
 
     def _copier(self, layer: int, group):
         """copy_in(block_id, k_slot, v_slot, tokens) for the pool: a block of `layer` from the store."""

@@ -21,6 +21,16 @@ from .store import block_bytes_per_layer, decode_rows, head_addresses, stored_bl
 
 
 @dataclass
+class Landing:
+    """A `load_batch` in flight: its slots, the event its copies record (None: done already),
+    and what it moved (emitted when it lands)."""
+
+    slots: list[int]
+    event: object
+    moved: BlocksMoved
+
+
+@dataclass
 class SlotHolder:
     block_id: int
     generation: int
@@ -55,6 +65,7 @@ class SlotPool:
         self.slot_bytes = block_bytes_per_layer(num_kv_heads, head_dim, dtype)
         self.on_event = on_event
         self.mover = mover
+        self._stream = None  # load_batch's copy stream (CUDA)
 
     @property
     def allocated(self) -> bool:
@@ -119,17 +130,22 @@ class SlotPool:
         self._loaded(layer, slots, BlocksMoved(moved, moved_bytes, waited, len(blocks), hits, copy_s))
         return slots  # type: ignore[return-value]
 
-    def load_into(self, layer: int, blocks: list[tuple[int, int, int]], slots: list[int], copy_in) -> list[int]:
+    def load_batch(self, layer: int, blocks: list[tuple[int, int, int]], slots: list[int], stacked) -> "Landing":
         """Puts each block into the slot given for it (a pass schedule's choice, kv/schedule.py) and
-        returns the slots: a block its slot already holds (the same generation, rows enough) is not
-        copied again; any other is copied from the store, whatever the slot held. As load(): every
-        returned slot holds its block completely, and one whose bit is not set counts in
-        `invalid_reads`."""
+        returns the load in flight: a block its slot already holds (the same generation, rows
+        enough) is not copied again; the others come from the store in one piece (`stacked(ids)` -> K, V [n, *stored block shape], page-locked
+        on a GPU), with one copy to the device and one scatter into their slots each for K and V.
+        On a GPU they run on the pool's copy stream, after the work queued before them (which may
+        read the slots' last blocks), and return at once; `land` makes the compute stream wait
+        for them on the device (no host wait) before the pass reads the slots. On a CPU they are
+        done on return. As with `load`, a slot handed out whose bit is not set counts in
+        `invalid_reads` (when the load lands)."""
         assert len(blocks) == len(slots) == len(set(slots)) <= self.num_slots, (len(blocks), len(slots))
         self.allocate()
         holders, slot_of = self.holders[layer], self.slot_of[layer]
-        moved = moved_bytes = hits = 0
-        copy_s = waited = 0.0
+        copies: list[tuple[int, int]] = []
+        moved_bytes = hits = 0
+        waited = 0.0
         for (block_id, generation, filled), slot in zip(blocks, slots):
             holder = holders[slot]
             if holder is not None and holder.pending is not None:  # a prefetch into this slot: let it land
@@ -139,11 +155,49 @@ class SlotPool:
                     and holder.filled >= filled and slot_of.get(block_id) == slot):
                 hits += 1
             else:
-                nbytes, seconds = self._copy_into(layer, slot, block_id, generation, filled, copy_in)
-                moved, moved_bytes, copy_s = moved + 1, moved_bytes + nbytes, copy_s + seconds
+                moved_bytes += self._assign(layer, slot, block_id, generation, filled)
+                copies.append((block_id, slot))
             self.recency[layer].move_to_end(slot)
-        self._loaded(layer, slots, BlocksMoved(moved, moved_bytes, waited, len(blocks), hits, copy_s))
-        return list(slots)
+        event, copy_s = None, 0.0
+        if copies:
+            started = time.perf_counter()
+            k, v = stacked([b for b, _ in copies])
+            index = torch.tensor([s for _, s in copies], dtype=torch.int64)
+            stream = self._copy_stream()
+            if stream is None:
+                self._scatter(layer, index, k, v)
+            else:
+                stream.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(stream):
+                    self._scatter(layer, index, k, v)
+                    event = torch.cuda.Event()
+                    event.record(stream)
+            copy_s = time.perf_counter() - started
+        moved = BlocksMoved(len(copies), moved_bytes, waited, len(blocks), hits, copy_s)
+        return Landing(list(slots), event, moved)
+
+    def land(self, layer: int, landing: "Landing") -> list[int]:
+        """The compute stream waits (on the device) for a `load_batch`'s copies; the load is
+        counted as `load` counts one. Returns its slots."""
+        if landing.event is not None:
+            torch.cuda.current_stream(self.device).wait_event(landing.event)
+        self._loaded(layer, landing.slots, landing.moved)
+        return landing.slots
+
+    def _scatter(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Host pieces of whole blocks into the slots `index` of `layer`, their valid bits set."""
+        index = index.to(self.device, non_blocking=True)
+        self.k[layer].index_copy_(0, index, k.to(self.device, non_blocking=True))
+        self.v[layer].index_copy_(0, index, v.to(self.device, non_blocking=True))
+        self.valid[layer].index_fill_(0, index, 1)
+
+    def _copy_stream(self):
+        """The stream `load_batch` copies on (CUDA only; made on first use)."""
+        if self.device.type != "cuda":
+            return None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        return self._stream
 
     def _copy_into(self, layer: int, slot: int, block_id: int, generation: int, filled: int,
                    copy_in) -> tuple[int, float]:

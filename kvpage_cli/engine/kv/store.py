@@ -271,6 +271,17 @@ class StoreGroup:
         v = torch.stack([self.v_block(pos, b) for b in ids])
         return (decode_rows(k), decode_rows(v)) if self.quantized else (k, v)
 
+    def stacked(self, pos: int, ids: list[int], pin: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of blocks `ids` in layer `pos` as kept (int8 blocks with their scale rows), in one
+        piece each [n, Hkv, rows, D]: what one copy moves to the pool's slots. pin: the piece is
+        page-locked (a GPU copies it without waiting; torch's pinned allocator keeps it until then)."""
+        shape = (len(ids), *self.stored_shape)
+        k = torch.empty(shape, dtype=self.dtype, pin_memory=pin)
+        v = torch.empty(shape, dtype=self.dtype, pin_memory=pin)
+        torch.stack([self.k_block(pos, b) for b in ids], out=k)
+        torch.stack([self.v_block(pos, b) for b in ids], out=v)
+        return k, v
+
     def copy_block(self, src: int, dst: int, tokens: int) -> None:
         """Copies the first `tokens` rows of block `src` into `dst`, in every layer (copy-on-write);
         int8 blocks' scale rows too."""
