@@ -140,13 +140,17 @@ def prefill_counts(step: str, context: int, chunk: int, pool_mib: float) -> tupl
     from kvpage_cli.engine import Engine, EngineConfig
     from kvpage_cli.engine.hostreads import HostReads
 
-    engine = Engine.load(model(), EngineConfig(device="cpu", backend="torch", kv_path="pool", pool_mib=pool_mib,
-                                               decode_step=step, kv_cache=False, prefill_chunk=chunk))
+    def prefilled(counter):  # a fresh engine each time, so that both counts see the same work
+        engine = Engine.load(model(), EngineConfig(device="cpu", backend="torch", kv_path="pool", pool_mib=pool_mib,
+                                                   decode_step=step, kv_cache=False, prefill_chunk=chunk))
+        with counter:
+            engine.prefill([(i * 7919) % 300 + 10 for i in range(context)])
+        if step != "host":
+            assert engine.device_decode.prefilled_rows == context, "the chunks did not run on the device path"
+        return counter
+
     chunks = -(-context // chunk)
-    with HostReads() as reads, Ops() as ops:
-        engine.prefill([(i * 7919) % 300 + 10 for i in range(context)])
-    if step != "host":
-        assert engine.device_decode.prefilled_rows == context, "the chunks did not run on the device path"
+    reads, ops = prefilled(HostReads()), prefilled(Ops())  # apart: nested, one would name the other's frames
     return reads.count / chunks, ops.count / chunks / LAYERS, dict(reads.sites.most_common(5))
 
 
