@@ -389,6 +389,72 @@ def test_a_lazy_index_gives_the_full_index_answer_and_reuses_its_windows(tiny_cl
     assert computed <= set(range(len(index.windows))) - again.retriever.index.missing
 
 
+def test_a_documents_tokens_and_terms_are_saved_and_a_changed_document_gets_its_own(tiny_cli_model, tmp_path,
+                                                                                      native_library):
+    """Retrieval keeps a document's tokens and its passages' terms beside its index
+    (tasks/prepared.py): a later run reads them back, the same as computed; a document changed
+    by one word, or only by the blank lines around it, gets its own tokens and terms, not the
+    saved ones; a damaged record is discarded and the document prepared again."""
+    from kvpage_cli.tasks import prepared
+    from kvpage_cli.tasks.retrieval import search_terms
+
+    with_native_library(tmp_path, native_library)
+    engine = Engine.load(str(tiny_cli_model), EngineConfig(home=str(tmp_path), max_context=1024, backend="native",
+                                                           kv_cache=True))
+    path = tmp_path / "contract.txt"
+    text = (SAMPLES / "contract.txt").read_text()
+    question = "Which State's laws govern the agreement?"
+
+    def prepare():
+        asker = Asker(engine, load(str(path)), question, max_new_tokens=4, evidence=False, mode="retrieval")
+        read_back = asker._prepared is not None
+        retriever = asker.index()
+        engine.kv_cache.close()  # waits for the record's write
+        return asker, retriever, read_back
+
+    def check(asker, retriever):
+        """The tokens, characters and terms used are those the document computes afresh."""
+        doc = asker.doc
+        fresh = Asker(_NoCache(engine), doc, question, max_new_tokens=4, evidence=False, mode="retrieval")
+        assert asker.prefix_ids == fresh.prefix_ids and asker._chars == fresh._chars
+        spans = retriever.char_spans
+        assert retriever.terms == [search_terms(doc.text[spans[u[0]][0]:spans[u[-1]][1]], retriever.stopwords)
+                                   for u in retriever.units]
+
+    path.write_text(text)
+    first, retriever, read_back = prepare()
+    assert not read_back
+    check(first, retriever)
+    second, retriever, read_back = prepare()
+    assert read_back and second.prefix_ids == first.prefix_ids
+    check(second, retriever)
+    for changed in (text.replace("Delaware", "Vermont", 1), "\n\n" + text):
+        path.write_text(changed)
+        other, retriever, read_back = prepare()
+        assert not read_back
+        check(other, retriever)
+    key = other._prepared_key
+    record = engine.kv_cache.path(key)
+    data = bytearray(record.read_bytes())
+    data[-100] ^= 0xFF
+    record.write_bytes(bytes(data))
+    damaged, retriever, read_back = prepare()
+    assert not read_back and damaged.prefix_ids == other.prefix_ids
+    check(damaged, retriever)
+    assert prepared.load_prepared(engine.kv_cache, key) is not None  # saved again
+
+
+class _NoCache:
+    """An engine seen without its saved-KV cache: what an Asker computes afresh."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+        self.kv_cache = None
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
 def _tokens(asker):
     """(request, token) of the asker's run, through its own answers() (the text is not needed)."""
     engine = asker.engine

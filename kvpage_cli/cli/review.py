@@ -16,8 +16,6 @@ from ..ingest.document import read_source
 from ..ingest.loader import DOCX_SUFFIXES, TEXT_SUFFIXES
 from ..tasks import RISK_LEVELS, Finding, Reviewer, ReviewProgress, ReviewResult
 from ..tasks.formats import FormatError
-from ..tasks.formats import docx as docx_format
-from ..tasks.formats import pdf as pdf_format
 from ..tasks.formats.html import review_html
 from ..tasks.formats.html_index import index_html
 from ..tasks.playbook import Playbook
@@ -248,6 +246,18 @@ def _is_pdf(path: str) -> bool:
         return False
 
 
+def _writer(fmt: str):
+    """The module that writes a review as a docx or pdf file, imported only for those formats
+    (python-docx and pypdf's writers: 35 ms at every start of every command otherwise)."""
+    if fmt == "pdf":
+        from ..tasks.formats import pdf as pdf_format
+
+        return pdf_format
+    from ..tasks.formats import docx as docx_format
+
+    return docx_format
+
+
 def _source(fmt: str, path: str, doc) -> bytes | None:
     """The bytes of the file a docx or pdf review copies, read (and checked) before the review, so
     that a file changed during it does not matter; None when no copy is made."""
@@ -255,7 +265,7 @@ def _source(fmt: str, path: str, doc) -> bytes | None:
         if path == "-":
             raise UsageError(f"--format {fmt} copies the {doc.kind.upper()} file: name the file instead of - (stdin)")
         source = read_source(path, path)
-        (pdf_format if fmt == "pdf" else docx_format).check_source(source, doc)
+        _writer(fmt).check_source(source, doc)
         return source
     return None
 
@@ -264,8 +274,8 @@ def _render_file(fmt: str, result: ReviewResult, doc, source: bytes | None, sess
     if fmt == "html":
         return review_html(result, doc)
     if fmt == "docx":
-        return docx_format.commented_docx(result, doc, source)
-    highlighted = pdf_format.highlighted_pdf(result, doc, source)
+        return _writer(fmt).commented_docx(result, doc, source)
+    highlighted = _writer(fmt).highlighted_pdf(result, doc, source)
     if highlighted.unplaced:
         session.warn(f"{doc.source}: {len(highlighted.unplaced)} of {len(result.findings)} quotes could not be "
                      "located on their page with confidence; the summary page lists them with their words")

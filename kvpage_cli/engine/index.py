@@ -118,6 +118,12 @@ class RetrievalIndex:
         return len(self.blocks)
 
     @property
+    def seed(self) -> str:
+        """What its windows' keys start from (the model, the engine's numerics, the window size,
+        the head's tokens); what is saved beside them carries it (tasks/prepared.py)."""
+        return self._seed
+
+    @property
     def indexed_tokens(self) -> int:
         """Document tokens whose blocks are ready (computed or mapped): all of them but in a lazy
         index's missing windows."""

@@ -11,18 +11,24 @@ its first source line.
 
 from __future__ import annotations
 
+import functools
 import html
 import os
 import re
-
-from markdown_it import MarkdownIt
 
 from kvpage_cli.ingest.document import Document, Span, check_text_size, read_source
 from kvpage_cli.ingest.errors import EmptyDocument
 from kvpage_cli.ingest.text import decode_text
 
 _TAG = re.compile(r"<[^>]*>")
-_MD = MarkdownIt("commonmark").enable("table")
+
+
+@functools.cache
+def _parser():
+    """CommonMark with tables; markdown_it imported on first use, not at every start."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable("table")
 
 
 def read_markdown(source: str | os.PathLike | bytes, display: str | None = None) -> Document:
@@ -40,7 +46,7 @@ def read_markdown(source: str | os.PathLike | bytes, display: str | None = None)
 
 
 def _render(markdown: str, file: str) -> tuple[str, list[Span]]:
-    tokens = _MD.parse(markdown)
+    tokens = _parser().parse(markdown)
     parts: list[str] = []
     spans: list[Span] = []
     pos = 0

@@ -10,9 +10,7 @@ import os
 import re
 import warnings as py_warnings
 from collections import defaultdict
-
-import pypdf
-from pypdf.errors import DependencyError
+from typing import TYPE_CHECKING
 
 from kvpage_cli.ingest.document import Document, Span, check_text_size, read_source
 from kvpage_cli.ingest.errors import (
@@ -21,6 +19,9 @@ from kvpage_cli.ingest.errors import (
     EncryptedDocument,
     NoTextLayer,
 )
+
+if TYPE_CHECKING:  # pypdf is imported when a PDF is read (40 ms at every start otherwise)
+    import pypdf
 
 _ZONE_LINES = 3  # lines at the top and at the bottom of a page that may be header or footer
 _NUMBER = re.compile(r"\d+")
@@ -97,6 +98,8 @@ def _open(source, display: str) -> pypdf.PdfReader:
         raise BrokenDocument(display, "the file is empty")
     if b"%PDF" not in data[:1024]:
         raise BrokenDocument(display, "it is not a PDF file")
+    import pypdf
+
     try:
         return pypdf.PdfReader(io.BytesIO(data), strict=False)
     except Exception as e:  # pypdf raises many exception types on damaged files
@@ -104,6 +107,8 @@ def _open(source, display: str) -> pypdf.PdfReader:
 
 
 def _unlock(reader: pypdf.PdfReader, display: str, password: str | None) -> None:
+    from pypdf.errors import DependencyError
+
     try:
         encrypted = reader.is_encrypted
     except Exception as e:

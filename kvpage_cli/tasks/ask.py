@@ -24,13 +24,15 @@ from ..engine.config import BLOCK_TOKENS
 from ..engine.engine import Request
 from ..engine.events import EventCallback
 from ..engine.kv.context import Context
+from ..engine.kv.saved.disk import KVCache
 from ..errors import ContextTooLongError
 from ..ingest import Document
 from . import evidence as evidence_spans
 from .chat import PromptBuilder
 from .length import refuse_if_too_long
+from .prepared import Prepared, load_prepared, prepared_key, save_prepared
 from .prompts import render
-from .retrieval import INDEX_TOKENS, Retriever, Selection, question_budget
+from .retrieval import INDEX_TOKENS, UNIT_BLOCKS, Retriever, Selection, question_budget
 from .schema import Evidence
 
 _KINDS = {"pdf": "a PDF document", "docx": "a Word document", "text": "a text file", "repo": "a code repository"}
@@ -66,11 +68,19 @@ class Asker:
         self.prompts = PromptBuilder(engine.tokenizer)
         text = doc.text.strip()
         document = render("document", kind=_KINDS.get(doc.kind, doc.kind), source=doc.name, text=text)
-        self.prefix_ids, chars = self.prompts.prefix_spans(document)
-        # per prompt token, the characters of doc.text it holds (None: the template's own words)
-        start, shift = document.find(text), doc.text.find(text) - document.find(text)
-        self._chars = [(c[0] + shift, c[1] + shift) if c is not None and c[1] > start and c[0] < start + len(text)
-                       else None for c in chars]
+        # a document prepared before (tasks/prepared.py): its tokens read back, not computed
+        fingerprint = getattr(engine.tokenizer, "fingerprint", None)
+        self._prepared_key = prepared_key(fingerprint, self.prompts.head_ids, document, doc.text,
+                                          UNIT_BLOCKS) if fingerprint else None
+        self._prepared = load_prepared(self._saved_kv(), self._prepared_key)
+        if self._prepared is not None:
+            self.prefix_ids, self._chars = self._prepared.ids, self._prepared.chars
+        else:
+            self.prefix_ids, chars = self.prompts.prefix_spans(document)
+            # per prompt token, the characters of doc.text it holds (None: the template's own words)
+            start, shift = document.find(text), doc.text.find(text) - document.find(text)
+            self._chars = [(c[0] + shift, c[1] + shift) if c is not None and c[1] > start and c[0] < start + len(text)
+                           else None for c in chars]
         # A chat model's question follows the document's end ("</document>") after a blank line, as
         # in a review's prompt; a base model's with none, as measured over bench/retrieval.py's 46
         # questions of eight sources (`questions --model gemma3-270m --systems retrieval,bm25`): with
@@ -198,12 +208,27 @@ class Asker:
 
     def index(self) -> Retriever:
         """Indexes the document (once): its head prefilled, the rest window by window (lazy: the
-        saved windows mapped, the others as questions need them)."""
+        saved windows mapped, the others as questions need them). Its tokens and its passages'
+        terms are saved beside the index where they were computed (tasks/prepared.py)."""
         if self.retriever is None:
+            prepared = self._prepared
             self.retriever = Retriever.build(self.engine, self.doc, self.prefix_ids, self._chars, self.on_event,
-                                             self.label, lazy=self.lazy)
+                                             self.label, lazy=self.lazy, terms=prepared and prepared.terms)
             self.cached_tokens = self.retriever.index.head.cached_prefix
+            cache = self._saved_kv()
+            if cache is not None and self._prepared_key and (prepared is None or prepared.terms != self.retriever.terms):
+                self._prepared = Prepared(self.prefix_ids, self._chars, self.retriever.terms)
+                save_prepared(cache, self._prepared_key, self._prepared, self.retriever.index.seed, self.label or "",
+                              self.engine.name)
         return self.retriever
+
+    def _saved_kv(self) -> KVCache | None:
+        """The engine's saved-KV cache, None when it is off or cannot be used (the engine warns
+        of that when it prefills)."""
+        try:
+            return self.engine.kv_cache
+        except OSError:
+            return None
 
     def budget(self) -> int:
         """Blocks a question may read (retrieval.question_budget)."""

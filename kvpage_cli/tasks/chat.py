@@ -51,6 +51,11 @@ class PromptBuilder:
             self._head_ids = ([bos] if bos is not None and lead[:1] == [bos] else []) + self.text_ids(system + "\n\n")
             self._tail_ids = self.text_ids("\n\n")
 
+    @property
+    def head_ids(self) -> list[int]:
+        """The template's tokens before the text of `prefix` (the system prompt's turn)."""
+        return list(self._head_ids)
+
     def prefix(self, text: str) -> list[int]:
         """Token ids of the shared part: the system prompt and `text` (the document, instructions)."""
         return self._head_ids + self.text_ids(text)

@@ -112,8 +112,10 @@ class Retriever:
     memory traffic); the ranks are fused (reciprocal rank fusion)."""
 
     def __init__(self, engine: Engine, index: RetrievalIndex, doc: Document, char_spans: list[tuple[int, int]],
-                 unit_blocks: int = UNIT_BLOCKS) -> None:
-        """char_spans: per index block, the characters of doc.text it holds."""
+                 unit_blocks: int = UNIT_BLOCKS, terms: list[list[str]] | None = None) -> None:
+        """char_spans: per index block, the characters of doc.text it holds. terms: per passage,
+        its search terms as computed before (tasks/prepared.py; computed here when None or not
+        one per passage)."""
         import bm25s  # imported here: it loads tqdm, which no engine or task module may bring in at import
         from bm25s.stopwords import STOPWORDS_EN
 
@@ -127,24 +129,27 @@ class Retriever:
         self.tail: list[int] = []  # tokens read before every question (the document's last, the template's end)
         self.stopwords = frozenset(STOPWORDS_EN)
         self.bm25 = bm25s.BM25()
-        texts = [search_terms(doc.text[char_spans[u[0]][0]:char_spans[u[-1]][1]], self.stopwords) for u in self.units]
-        self.bm25.index([t or ["\u0000"] for t in texts], show_progress=False)
+        if terms is None or len(terms) != len(self.units):
+            terms = [search_terms(doc.text[char_spans[u[0]][0]:char_spans[u[-1]][1]], self.stopwords) for u in self.units]
+        self.terms = terms  # per passage, what BM25 indexed
+        self.bm25.index([t or ["\u0000"] for t in terms], show_progress=False)
 
     @classmethod
     def build(cls, engine: Engine, doc: Document, prefix_ids: list[int], chars: list[tuple[int, int] | None],
-              on_event=None, label: str | None = None, lazy: bool = False) -> "Retriever":
+              on_event=None, label: str | None = None, lazy: bool = False,
+              terms: list[list[str]] | None = None) -> "Retriever":
         """Indexes a prompt's document once: the prompt's tokens before the document (its head)
         prefilled, the document's window by window (lazy: the saved windows mapped, the others
         left to the questions that need them, `select_lazily`). chars: per prompt token, the
         characters of doc.text it holds (None for the template's own words). `tail` is what every
         question reads before it: the document's last tokens (less than a block) and the
-        template's end."""
+        template's end. terms: the passages' search terms as computed before (tasks/prepared.py)."""
         first = next(i for i, c in enumerate(chars) if c is not None)
         last = max(i for i, c in enumerate(chars) if c is not None) + 1
         window, overlap = default_window(engine.max_context)
         index = RetrievalIndex.build(engine, prefix_ids[:first], prefix_ids[first:last], window, overlap, on_event, label,
                                      lazy=lazy)
-        retriever = cls(engine, index, doc, block_char_spans(index, chars, len(index.head.tokens)))
+        retriever = cls(engine, index, doc, block_char_spans(index, chars, len(index.head.tokens)), terms=terms)
         retriever.tail = index.rest + prefix_ids[last:]
         return retriever
 

@@ -80,7 +80,7 @@ def read_card(folder: Path, home: Path, load_transformers: Callable[[], Any]) ->
 
             source = folder / "tokenizer.json" if info["backend"] == "tokenizer.json" else path.with_suffix(".tokenizer.json")
             tokenizer = Tokenizer(tokenizers.Tokenizer.from_file(str(source)), info,
-                                  path.with_suffix(".templates.json"), load_transformers)
+                                  path.with_suffix(".templates.json"), load_transformers, fingerprint=path.stem)
     except Exception:  # none yet, or damaged (tokenizers raises Exception itself): read the folder again
         return None
     return ModelCard(spec, rope, tokenizer)
@@ -129,7 +129,8 @@ def write_card(folder: Path, home: Path, spec: ModelSpec, rope: dict[str, RopePa
     import tokenizers
 
     return ModelCard(spec, rope, Tokenizer(tokenizers.Tokenizer.from_str(backend_text), info,
-                                           path.with_suffix(".templates.json"), lambda: tokenizer))
+                                           path.with_suffix(".templates.json"), lambda: tokenizer,
+                                           fingerprint=path.stem))
 
 
 def _plain_backend(tokenizer) -> bool:
@@ -167,8 +168,13 @@ class Tokenizer:
     the vocabulary and the special tokens. Chat templates are rendered by transformers, once per
     conversation, and kept (`templates`)."""
 
-    def __init__(self, backend, info: dict, templates: Path, load_transformers: Callable[[], Any]) -> None:
+    def __init__(self, backend, info: dict, templates: Path, load_transformers: Callable[[], Any],
+                 fingerprint: str | None = None) -> None:
+        """fingerprint: names what this tokenizer does (its card's key: the folder's tokenizer and
+        config files, the versions of transformers and tokenizers), so that what it computed can be
+        kept and found again (tasks/prepared.py); None: nothing it computes is kept."""
         self.backend_tokenizer = backend
+        self.fingerprint = fingerprint
         self.bos_token_id: int | None = info["bos_token_id"]
         self.eos_token_id: int | None = info["eos_token_id"]
         self.all_special_ids: list[int] = list(info["all_special_ids"])

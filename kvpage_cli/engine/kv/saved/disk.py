@@ -279,6 +279,41 @@ class KVCache:
     def read(self, key: str, seed: str) -> Segment:
         """Reads and checks the segment saved under `key`. Raises BadSegment (the file must be
         discarded) or FileNotFoundError (it was evicted meanwhile)."""
+        header, payload = self._read_checked(key)
+        try:
+            if header["seed"] != seed:
+                raise BadSegment("written for another model or engine setting")
+            if header["key"] != key:
+                raise BadSegment("saved under another key")
+            dtype = _DTYPES[header["dtype"]]
+            flat = torch.frombuffer(payload, dtype=torch.uint8) if len(payload) else torch.empty(0, dtype=torch.uint8)
+            groups, offset = [], 0
+            shape = tuple(header["block_shape"])
+            for group in header["groups"]:
+                dims = (group["layers"], 2, len(group["blocks"]), *shape)
+                nbytes = math.prod(dims) * torch.empty(0, dtype=dtype).element_size()
+                groups.append(flat[offset:offset + nbytes].view(dtype).view(dims))
+                offset += nbytes
+            if offset != len(payload):
+                raise BadSegment("inconsistent (payload size)")
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise BadSegment(f"unreadable ({exc})") from None
+        return Segment(header, groups)
+
+    def read_record(self, key: str) -> tuple[dict, memoryview]:
+        """Reads and checks a record saved under `key` with `write` (header["layout"] "record":
+        not KV, but what a document's KV is computed from, tasks/prepared.py): its header and
+        payload. Raises BadSegment (the file must be discarded) or FileNotFoundError."""
+        header, payload = self._read_checked(key)
+        if header.get("key") != key:
+            raise BadSegment("saved under another key")
+        if header.get("layout") != "record":
+            raise BadSegment("not a record")
+        return header, payload
+
+    def _read_checked(self, key: str) -> tuple[dict, memoryview]:
+        """The header and payload of the file saved under `key`, its size, format version and
+        checksum checked. Raises BadSegment or FileNotFoundError."""
         path = self.path(key)
         with open(path, "rb") as file:
             size = os.fstat(file.fileno()).st_size
@@ -307,25 +342,11 @@ class KVCache:
             raise BadSegment("corrupt (checksum mismatch)")
         try:
             header = json.loads(bytes(view[_FIXED.size:_FIXED.size + header_bytes]))
-            if header["seed"] != seed:
-                raise BadSegment("written for another model or engine setting")
-            if header["key"] != key:
-                raise BadSegment("saved under another key")
-            dtype = _DTYPES[header["dtype"]]
-            payload = view[_FIXED.size + header_bytes:size - _TRAILER.size]
-            flat = torch.frombuffer(payload, dtype=torch.uint8) if payload_bytes else torch.empty(0, dtype=torch.uint8)
-            groups, offset = [], 0
-            shape = tuple(header["block_shape"])
-            for group in header["groups"]:
-                dims = (group["layers"], 2, len(group["blocks"]), *shape)
-                nbytes = math.prod(dims) * torch.empty(0, dtype=dtype).element_size()
-                groups.append(flat[offset:offset + nbytes].view(dtype).view(dims))
-                offset += nbytes
-            if offset != payload_bytes:
-                raise BadSegment("inconsistent (payload size)")
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            if not isinstance(header, dict):
+                raise ValueError("the header is not an object")
+        except ValueError as exc:
             raise BadSegment(f"unreadable ({exc})") from None
-        return Segment(header, groups)
+        return header, view[_FIXED.size + header_bytes:size - _TRAILER.size]
 
     def write(self, header: dict, groups: list[torch.Tensor], label: str, model: str, on_wait=None) -> None:
         """Saves a segment atomically under header["key"] and indexes it, then evicts beyond the limit.
