@@ -97,3 +97,33 @@ def test_gemma3_q4_k_m_on_int8_activations_picks_float32_activations_tokens(gemm
         same += int(gemma.logits(ctx).argmax()) == token
         ctx = gemma.append(ctx, [token])
     assert same >= 29
+
+
+def test_smollm2_on_the_device_path_gives_the_per_layer_paths_tokens(kv_home):
+    """The real default model on the GPU's code path, run on the CPU (pool path, torch backend): a
+    contract's first pages prefilled in chunks on the device's resident slots, then two forks
+    decoded together by the device step. The prompt's logits are the per-layer path's bits; the
+    forks' tokens are its tokens, their logits within 1e-4 (the pairs' states in one batch)."""
+    from kvpage_cli.engine.engine import Request
+
+    document = Path(__file__).resolve().parents[1] / "samples" / "contract.txt"
+    runs = {}
+    for step in ("host", "eager"):
+        engine = Engine.load("smollm2", EngineConfig(home=str(kv_home), kv_path="pool", backend="torch", pool_mib=64,
+                                                     decode_step=step, prefill_chunk=256))
+        ids = chat_ids(engine.tokenizer, document.read_text()[:5000] + "\n\nWhich law governs this agreement?")
+        ctx = engine.prefill(ids)
+        prompt_logits = engine.logits(ctx).clone()
+        requests = [Request(engine.fork(ctx), [], max_new_tokens=16, stop=()),
+                    Request(engine.fork(ctx), chat_ids(engine.tokenizer, "Say it again.")[-4:], max_new_tokens=16,
+                            stop=())]
+        logits = {id(r): [] for r in requests}
+        for request, _ in engine.run(requests):
+            logits[id(request)].append(request.ctx.last_logits.clone())
+        runs[step] = (prompt_logits, [r.generated for r in requests], [logits[id(r)] for r in requests], engine)
+    (host_prompt, host_tokens, host_logits, _), (prompt, tokens, logits, engine) = runs["host"], runs["eager"]
+    assert engine.device_decode.prefilled_rows >= len(ids) and engine.device_decode.buffers  # both ran on the device path
+    assert torch.equal(prompt, host_prompt)
+    assert tokens == host_tokens and all(len(t) == 16 for t in tokens)
+    worst = max(float((a - b).abs().max()) for ours, theirs in zip(logits, host_logits) for a, b in zip(ours, theirs))
+    assert worst < 1e-4
