@@ -179,13 +179,30 @@ def test_the_store_holds_the_devices_rows_when_the_host_path_takes_over(kv_home)
 
 
 def test_blocks_that_do_not_fit_the_pool_run_on_the_host_path(kv_home):
+    """They stream through the pool instead, and the user is told once what pool would keep them
+    on the device."""
+    from kvpage_cli.engine import EngineWarning
+
     model = tiny_model("llama", **SHAPE)
-    engine = load(model, kv_home, "torch", "eager", pool_mib=0.2)  # a few slots per layer
-    assert engine.pool.num_slots < 8
-    ctx = engine.prefill(random_prompt(10 * BLOCK_TOKENS, seed=13))
-    tokens = list(engine.generate(ctx, [1], max_new_tokens=3, stop=()))
-    assert len(tokens) == 3 and engine.device_decode.resident.loaded_blocks == 0
+    per_slot = 2 * 2 * 64 * 64 * 4 * model.config.num_hidden_layers / 2**20  # K and V, 2 heads of 64, fp32
+    engine = load(model, kv_home, "torch", "eager", pool_mib=4 * per_slot)  # four slots per layer
+    assert engine.pool.num_slots == 4
+    events = []
+    first = (engine.pool.num_slots - 1) * BLOCK_TOKENS
+    ctx = engine.prefill(random_prompt(first, seed=13))  # fits: on the device
+    assert engine.device_decode.prefilled_rows == first
+    engine.append(ctx, random_prompt(8 * BLOCK_TOKENS, seed=14), events.append)  # a chunk that does not
+    tokens = list(engine.generate(ctx, [1], max_new_tokens=3, stop=(), on_event=events.append))
+    assert len(tokens) == 3 and engine.device_decode.prefilled_rows == first
+    assert not engine.device_decode.buffers  # no decode step ran on the device
     assert engine.stats().blocks_moved > 0  # streamed through the pool instead
+    warnings = [e.message for e in events if isinstance(e, EngineWarning)]
+    assert len(warnings) == 1 and "--pool-mib" in warnings[0], warnings
+    wanted = float(warnings[0].split("--pool-mib ")[1].split()[0].replace(",", ""))
+    bigger = load(model, kv_home, "torch", "eager", pool_mib=wanted)
+    ctx = bigger.append(bigger.prefill(random_prompt(first, seed=13)), random_prompt(8 * BLOCK_TOKENS, seed=14))
+    assert list(bigger.generate(ctx, [1], max_new_tokens=3, stop=())) == tokens
+    assert bigger.device_decode.prefilled_rows > 0 and bigger.device_decode.buffers  # the pool it named: on the device
 
 
 @pytest.mark.parametrize("arch,backend", [("llama", "triton"), ("gemma3_text", "triton"), ("llama", "torch")])

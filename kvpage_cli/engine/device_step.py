@@ -26,6 +26,7 @@ on the per-layer path, after the device's rows are copied back to the store.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -199,6 +200,7 @@ class DeviceDecode:
         self._events = None
         self._warned = False
         self.prefilled_rows = 0  # prompt rows run here (`prefill`)
+        self._said_too_small = False
 
     # -- which steps -------------------------------------------------------------------------------
 
@@ -217,7 +219,25 @@ class DeviceDecode:
         resident = self.resident
         if resident.active and all(r.ctx.id in self.admitted for r in requests):  # a new block each at most
             return all(len(g.free) >= len(requests) for g in resident.groups)
-        return resident.fits([r.ctx.tables for r in requests])
+        needed = resident.needed([r.ctx.tables for r in requests])
+        if needed <= self.pool.num_slots:
+            return True
+        self._too_small(needed)
+        return False
+
+    def _too_small(self, slots: int) -> None:
+        """Says once that the pool cannot hold the `slots` blocks per layer a step reads (its steps
+        stream through the pool on the host's path), and what pool would."""
+        if self._said_too_small:
+            return
+        self._said_too_small = True
+        pool = self.pool
+        per_slot = pool.slot_bytes * pool.num_layers / 2**20
+        emit(self.engine.scheduler.listener, EngineWarning(
+            f"a step reads {slots:,} blocks per layer and the {pool.num_slots * per_slot:,.1f} MiB pool holds "
+            f"{pool.num_slots:,}: such steps stream through the pool on the host's path; --pool-mib "
+            f"{math.ceil(2 * slots * per_slot):,} (twice what this step reads, room for the context to grow) keeps "
+            f"them on the device"))
 
     def takes_prefill(self, work) -> bool:
         """Whether a step of prompt chunks runs here: work as `Scheduler.step` takes it, (context,
@@ -240,6 +260,7 @@ class DeviceDecode:
                 # blocks the chunk adds, and the partly filled one it may copy on write
                 new += -(-(start + len(rows)) // BLOCK_TOKENS) - start // BLOCK_TOKENS
             if len(needed) + new > resident.num_slots:
+                self._too_small(len(needed) + new)
                 return False
         return True
 

@@ -96,7 +96,7 @@ class Scheduler:
                 break
             work = [(request, self._next_rows(request)) for request in active]
             prompt = [bool(request._todo) or not request.generated for request, _ in work]
-            if self.device_decode is not None and not any(prompt) and self.device_decode.takes(active):
+            if self.device_decode is not None and not any(prompt) and self._device_takes(active, on_event):
                 yield from self._device_step(active, on_event, progress)
                 active = [r for r in active if not r.done]
                 continue
@@ -131,6 +131,14 @@ class Scheduler:
                     emit(on_event, DecodeProgress(progress.decoded, progress.decode_seconds, token, len(active)))
                     yield request, token
             active = [r for r in active if not r.done]
+
+    def _device_takes(self, active: list[Request], on_event) -> bool:
+        """Whether the device path takes this decode step (what it says goes to the run's callback)."""
+        self.listener = on_event
+        try:
+            return self.device_decode.takes(active)
+        finally:
+            self.listener = None
 
     def _device_step(self, active: list[Request], on_event, progress) -> Iterator[tuple[Request, int]]:
         """One decode step of every active request on the device (device_step.py)."""

@@ -99,15 +99,16 @@ class ResidentSlots:
     def sink(self) -> int:
         return self.pool.num_slots
 
-    def fits(self, tables_per_seq: list[list]) -> bool:
-        """Whether every live block of these contexts (and one new block each) fits its group's slots."""
-        for resident, index in zip(self.groups, range(len(self.groups))):
-            needed = set()
+    def needed(self, tables_per_seq: list[list]) -> int:
+        """The slots these contexts' live blocks (and one new block each) take in the group that
+        needs the most: they fit where it is at most the pool's slots."""
+        most = 0
+        for index in range(len(self.groups)):
+            blocks = set()
             for tables in tables_per_seq:
-                needed.update(tables[index].live()[0])
-            if len(needed) + len(tables_per_seq) > resident.num_slots:
-                return False
-        return True
+                blocks.update(tables[index].live()[0])
+            most = max(most, len(blocks) + len(tables_per_seq))
+        return most
 
     def activate(self) -> None:
         """Takes the pool's slots over from the streaming path (whose memory of them is dropped)."""
