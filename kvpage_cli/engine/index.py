@@ -453,7 +453,8 @@ class RetrievalIndex:
         engine = self.engine
         q, start = queries[layer]
         rope = engine.runner.rope[engine.spec.layers[layer].rope_key]
-        qs = q.float().permute(1, 0, 2)  # [Hq, t, D]
+        # kept on the compute device (a GPU's): moved where the blocks and their bounds are
+        qs = q.float().to(engine.store.group_of(layer).device).permute(1, 0, 2)  # [Hq, t, D]
         rows = qs.shape[1]
         positions = torch.tensor([self.blocks[i].position for i in chosen], dtype=torch.int64)
         delta = ((positions + 1) * BLOCK_TOKENS - start).repeat_interleave(rows)  # [C*t]

@@ -329,7 +329,8 @@ class AttentionDispatch:
             kept = [(b, p) for b, p in zip(ids, positions) if p < num_blocks]  # blocks decoded since: not scored
             ids, positions = [b for b, _ in kept], [p for _, p in kept]
             k, v = group.gather(self.store.layer_pos[layer], ids)
-            qh, row_pos = reference.rows(q, torch.arange(start, end), self.spec.num_kv_heads)
+            # the queries were kept on the compute device (a GPU's): scored where the blocks are
+            qh, row_pos = reference.rows(q.to(k.device), torch.arange(start, end), self.spec.num_kv_heads)
             _, lse = self.backend.block_states(qh, row_pos, k, v, torch.tensor(positions), end, group.window)  # [n, Hkv, R]
             share = torch.softmax(lse, dim=0).sum(dim=(1, 2))  # [n]
             table = torch.zeros(num_blocks)

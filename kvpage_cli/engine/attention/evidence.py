@@ -43,6 +43,7 @@ def token_mass(engine, ctx: Context, queries: dict[int, tuple[torch.Tensor, int]
             continue
         pos = engine.store.layer_pos[layer]
         k = torch.stack([group.k_values(pos, b) for b in ids]).float()  # [n, Hkv, 64, D]
+        q = q.to(k.device)  # kept on the compute device (a GPU's), scored where the blocks are
         num_kv_heads, head_dim = k.shape[1], k.shape[3]
         k = k.permute(1, 0, 2, 3).reshape(num_kv_heads, -1, head_dim)  # [Hkv, n*64, D]
         key_pos = (torch.tensor(blocks, dtype=torch.int64)[:, None] * BLOCK_TOKENS

@@ -101,7 +101,7 @@ class QuestPolicy(Policy):
     def scores(self, layer, q, ids, positions, ctx):
         index = ids.to(torch.int64)
         kmin, kmax = self.kmin[layer][index], self.kmax[layer][index]  # [n, Hkv, D]
-        qg = q.float().view(kmin.shape[1], self.group_size, -1)  # [Hkv, G, D]
+        qg = q.float().to(kmin.device).view(kmin.shape[1], self.group_size, -1)  # [Hkv, G, D], where the bounds are
         return key_bound(qg[None], kmin, kmax).sum(dim=(1, 2))
 
 
