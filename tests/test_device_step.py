@@ -236,15 +236,17 @@ def test_prompt_chunks_run_on_the_devices_slots_with_the_per_layer_paths_bits(ar
 
 
 def test_a_prompt_chunk_reads_no_device_value(kv_home):
-    """A chunk on the device reads nothing back, in its layers or around them (the logits are read
-    by whoever samples from them)."""
+    """A chunk on the device reads nothing back in its layers; around them, on a GPU, it waits once
+    for its end (its time) and the progress clock once, and the run's end once for the rows copied
+    back; on a CPU nothing (the logits are read by whoever samples from them)."""
     model = tiny_model("llama", **SHAPE, num_hidden_layers=2)
     engine = load(model, kv_home, "triton", "eager", pool_mib=32.0, prefill_chunk=64, device=DEVICE)
     ctx = engine.prefill(random_prompt(3 * BLOCK_TOKENS, seed=22))
     with HostReads() as reads:
-        engine.append(ctx, random_prompt(2 * BLOCK_TOKENS + 9, seed=23))
+        engine.append(ctx, random_prompt(2 * BLOCK_TOKENS + 9, seed=23))  # three chunks
     assert engine.device_decode.prefilled_rows == 5 * BLOCK_TOKENS + 9
-    assert reads.count == 0, reads.sites
+    assert reads.by_phase["forward"] == 0, reads.sites
+    assert reads.count <= (2 * 3 + 1 if DEVICE == "cuda" else 0), reads.sites
 
 
 def test_the_saved_kv_cache_keeps_the_rows_a_device_prefill_wrote(tmp_path):

@@ -443,11 +443,13 @@ class DeviceDecode:
         logits = self.runner.forward(tokens, row_pos, Rows.of([s.count for s in segments], tiles), write_kv, attend,
                                      logit_index, Rows.of(logit_counts, tiles))
         hostreads.phase(None)
-        if cuda:
+        seconds = time.perf_counter() - started
+        if cuda:  # the chunk's time on the device: its end waited for (the one wait of a chunk)
             self._events[1].record()
+            self._events[1].synchronize()
+            seconds = self._events[0].elapsed_time(self._events[1]) / 1000
         self.prefilled_rows += len(token_ids)
         engine.dispatch.kv_read_bytes += kv_bytes
-        seconds = self._events[0].elapsed_time(self._events[1]) / 1000 if cuda else time.perf_counter() - started
         return logits, seconds
 
     def after_prefill(self) -> None:
