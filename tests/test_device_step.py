@@ -249,6 +249,26 @@ def test_a_prompt_chunk_reads_no_device_value(kv_home):
     assert reads.count <= (2 * 3 + 1 if DEVICE == "cuda" else 0), reads.sites
 
 
+def test_a_fork_of_a_document_whose_block_was_evicted_copies_it_from_the_store(kv_home):
+    """A document's partly filled block leaves the pool for another document's chunks; then a fork
+    of the first appends, which copies that block on write from the store and loads the copy into
+    a slot: the fork's logits are the per-layer path's."""
+    model = tiny_model("llama", **SHAPE)
+    per_slot = 2 * 2 * 64 * 64 * 4 * model.config.num_hidden_layers / 2**20  # K and V, 2 heads of 64, fp32
+
+    def run(step: str):
+        engine = load(model, kv_home, "torch", step, pool_mib=4 * per_slot, prefill_chunk=64)
+        first = engine.prefill(random_prompt(BLOCK_TOKENS - 4, seed=31))  # one block, partly filled
+        engine.prefill(random_prompt(4 * BLOCK_TOKENS, seed=32))  # four blocks: the first one's slot goes
+        fork = engine.append(engine.fork(first), random_prompt(2, seed=33))
+        return engine, engine.logits(fork).clone()
+
+    _, host_logits = run("host")
+    engine, logits = run("eager")
+    assert engine.device_decode.resident.evicted_blocks > 0 and engine.device_decode.prefilled_rows > 0
+    assert torch.equal(logits, host_logits)
+
+
 def test_the_saved_kv_cache_keeps_the_rows_a_device_prefill_wrote(tmp_path):
     """Saved chunk by chunk while the device prefills (the store must hold each chunk's rows when
     its segment is saved), the blocks restored by a per-layer engine give the logits it computes."""

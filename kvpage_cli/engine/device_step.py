@@ -358,7 +358,6 @@ class DeviceDecode:
         `Scheduler.step` gives them to `ModelRunner.forward`. Returns the logits of `logit_rows` and the step's
         seconds. The rows written are copied back to the store asynchronously (`ResidentSlots.mirror`)."""
         engine, resident, pool, device = self.engine, self.resident, self.pool, self.device
-        resident.settle()
         if not resident.active:
             self.admitted.clear()
             self._plans.clear()

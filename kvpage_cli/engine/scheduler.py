@@ -204,7 +204,9 @@ class Scheduler:
         kept: "none", "last" or "all", the request collecting "all" logits). tiles: one-row
         segments may take AMX tiles (a batch's generated tokens). Returns the seconds it took."""
         on_device = self.device_decode is not None and self.device_decode.takes_prefill(work)
-        if self.device_decode is not None and not on_device:
+        if on_device:  # rows copied back land in the store before make_room copies a shared block on write
+            self.device_decode.resident.settle()
+        elif self.device_decode is not None:
             self.device_decode.release()  # the host path reads the store and streams blocks through the pool
         # short segments first, so that their rows share one linear call (model.Rows)
         work = sorted(work, key=lambda item: len(item[1]) > SMALL_ROWS)
