@@ -133,8 +133,9 @@ class SlotPool:
     def load_batch(self, layer: int, blocks: list[tuple[int, int, int]], slots: list[int], stacked) -> "Landing":
         """Puts each block into the slot given for it (a pass schedule's choice, kv/schedule.py) and
         returns the load in flight: a block its slot already holds (the same generation, rows
-        enough) is not copied again; the others come from the store in one piece (`stacked(ids)` -> K, V [n, *stored block shape], page-locked
-        on a GPU), with one copy to the device and one scatter into their slots each for K and V.
+        enough) is not copied again; the others come from the store in one piece (`stacked(ids)`
+        -> K, V [n, *stored block shape], page-locked on a GPU), with one copy to the device and
+        one scatter into their slots each for K and V.
         On a GPU they run on the pool's copy stream, after the work queued before them (which may
         read the slots' last blocks), and return at once; `land` makes the compute stream wait
         for them on the device (no host wait) before the pass reads the slots. On a CPU they are
