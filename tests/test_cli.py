@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvpage_cli.cli.app import app
+from kvpage_cli.engine.config import DEFAULT_POOL_MIB
 from kvpage_cli.ingest import load as load_document
 from kvpage_cli.tasks import RISK_LEVELS, SCHEMA_VERSION, Asker, Reviewer
 from kvpage_cli.tasks.taxonomy import BY_NAME
@@ -125,8 +126,9 @@ def test_the_cli_defaults_are_the_engine_configs(cli, kv_home, engine_loads):
     assert config.home == str(kv_home) and config.kv_cache  # the CLI saves a document's KV unless --no-cache
     assert dataclasses.replace(config, home=None, kv_cache=False) == EngineConfig()
     shown, engine = json.loads(result.stdout), EngineConfig()
+    assert engine.pool_mib is None  # the device's default: 64 MiB on this CPU
     assert (shown["mode"], shown["pool_mib"], shown["dtype"], shown["weights_option"], shown["kv_dtype_option"]) == (
-        engine.mode, engine.pool_mib, engine.dtype, engine.weights, engine.kv_dtype)
+        engine.mode, DEFAULT_POOL_MIB, engine.dtype, engine.weights, engine.kv_dtype)
 
 
 def test_engine_options_and_KVPAGE_MODEL_reach_the_engine(cli, tiny_cli_model, engine_loads):

@@ -680,3 +680,17 @@ def test_a_double_buffered_ring_copies_the_next_pass_before_this_one_is_read(bac
     started_ahead = sum(1 for a, b in zip(log, log[1:]) if a[0] == b[0] == "load")  # the next pass's, before this read
     assert loads > 2 * engine.spec.num_layers  # streamed: several passes a layer
     assert started_ahead > engine.spec.num_layers
+
+
+def test_the_default_pool_is_a_cpus_64_mib_and_a_quarter_of_a_gpus_free_memory(monkeypatch, kv_home):
+    """A GPU's pool holds what a long document's steps read (they stay on the device); a CPU's
+    attention reads blocks where they lie. Asked for no pool size, the engine sizes it by device."""
+    from kvpage_cli.engine.engine import default_pool_mib
+
+    assert default_pool_mib(torch.device("cpu")) == 64.0
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 * 2**30, 80 * 2**30))
+    assert default_pool_mib(torch.device("cuda")) == 10 * 1024.0
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * 2**20, 80 * 2**30))
+    assert default_pool_mib(torch.device("cuda")) == 64.0  # never less than a CPU's
+    engine = Engine.load(tiny_model("llama"), EngineConfig(home=str(kv_home)))
+    assert engine.pool.num_slots == int(64 * 2**20) // (engine.spec.num_layers * engine.pool.slot_bytes)

@@ -74,10 +74,11 @@ SHARED: tuple[Shared, ...] = (
                 "question reads the blocks chosen for it. selective: decode steps attend only the blocks the "
                 "policy keeps in the pool (approximate); over a document longer than the context, those of the "
                 "blocks retrieval chose."), MODEL, "mode"),
-    Shared("pool_mib", float, default("pool_mib"), _opt("--pool-mib", group=MODEL, metavar="MIB",
-           help="Size of the slot pool on the compute device, in MiB; it does not grow with the document. "
-                "Where attention reads blocks through the pool (GPU), it also bounds how much of a long "
-                "document a question reads in retrieval mode (see 'kvpage info')."),
+    Shared("pool_mib", float | None, default("pool_mib"), _opt("--pool-mib", group=MODEL, metavar="MIB",
+           help="Size of the slot pool on the compute device, in MiB; it does not grow with the document "
+                "(default: 64 on a CPU; on a GPU, a quarter of its memory free after the weights). Where "
+                "attention reads blocks through the pool (GPU), it also bounds how much of a long document a "
+                "question reads in retrieval mode (see 'kvpage info')."),
            MODEL, "pool_mib"),
     Shared("dtype", Literal[DTYPES], default("dtype"), _opt("--dtype", group=MODEL,
            help="Weights, activations and KV blocks."), MODEL, "dtype"),

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 from kvpage_kernels.constants import BLOCK_TOKENS  # tokens per block: the unit of KV storage, movement and selection
 
+DEFAULT_POOL_MIB = 64.0  # the pool where EngineConfig.pool_mib is None, on a CPU (and the least on a GPU)
+GPU_POOL_SHARE = 0.25  # ... on a GPU: this share of the device memory free when the engine loads
+
 SMALL_ROWS = 64
 """Segments of at most this many rows share one row-independent linear call (weight-bandwidth
 bound); longer ones are compute bound and get a matrix multiplication each. Their attention, too,
@@ -46,7 +49,10 @@ class EngineConfig:
     """How the engine runs a model.
 
     pool_mib: size of the slot pool on the compute device, in MiB, for all layers together.
-        It does not depend on the context length.
+        It does not depend on the context length. None (the default): DEFAULT_POOL_MIB on a CPU
+        (whose attention reads most blocks where they lie in the store); on a GPU, GPU_POOL_SHARE
+        of the device memory free when the engine loads (at least DEFAULT_POOL_MIB), so that the
+        blocks a step reads stay resident and the step runs on the device (device_step.py).
     mode: "exact" (every block takes part in every step), "selective" (the policy's blocks plus
         the always-kept ones), "retrieval" (a document longer than the context is indexed window
         by window and each question reads the blocks chosen for it; see index.py) or "auto"
@@ -118,7 +124,7 @@ class EngineConfig:
         CUDA, host elsewhere). Steps the device path does not take run on the host path anyway.
     """
 
-    pool_mib: float = 64.0
+    pool_mib: float | None = None
     mode: str = "auto"
     dtype: str = "float32"
     kv_dtype: str = "auto"
@@ -156,7 +162,7 @@ class EngineConfig:
         _check_choice("device", self.device, DEVICES)
         _check_choice("activations", self.activations, ACTIVATIONS)
         _check_choice("decode_step", self.decode_step, DECODE_STEPS)
-        if not self.pool_mib > 0:
+        if self.pool_mib is not None and not self.pool_mib > 0:
             raise ValueError(f"pool_mib must be positive, got {self.pool_mib}")
         if not 16 <= self.prefill_chunk <= 4096:
             raise ValueError(f"prefill_chunk must be between 16 and 4096 tokens, got {self.prefill_chunk}")

@@ -16,7 +16,7 @@ from ..errors import ContextTooLongError, UsageError
 from .attention.dispatch import SCORE_QUERY_TOKENS, AttentionDispatch
 from .attention.policy import DraftPolicy, QuestPolicy, make_policy
 from .attention.selector import Selector
-from .config import EngineConfig
+from .config import DEFAULT_POOL_MIB, GPU_POOL_SHARE, EngineConfig
 from .device_step import DeviceDecode
 from .events import EngineWarning, EventCallback, KVRestored, PrefillProgress, emit
 from .kv.block_manager import BlockManager
@@ -35,6 +35,15 @@ from .model.weights import DEFAULT_MODEL
 from .scheduler import Request, Scheduler
 
 __all__ = ["Engine", "Request"]
+
+
+def default_pool_mib(device: torch.device) -> float:
+    """The pool where EngineConfig.pool_mib is None: DEFAULT_POOL_MIB on a CPU; on a GPU,
+    GPU_POOL_SHARE of its memory free now (the weights loaded), at least DEFAULT_POOL_MIB."""
+    if device.type != "cuda":
+        return DEFAULT_POOL_MIB
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(DEFAULT_POOL_MIB, GPU_POOL_SHARE * free / 2**20)
 
 
 class Engine:
@@ -66,10 +75,13 @@ class Engine:
         # the slots a pool of pool_mib holds for the whole model: with tensor parallelism every rank
         # has as many (its pool is its heads' share of the bytes), so that selective budgets agree
         slot_bytes = block_bytes_per_layer(runner.full_spec.num_kv_heads, spec.head_dim, self.kv_dtype)
-        slots = int(config.pool_mib * 2**20) // (spec.num_layers * slot_bytes)
+        pool_mib = config.pool_mib if config.pool_mib is not None else default_pool_mib(device)
+        slots = int(pool_mib * 2**20) // (spec.num_layers * slot_bytes)
+        if config.pool_mib is None and runner.shard is not None and device.type == "cuda":
+            slots = int(runner.shard.least(torch.tensor([slots]))[0])  # sized by each GPU's free memory: the least
         if slots < 1:
             need = spec.num_layers * slot_bytes / 2**20
-            raise UsageError(f"pool_mib={config.pool_mib} is too small for {name}: one slot per layer needs {need:.3f} MiB")
+            raise UsageError(f"pool_mib={pool_mib} is too small for {name}: one slot per layer needs {need:.3f} MiB")
         selective = config.mode == "selective"
         mover = Mover(device) if selective and kv_path == "pool" else None
         self.metrics = Metrics()
