@@ -683,14 +683,17 @@ def test_a_double_buffered_ring_copies_the_next_pass_before_this_one_is_read(bac
 
 
 def test_the_default_pool_is_a_cpus_64_mib_and_a_quarter_of_a_gpus_free_memory(monkeypatch, kv_home):
-    """A GPU's pool holds what a long document's steps read (they stay on the device); a CPU's
-    attention reads blocks where they lie. Asked for no pool size, the engine sizes it by device."""
+    """A GPU's pool holds what a long document's steps read (they stay on the device), no more than
+    a full batch of the longest context; a CPU's attention reads blocks where they lie. Asked for no
+    pool size, the engine sizes it by device."""
     from kvpage_cli.engine.engine import default_pool_mib
 
-    assert default_pool_mib(torch.device("cpu")) == 64.0
+    most = 2**40  # the KV the engine's steps could read at once: here more than any card holds
+    assert default_pool_mib(torch.device("cpu"), most) == 64.0
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 * 2**30, 80 * 2**30))
-    assert default_pool_mib(torch.device("cuda")) == 10 * 1024.0
+    assert default_pool_mib(torch.device("cuda"), most) == 10 * 1024.0
+    assert default_pool_mib(torch.device("cuda"), 3 * 2**30) == 3 * 1024.0  # no more than the steps can read
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * 2**20, 80 * 2**30))
-    assert default_pool_mib(torch.device("cuda")) == 64.0  # never less than a CPU's
+    assert default_pool_mib(torch.device("cuda"), most) == 64.0  # never less than a CPU's
     engine = Engine.load(tiny_model("llama"), EngineConfig(home=str(kv_home)))
     assert engine.pool.num_slots == int(64 * 2**20) // (engine.spec.num_layers * engine.pool.slot_bytes)

@@ -76,7 +76,8 @@ SHARED: tuple[Shared, ...] = (
                 "blocks retrieval chose."), MODEL, "mode"),
     Shared("pool_mib", float | None, default("pool_mib"), _opt("--pool-mib", group=MODEL, metavar="MIB",
            help="Size of the slot pool on the compute device, in MiB; it does not grow with the document "
-                "(default: 64 on a CPU; on a GPU, a quarter of its memory free after the weights). Where "
+                "(default: 64 on a CPU; on a GPU, a quarter of its memory free after the weights, at most the KV "
+                "of a full batch of the model's longest context). Where "
                 "attention reads blocks through the pool (GPU), it also bounds how much of a long document a "
                 "question reads in retrieval mode (see 'kvpage info')."),
            MODEL, "pool_mib"),

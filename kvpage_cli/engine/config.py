@@ -51,8 +51,9 @@ class EngineConfig:
     pool_mib: size of the slot pool on the compute device, in MiB, for all layers together.
         It does not depend on the context length. None (the default): DEFAULT_POOL_MIB on a CPU
         (whose attention reads most blocks where they lie in the store); on a GPU, GPU_POOL_SHARE
-        of the device memory free when the engine loads (at least DEFAULT_POOL_MIB), so that the
-        blocks a step reads stay resident and the step runs on the device (device_step.py).
+        of the device memory free when the engine loads (at least DEFAULT_POOL_MIB, at most the KV
+        of max_batch sequences of max_context tokens), so that the blocks a step reads stay
+        resident and the step runs on the device (device_step.py).
     mode: "exact" (every block takes part in every step), "selective" (the policy's blocks plus
         the always-kept ones), "retrieval" (a document longer than the context is indexed window
         by window and each question reads the blocks chosen for it; see index.py) or "auto"

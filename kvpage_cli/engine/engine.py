@@ -37,13 +37,14 @@ from .scheduler import Request, Scheduler
 __all__ = ["Engine", "Request"]
 
 
-def default_pool_mib(device: torch.device) -> float:
+def default_pool_mib(device: torch.device, most_bytes: int) -> float:
     """The pool where EngineConfig.pool_mib is None: DEFAULT_POOL_MIB on a CPU; on a GPU,
-    GPU_POOL_SHARE of its memory free now (the weights loaded), at least DEFAULT_POOL_MIB."""
+    GPU_POOL_SHARE of its memory free now (the weights loaded), at least DEFAULT_POOL_MIB and at
+    most `most_bytes` (the most KV the engine's steps can read at once: more would stay empty)."""
     if device.type != "cuda":
         return DEFAULT_POOL_MIB
     free, _ = torch.cuda.mem_get_info(device)
-    return max(DEFAULT_POOL_MIB, GPU_POOL_SHARE * free / 2**20)
+    return max(DEFAULT_POOL_MIB, min(GPU_POOL_SHARE * free, most_bytes) / 2**20)
 
 
 class Engine:
@@ -75,7 +76,9 @@ class Engine:
         # the slots a pool of pool_mib holds for the whole model: with tensor parallelism every rank
         # has as many (its pool is its heads' share of the bytes), so that selective budgets agree
         slot_bytes = block_bytes_per_layer(runner.full_spec.num_kv_heads, spec.head_dim, self.kv_dtype)
-        pool_mib = config.pool_mib if config.pool_mib is not None else default_pool_mib(device)
+        # at most: max_batch sequences of the longest context, every layer's KV
+        most = config.max_batch * self.max_context * runner.full_spec.kv_bytes_per_token(kv_dtype)
+        pool_mib = config.pool_mib if config.pool_mib is not None else default_pool_mib(device, most)
         slots = int(pool_mib * 2**20) // (spec.num_layers * slot_bytes)
         if config.pool_mib is None and runner.shard is not None and device.type == "cuda":
             slots = int(runner.shard.least(torch.tensor([slots]))[0])  # sized by each GPU's free memory: the least
