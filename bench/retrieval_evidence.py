@@ -242,7 +242,7 @@ if __name__ == "__main__":
     import argparse
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import table
+    from common import table, write_result
     from retrieval_parts.sources import DEFAULT_CACHE, load_question_set
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -264,6 +264,7 @@ if __name__ == "__main__":
                            ("evidence", "passages holding the evidence"),
                            ("first_tokens", "1st question's new window tokens (median)"),
                            ("later_tokens", "later questions' (median)")]))
+        write_result("retrieval-lazy", args, {"rows": rows})
         raise SystemExit(0)
     if args.part == "find":
         from common import peak_rss_mib
@@ -275,6 +276,7 @@ if __name__ == "__main__":
                            ("first_prefill_tokens", "its prefill tok"), ("lookup_s", "find over the saved index s"),
                            ("lookup_prefill_tokens", "its prefill tok"), ("bm25_spans_s", "BM25 spans s")]))
         print(f"model {args.model}; source {args.source}; peak RSS {peak_rss_mib():.0f} MiB")
+        write_result("retrieval-find", args, {"rows": rows, "source": args.source, "peak_rss_mib": peak_rss_mib()})
         raise SystemExit(0)
     if args.part == "baseline":
         rows = baseline(load_question_set(), Path(args.cache).expanduser())

@@ -79,6 +79,11 @@ BENCHMARKS = {
                       "python bench/train_clauses.py --variants"),
     "review_formats": ("time to write a review as HTML, DOCX and PDF, and each file's size", "the review's own time",
                        "python bench/review_formats.py"),
+    "retrieval-find": ("`kvpage find` in process over a saved index: a first find, then one over the saved index",
+                       "BM25's spans over the whole document",
+                       "python bench/retrieval_evidence.py find --home H --source packaging --limit 5"),
+    "retrieval-lazy": ("a lazy index's choices replayed without the model: the passages' evidence and the window "
+                       "tokens a question computes", "-", "python bench/retrieval_evidence.py lazy"),
     "device_step": ("the device decode step's host preparation and aten operations per layer, on the CPU",
                     "the per-layer host path", "python bench/device_step.py"),
     "pool_schedule": ("block copies per decode step when the pool is smaller than the context (simulated)",
@@ -400,6 +405,18 @@ def train_clauses(results: dict, stamp: dict) -> str:
     return f"development split micro F1 {row['f1']:.3f} (precision {row['precision']:.3f}, recall {row['recall']:.3f})"
 
 
+def retrieval_find(results: dict, stamp: dict) -> str:
+    rows = results["rows"]
+    first, lookup = [r["first_s"] for r in rows], [r["lookup_s"] for r in rows]
+    return (f"{results['source']}, {len(rows)} questions over {rows[0]['document_tokens']:,} tokens: first find "
+            f"{span(first)} s, over the saved index {span(lookup)} s (in process)")
+
+
+def retrieval_lazy(results: dict, stamp: dict) -> str:
+    return "; ".join(f"{r['window']}/{r['overlap']}/{r['index_tokens']}: {r['evidence']} held, later median "
+                     f"{r['later_tokens']:,.0f} tokens" for r in results["rows"])
+
+
 HEADLINES = {"engine": engine, "batch": batch, "review_batch": review_batch, "decode_gemm": decode_gemm,
              "native_attention": native_attention, "prefill_attention": prefill_attention, "prefill_gemm": prefill_gemm,
              "quant_models": quant_models, "quant_agreement": quant_agreement, "startup": startup, "soak": soak, "tp": tp, "kernels_bench": kernels_bench,
@@ -408,7 +425,8 @@ HEADLINES = {"engine": engine, "batch": batch, "review_batch": review_batch, "de
              "retrieval-select": retrieval_select, "retrieval-windows": retrieval_windows,
              "retrieval-recall": retrieval_recall, "longctx": longctx, "decode": decode, "kvcache": kvcache,
              "train_clauses": train_clauses, "review_formats": review_formats,
-             "device_step": device_step, "pool_schedule": pool_schedule}
+             "device_step": device_step, "pool_schedule": pool_schedule, "retrieval-find": retrieval_find,
+             "retrieval-lazy": retrieval_lazy}
 
 
 # -- tables ---------------------------------------------------------------------------------------
