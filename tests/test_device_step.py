@@ -286,6 +286,22 @@ def test_the_saved_kv_cache_keeps_the_rows_a_device_prefill_wrote(tmp_path):
     assert torch.equal(saving.logits(saved), expected)
 
 
+def test_a_decode_step_that_does_not_fit_says_so_to_the_runs_callback(kv_home):
+    """The prompt fills the pool exactly (on the device); its first decode step needs one block
+    more: the warning reaches the callback of the run that decodes."""
+    from kvpage_cli.engine import EngineWarning
+
+    model = tiny_model("llama", **SHAPE)
+    per_slot = 2 * 2 * 64 * 64 * 4 * model.config.num_hidden_layers / 2**20  # K and V, 2 heads of 64, fp32
+    engine = load(model, kv_home, "torch", "eager", pool_mib=4 * per_slot)
+    ctx = engine.prefill(random_prompt(4 * BLOCK_TOKENS, seed=41))
+    assert engine.device_decode.prefilled_rows == 4 * BLOCK_TOKENS
+    events = []
+    assert len(list(engine.generate(ctx, [], max_new_tokens=2, stop=(), on_event=events.append))) == 2
+    warnings = [e.message for e in events if isinstance(e, EngineWarning)]
+    assert len(warnings) == 1 and "reads 5 blocks per layer" in warnings[0], warnings
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (bench/gpu_check.sh runs this)")
 @pytest.mark.parametrize("batch", [1, 5, 16])
 def test_on_a_gpu_the_graph_the_eager_step_and_the_per_layer_path_give_the_same_bits(batch, kv_home):

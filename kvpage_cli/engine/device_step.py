@@ -217,13 +217,14 @@ class DeviceDecode:
         if any(r.temperature > 0 or r.all_logits or r.pool_values for r in requests):
             return False
         resident = self.resident
-        if resident.active and all(r.ctx.id in self.admitted for r in requests):  # a new block each at most
-            return all(len(g.free) >= len(requests) for g in resident.groups)
-        needed = resident.needed([r.ctx.tables for r in requests])
-        if needed <= self.pool.num_slots:
+        admitted = resident.active and all(r.ctx.id in self.admitted for r in requests)
+        if admitted and all(len(g.free) >= len(requests) for g in resident.groups):  # a new block each at most
             return True
-        self._too_small(needed)
-        return False
+        needed = resident.needed([r.ctx.tables for r in requests])
+        if needed > self.pool.num_slots:
+            self._too_small(needed)
+            return False
+        return not admitted  # admitted with no slot free: others' blocks hold them (the host path hands them back)
 
     def _too_small(self, slots: int) -> None:
         """Says once that the pool cannot hold the `slots` blocks per layer a step reads (its steps
