@@ -19,6 +19,11 @@ from .conftest import random_prompt, tiny_model
 SHAPE = dict(head_dim=64, hidden_size=128, num_attention_heads=4, num_key_value_heads=2)
 
 
+def slot_mib(model) -> float:
+    """A pool slot in every layer of a SHAPE model: K and V, 2 heads of 64 rows of 64, fp32."""
+    return 2 * 2 * BLOCK_TOKENS * 64 * 4 * model.config.num_hidden_layers / 2**20
+
+
 # the prompt-chunk tests run on the GPU where there is one (bench/gpu_check.sh), else on the CPU
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -184,7 +189,7 @@ def test_blocks_that_do_not_fit_the_pool_run_on_the_host_path(kv_home):
     from kvpage_cli.engine import EngineWarning
 
     model = tiny_model("llama", **SHAPE)
-    per_slot = 2 * 2 * 64 * 64 * 4 * model.config.num_hidden_layers / 2**20  # K and V, 2 heads of 64, fp32
+    per_slot = slot_mib(model)
     engine = load(model, kv_home, "torch", "eager", pool_mib=4 * per_slot)  # four slots per layer
     assert engine.pool.num_slots == 4
     events = []
@@ -254,7 +259,7 @@ def test_a_fork_of_a_document_whose_block_was_evicted_copies_it_from_the_store(k
     of the first appends, which copies that block on write from the store and loads the copy into
     a slot: the fork's logits are the per-layer path's."""
     model = tiny_model("llama", **SHAPE)
-    per_slot = 2 * 2 * 64 * 64 * 4 * model.config.num_hidden_layers / 2**20  # K and V, 2 heads of 64, fp32
+    per_slot = slot_mib(model)
 
     def run(step: str):
         engine = load(model, kv_home, "torch", step, pool_mib=4 * per_slot, prefill_chunk=64)
@@ -292,7 +297,7 @@ def test_a_decode_step_that_does_not_fit_says_so_to_the_runs_callback(kv_home):
     from kvpage_cli.engine import EngineWarning
 
     model = tiny_model("llama", **SHAPE)
-    per_slot = 2 * 2 * 64 * 64 * 4 * model.config.num_hidden_layers / 2**20  # K and V, 2 heads of 64, fp32
+    per_slot = slot_mib(model)
     engine = load(model, kv_home, "torch", "eager", pool_mib=4 * per_slot)
     ctx = engine.prefill(random_prompt(4 * BLOCK_TOKENS, seed=41))
     assert engine.device_decode.prefilled_rows == 4 * BLOCK_TOKENS
@@ -314,7 +319,7 @@ def test_on_a_gpu_the_graph_the_eager_step_and_the_per_layer_path_give_the_same_
     for name, step, pool_mib in (("graph", "graph", 64.0), ("eager", "eager", 64.0), ("host", "host", 64.0),
                                  ("one slot", "host", None)):
         if pool_mib is None:
-            pool_mib = 2 * 2 * 64 * 64 * 4 * 4 / 2**20  # one slot per layer: K and V, 2 heads of 64, fp32, 4 layers
+            pool_mib = slot_mib(model)  # one slot per layer
         engine = Engine.load(model, EngineConfig(home=str(kv_home), device="cuda", backend="triton", kv_path="pool",
                                                  pool_mib=pool_mib, decode_step=step))
         runs[name] = decode(engine, document, batch, 24)

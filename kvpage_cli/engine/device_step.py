@@ -252,17 +252,13 @@ class DeviceDecode:
         for ctx, rows, keep, request in work:
             if len(rows) < 2 or keep == "all" or ctx.id in capture or (request is not None and request.pool_values):
                 return False
-        for index, resident in enumerate(self.resident.groups):
-            needed, new = set(), 0
-            for ctx, rows, _, _ in work:
-                ids, _ = ctx.tables[index].live()
-                needed.update(ids)
-                start = ctx.num_cached
-                # blocks the chunk adds, and the partly filled one it may copy on write
-                new += -(-(start + len(rows)) // BLOCK_TOKENS) - start // BLOCK_TOKENS
-            if len(needed) + new > resident.num_slots:
-                self._too_small(len(needed) + new)
-                return False
+        # the blocks the chunks add, and the partly filled one each may copy on write
+        new = sum(-(-(ctx.num_cached + len(rows)) // BLOCK_TOKENS) - ctx.num_cached // BLOCK_TOKENS
+                  for ctx, rows, _, _ in work)
+        needed = self.resident.needed([ctx.tables for ctx, _, _, _ in work], new)
+        if needed > self.pool.num_slots:
+            self._too_small(needed)
+            return False
         return True
 
     # -- a step ------------------------------------------------------------------------------------

@@ -166,11 +166,11 @@ class SlotPool:
             index = torch.tensor([s for _, s in copies], dtype=torch.int64)
             stream = self._copy_stream()
             if stream is None:
-                self._scatter(layer, index, k, v)
+                self.scatter(layer, index, k, v)
             else:
                 stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(stream):
-                    self._scatter(layer, index, k, v)
+                    self.scatter(layer, index, k, v)
                     event = torch.cuda.Event()
                     event.record(stream)
             copy_s = time.perf_counter() - started
@@ -185,8 +185,9 @@ class SlotPool:
         self._loaded(layer, landing.slots, landing.moved)
         return landing.slots
 
-    def _scatter(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Host pieces of whole blocks into the slots `index` of `layer`, their valid bits set."""
+    def scatter(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Host pieces of whole blocks as kept (`StoreGroup.stacked`) into the slots `index` (a host
+        tensor) of `layer`, their valid bits set; asynchronous from page-locked pieces on a GPU."""
         index = index.to(self.device, non_blocking=True)
         self.k[layer].index_copy_(0, index, k.to(self.device, non_blocking=True))
         self.v[layer].index_copy_(0, index, v.to(self.device, non_blocking=True))

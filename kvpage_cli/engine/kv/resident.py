@@ -99,15 +99,16 @@ class ResidentSlots:
     def sink(self) -> int:
         return self.pool.num_slots
 
-    def needed(self, tables_per_seq: list[list]) -> int:
-        """The slots these contexts' live blocks (and one new block each) take in the group that
-        needs the most: they fit where it is at most the pool's slots."""
+    def needed(self, tables_per_seq: list[list], new: int | None = None) -> int:
+        """The slots these contexts' live blocks and `new` blocks more (default: one each, a decode
+        step's) take in the group that needs the most: they fit where it is at most the pool's slots."""
+        new = len(tables_per_seq) if new is None else new
         most = 0
         for index in range(len(self.groups)):
             blocks = set()
             for tables in tables_per_seq:
                 blocks.update(tables[index].live()[0])
-            most = max(most, len(blocks) + len(tables_per_seq))
+            most = max(most, len(blocks) + new)
         return most
 
     def activate(self) -> None:
@@ -228,15 +229,13 @@ class ResidentSlots:
     # -- copies -----------------------------------------------------------------------------------
 
     def _load(self, resident: ResidentGroup, block_ids: list[int], slots: list[int]) -> None:
-        """Store -> slots for every layer of the group: one gather on the host, one copy (pinned
-        store: asynchronous) and one scatter into the slots per layer; the slots' valid bits set."""
+        """Store -> slots for every layer of the group: per layer one gather on the host into a
+        page-locked piece (on a GPU: the copy is asynchronous) and `SlotPool.scatter`."""
         group, pool = resident.group, self.pool
-        index = torch.tensor(slots, dtype=torch.int64).to(pool.device, non_blocking=True)
+        index = torch.tensor(slots, dtype=torch.int64)
+        pin = pool.device.type == "cuda"
         for pos, layer in enumerate(group.layers):
-            k, v = group.gather(pos, block_ids)  # [n, Hkv, 64, D] (float blocks: as kept)
-            pool.k[layer].index_copy_(0, index, k.to(pool.device, non_blocking=True))
-            pool.v[layer].index_copy_(0, index, v.to(pool.device, non_blocking=True))
-            pool.valid[layer].index_fill_(0, index, 1)
+            pool.scatter(layer, index, *group.stacked(pos, block_ids, pin))
 
     def _store(self, resident: ResidentGroup, block_ids: list[int]) -> None:
         """Slots -> store for the rows the device wrote: the slots of every layer of the group
