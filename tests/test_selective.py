@@ -39,13 +39,21 @@ def record_selections(engine: Engine) -> list[tuple[int, list[int]]]:
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("kv_path", ["store", "pool"])
-def test_a_pool_holding_every_block_gives_the_exact_tokens(policy, kv_path, tiny_models, kv_home):
+def test_a_pool_holding_every_block_gives_the_exact_bits(policy, kv_path, tiny_models, kv_home):
+    """Every block chosen: exact mode's tokens and logits, bit for bit (on the pool path the mover
+    copies the next layer's blocks ahead: a copy of the block a step writes into, made before the
+    step's row was written, once hid that row from every layer after the first)."""
     model = tiny_models["llama"]
     ids = random_prompt(20 * BLOCK_TOKENS + 9, seed=51)
-    exact = Engine.load(model, EngineConfig(home=str(kv_home), kv_path=kv_path))
-    engine = selective(model, kv_home, policy, 40, kv_path=kv_path)
-    expected = list(exact.generate(exact.prefill(ids), max_new_tokens=20, stop=()))
-    assert list(engine.generate(engine.prefill(ids), max_new_tokens=20, stop=())) == expected
+
+    def run(engine):
+        ctx = engine.prefill(ids)
+        return [(token, ctx.last_logits.clone()) for token in engine.generate(ctx, max_new_tokens=20, stop=())]
+
+    expected = run(Engine.load(model, EngineConfig(home=str(kv_home), kv_path=kv_path)))
+    got = run(selective(model, kv_home, policy, 40, kv_path=kv_path))
+    assert [t for t, _ in got] == [t for t, _ in expected]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(got, expected))
 
 
 def test_quest_chooses_the_block_whose_keys_bound_every_query(tiny_models, kv_home):
@@ -184,16 +192,21 @@ def test_scores_follow_a_question_appended_after_a_shared_document(tiny_models, 
 def test_the_mover_never_lets_attention_read_an_unfinished_copy(tiny_models, kv_home, monkeypatch):
     """A slow link, made deterministic: each prefetched copy lands only once attention has come to
     a slot whose copy is still in flight (an event the layer's wait sets), so the layer must wait
-    for it; every slot a layer reads has its valid bit set, and the tokens are the exact run's."""
+    for it; every slot a layer reads has its valid bit set, and the tokens are the exact run's.
+    A budget of 12 blocks through 8 slots reads each layer in two passes, so the blocks of the
+    first pass have left the slots by the next step and are prefetched again (whole blocks only:
+    the block a step writes into is copied when its layer reads it)."""
     import sys
     import threading
 
     model = tiny_models["llama"]
     ids = random_prompt(24 * BLOCK_TOKENS, seed=56)
     reference = selective(model, kv_home, "lru", 8, kv_path="pool")
+    reference.set_selection("lru", 12)
     expected = list(reference.generate(reference.prefill(ids), max_new_tokens=12, stop=()))
 
     engine = selective(model, kv_home, "lru", 8, kv_path="pool")
+    engine.set_selection("lru", 12)
     mover = engine.pool.mover
     waited_for = threading.Event()  # set when attention waits for a copy: only then do prefetches land
     landed, in_flight = [], []  # prefetched copies done; per wait of attention, whether its copy was still out
@@ -247,6 +260,7 @@ def test_the_pool_counts_a_slot_handed_out_before_its_copy_landed(tiny_models, k
     from concurrent.futures import Future
 
     engine = selective(tiny_models["llama"], kv_home, "lru", 8, kv_path="pool")
+    engine.set_selection("lru", 12)  # two passes a layer: the first pass's blocks are prefetched again
     mover = engine.pool.mover
 
     def start(copy, valid, slot):  # never copies, never sets the bit, and says it is done

@@ -135,7 +135,7 @@ class AttentionDispatch:
             if not exact:
                 ids, positions = self.selector.select(layer, q[i], segment.ctx, ids, positions, segment.start)
                 if self.pool.mover is not None and layer + 1 < self.spec.num_layers:
-                    self._prefetch(layer + 1, segment.ctx, segment.start + 1)
+                    self._prefetch(layer + 1, segment.ctx, segment.start)
             blocks.append((ids, positions))
         plan = DecodePlan.build(blocks, [s.start for s in step.decode])
         if exact:
@@ -289,16 +289,18 @@ class AttentionDispatch:
 
         return copy_in
 
-    def _prefetch(self, layer: int, ctx: Context, seq_end: int) -> None:
-        """Starts copying the blocks `layer` is predicted to read into its slots (the mover runs them)."""
+    def _prefetch(self, layer: int, ctx: Context, written: int) -> None:
+        """Starts copying the blocks `layer` is predicted to read into its slots (the mover runs
+        them): those whose rows are all in the store (`written` tokens have K/V there), not the one
+        `layer` writes this step's row into before it reads it (copied then, it would lack the row)."""
         predicted = self.selector.predicted(layer, ctx)
         if predicted is None:
             return
         group = self.store.group_of(layer)
         ids = ctx.tables[group.index].ids
         generation = group.allocator.generation
-        blocks = [(ids[p], generation[ids[p]], min(BLOCK_TOKENS, seq_end - p * BLOCK_TOKENS))
-                  for p in predicted if p < len(ids) and ids[p] is not None]
+        blocks = [(ids[p], generation[ids[p]], BLOCK_TOKENS)
+                  for p in predicted if (p + 1) * BLOCK_TOKENS <= written and ids[p] is not None]
         self.pool.prefetch(layer, blocks, self._copier(layer, group))
 
     # -- the scores policy -------------------------------------------------------------------------
