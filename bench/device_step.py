@@ -5,6 +5,7 @@ query and 3 KV heads of 64, a hidden size of 72).
 
     python bench/device_step.py                                   # batch 64 over a 1K document
     python bench/device_step.py --batch 16 --context 4096 --steps 20 --json out.json
+    python bench/device_step.py --policy scores --budget 8         # selective mode, 8 blocks a query
 
 Host preparation: per decode step, the wall time of everything the device path does on the host
 (blocks made room for, the pool's bookkeeping, the plan packed into the step's buffer), that is
@@ -15,7 +16,9 @@ GPU leaves the host's core to the host. Operations: aten
 operations dispatched during one steady decode step (TorchDispatchMode), per layer, for both
 paths. The torch backend runs the attention (the Triton interpreter would count its emulation).
 Prompt chunks: the document prefilled in chunks of `--chunk` tokens on each path, the host's reads
-of tensor values (engine/hostreads.py) and the aten operations per chunk per layer.
+of tensor values (engine/hostreads.py) and the aten operations per chunk per layer. With
+`--policy`, selective mode: each layer's blocks chosen on the device within `--budget` blocks a
+query (its prompts run on the per-layer path, which keeps their queries: no prompt-chunk counts).
 """
 
 from __future__ import annotations
@@ -57,11 +60,18 @@ class Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+SELECTION: tuple[str, int] | None = None  # selective mode's policy and budget (--policy, --budget)
+
+
 def engine_for(step: str, pool_mib: float, batch: int):
     from kvpage_cli.engine import Engine, EngineConfig
 
-    return Engine.load(model(), EngineConfig(device="cpu", backend="torch", kv_path="pool", pool_mib=pool_mib,
-                                             decode_step=step, kv_cache=False, max_batch=batch))
+    extra = dict(mode="selective", policy=SELECTION[0]) if SELECTION else {}
+    engine = Engine.load(model(), EngineConfig(device="cpu", backend="torch", kv_path="pool", pool_mib=pool_mib,
+                                               decode_step=step, kv_cache=False, max_batch=batch, **extra))
+    if SELECTION:
+        engine.set_selection(*SELECTION)
+    return engine
 
 
 def requests(engine, batch: int, context: int, new_tokens: int):
@@ -129,6 +139,8 @@ def ops_per_layer(step: str, batch: int, context: int, pool_mib: float) -> float
             next(run)
     if step != "host":
         assert engine.device_decode.resident.active, "the step did not run on the device path"
+        if SELECTION:
+            assert any(key[2] is not None for key in engine.device_decode.buffers), "no step chose on the device"
     return ops.count / LAYERS
 
 
@@ -161,17 +173,26 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--pool-mib", type=float, default=4096.0)
     parser.add_argument("--chunk", type=int, default=256, help="prompt chunk tokens for the prefill counts")
+    parser.add_argument("--policy", choices=["quest", "scores"], default=None,
+                        help="selective mode with this policy (the device chooses each layer's blocks)")
+    parser.add_argument("--budget", type=int, default=8, help="selective mode's blocks a query reads")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
+    global SELECTION
+    SELECTION = (args.policy, args.budget) if args.policy else None
     torch.set_num_threads(1)
     host = host_preparation(args.batch, args.context, args.steps, args.pool_mib)
     alone = host_preparation(args.batch, args.context, args.steps, args.pool_mib, device_work=False)
     device_ops = ops_per_layer("eager", args.batch, args.context, args.pool_mib)
     host_ops = ops_per_layer("host", args.batch, args.context, args.pool_mib)
-    device_reads, device_chunk_ops, device_sites = prefill_counts("eager", args.context, args.chunk, args.pool_mib)
-    host_reads, host_chunk_ops, host_sites = prefill_counts("host", args.context, args.chunk, args.pool_mib)
+    device_reads = device_chunk_ops = host_reads = host_chunk_ops = None
+    device_sites = host_sites = {}
+    if not SELECTION:
+        device_reads, device_chunk_ops, device_sites = prefill_counts("eager", args.context, args.chunk, args.pool_mib)
+        host_reads, host_chunk_ops, host_sites = prefill_counts("host", args.context, args.chunk, args.pool_mib)
     result = {
         "batch": args.batch, "context": args.context, "layers": LAYERS, "steps": len(host),
+        "policy": args.policy, "budget_blocks": args.budget if args.policy else None,
         "host_prep_us_median": statistics.median(host) * 1e6, "host_prep_us_p90": sorted(host)[int(0.9 * len(host))] * 1e6,
         "host_prep_alone_us_median": statistics.median(alone) * 1e6,
         "host_prep_alone_us_p90": sorted(alone)[int(0.9 * len(alone))] * 1e6,
@@ -181,15 +202,18 @@ def main() -> None:
         "prefill_aten_ops_per_chunk_layer_host_path": host_chunk_ops,
         "prefill_read_sites_device": device_sites, "prefill_read_sites_host_path": host_sites,
     }
-    print(f"batch {args.batch}, {args.context}-token document, {LAYERS} layers, {len(host)} steps")
+    mode = f", selective mode ({args.policy}, {args.budget} blocks a query)" if args.policy else ""
+    print(f"batch {args.batch}, {args.context}-token document, {LAYERS} layers, {len(host)} steps{mode}")
     print(f"host preparation per device step: median {result['host_prep_us_median']:.0f} us, "
           f"p90 {result['host_prep_us_p90']:.0f} us (the torch backend's step run between on the same core); "
           f"with no device work between steps (as a GPU runs it): median {result['host_prep_alone_us_median']:.0f} us, "
           f"p90 {result['host_prep_alone_us_p90']:.0f} us")
     print(f"aten ops per decode step per layer: device step {device_ops:.1f}, host path {host_ops:.1f}")
-    print(f"prompt chunks of {args.chunk} tokens: host reads per chunk: device {device_reads:.1f}, host path "
-          f"{host_reads:.1f}; aten ops per chunk per layer: device {device_chunk_ops:.1f}, host path {host_chunk_ops:.1f}")
-    print(f"  the device path's reads by site: {device_sites}")
+    if not SELECTION:
+        print(f"prompt chunks of {args.chunk} tokens: host reads per chunk: device {device_reads:.1f}, host path "
+              f"{host_reads:.1f}; aten ops per chunk per layer: device {device_chunk_ops:.1f}, host path "
+              f"{host_chunk_ops:.1f}")
+        print(f"  the device path's reads by site: {device_sites}")
     write_result("device_step", args, result, args.json_path)
 
 

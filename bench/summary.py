@@ -382,13 +382,14 @@ def review_formats(results: dict, stamp: dict) -> str:
 
 
 def device_step(results: dict, stamp: dict) -> str:
-    text = (f"batch {results['batch']}, {tokens(results['context'])}-token document, {results['layers']} layers: host "
-            f"preparation {results['host_prep_us_median']:.0f} us a step")
+    mode = f", selective mode ({results['policy']}, {results['budget_blocks']} blocks a query)" if results.get("policy") else ""
+    text = (f"batch {results['batch']}, {tokens(results['context'])}-token document, {results['layers']} layers{mode}: "
+            f"host preparation {results['host_prep_us_median']:.0f} us a step")
     if "host_prep_alone_us_median" in results:
         text += f" ({results['host_prep_alone_us_median']:.0f} us with no device work between)"
     text += (f"; aten ops a layer {results['aten_ops_per_layer_device_step']:.0f} against "
              f"{results['aten_ops_per_layer_host_path']:.0f} on the host path")
-    if "prefill_host_reads_per_chunk_device" in results:
+    if results.get("prefill_host_reads_per_chunk_device") is not None:
         text += (f"; a {results['prefill_chunk']}-token prompt chunk: {results['prefill_host_reads_per_chunk_device']:.0f} "
                  f"host reads against {results['prefill_host_reads_per_chunk_host_path']:.0f} (the torch backend's CPU kernel)")
     return text

@@ -307,6 +307,82 @@ def test_a_decode_step_that_does_not_fit_says_so_to_the_runs_callback(kv_home):
     assert len(warnings) == 1 and "reads 5 blocks per layer" in warnings[0], warnings
 
 
+def selective_decode(model, kv_home, backend: str, step: str, policy: str, document: list[int], new_tokens: int,
+                     recent: int):
+    """Three forks decoded in selective mode, 3 blocks a query (the first, the `recent` last and
+    the best others): their tokens and logits, and the engine."""
+    engine = load(model, kv_home, backend, step, mode="selective", policy=policy)
+    engine.set_selection(policy, budget=3, recent_blocks=recent)
+    return (*decode(engine, document, 3, new_tokens), engine)
+
+
+@pytest.mark.parametrize("arch,backend,policy,recent", [("llama", "triton", "quest", 0),
+                                                        ("gemma3_text", "triton", "scores", 1),
+                                                        ("llama", "torch", "quest", 1), ("llama", "torch", "scores", 1)])
+def test_selective_mode_on_the_device_chooses_the_per_layer_paths_blocks(arch, backend, policy, recent, kv_home):
+    """Each layer's blocks chosen on the device (the quest policy's key bounds kept per slot, or the
+    scores policy's relevance packed with the plan): the blocks the per-layer path's selector
+    chooses, so its tokens, and with the Triton kernels its bits. The forks cross into a new block
+    (its bounds start again; with no recent block kept, the tail competes by the bounds of the
+    rows the device wrote) and Gemma's sliding layers read their whole window."""
+    model = tiny_model(arch, **SHAPE, sliding_window=64) if arch == "gemma3_text" else tiny_model(arch, **SHAPE,
+                                                                                                 num_hidden_layers=2)
+    document = random_prompt(5 * BLOCK_TOKENS + 54, seed=17)  # with the prompts, 8 tokens short of a new block
+    host_tokens, host_logits, host = selective_decode(model, kv_home, backend, "host", policy, document, 12,
+                                                      recent)
+    tokens, logits, engine = selective_decode(model, kv_home, backend, "eager", policy, document, 12, recent)
+    assert any(key[2] is not None for key in engine.device_decode.buffers)  # steps chose on the device
+    assert tokens == host_tokens
+    pairs = [(a, b) for ours, theirs in zip(logits, host_logits) for a, b in zip(ours, theirs)]
+    if backend == "triton":
+        assert all(torch.equal(a, b) for a, b in pairs)
+    else:  # the pairs' states in one batch: the same attention, other roundings
+        assert max(float((a - b).abs().max()) for a, b in pairs) < 1e-4
+    assert engine.metrics.blocks_attended == host.metrics.blocks_attended < engine.metrics.blocks_candidate
+    assert engine.metrics.blocks_candidate == host.metrics.blocks_candidate
+    assert int(engine.device_decode.invalid_reads) == 0
+
+
+def test_the_hosts_key_bounds_take_in_the_rows_the_device_wrote(kv_home):
+    """After decoding on the device, the quest policy's bounds on the host (which steps on the
+    per-layer path choose by) are those of every row now in the store, the device's included."""
+    model = tiny_model("llama", **SHAPE, num_hidden_layers=2)
+    engine = load(model, kv_home, "torch", "eager", mode="selective", policy="quest")
+    engine.set_selection("quest", budget=3, recent_blocks=1)
+    ctx = engine.prefill(random_prompt(5 * BLOCK_TOKENS + 54, seed=19))
+    list(engine.generate(ctx, [3], max_new_tokens=12, stop=()))  # crosses into a seventh block
+    assert engine.device_decode.buffers and ctx.num_blocks == 7
+    store, bounds = engine.store, engine.key_bounds
+    for layer in range(2):
+        group, pos = store.group_of(layer), store.layer_pos[layer]
+        for p, block_id in enumerate(ctx.tables[group.index].ids):
+            k = group.k_values(pos, block_id)[:, :min(BLOCK_TOKENS, ctx.num_cached - p * BLOCK_TOKENS)].float()
+            assert torch.equal(bounds.kmin[layer][block_id], k.amin(dim=1))
+            assert torch.equal(bounds.kmax[layer][block_id], k.amax(dim=1))
+
+
+@pytest.mark.parametrize("policy", ["quest", "scores"])
+def test_a_selective_step_reads_the_device_once_and_never_inside_its_layers(policy, kv_home):
+    """The choice is made on the device: the step's one readback brings the tokens and the count of
+    blocks chosen."""
+    model = tiny_model("llama", **SHAPE, num_hidden_layers=2)
+    engine = load(model, kv_home, "torch", "eager", pool_mib=32.0, mode="selective", policy=policy)
+    engine.set_selection(policy, budget=2, recent_blocks=1)
+    doc = engine.prefill(random_prompt(4 * BLOCK_TOKENS + 20, seed=18))
+    requests = [Request(engine.fork(doc), [5 + i], max_new_tokens=5, stop=()) for i in range(16)]
+    steps = engine.run(requests)
+    for _ in range(32):  # the prompts' step, then the first decode step (sequences join the pool)
+        next(steps)
+    with HostReads() as reads:
+        for _ in range(32):  # two steady decode steps
+            next(steps)
+    assert reads.count == 2, reads.sites
+    assert reads.by_phase["forward"] == 0
+    list(steps)
+    assert any(key[2] is not None for key in engine.device_decode.buffers)
+    assert engine.metrics.blocks_attended < engine.metrics.blocks_candidate
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (bench/gpu_check.sh runs this)")
 @pytest.mark.parametrize("batch", [1, 5, 16])
 def test_on_a_gpu_the_graph_the_eager_step_and_the_per_layer_path_give_the_same_bits(batch, kv_home):

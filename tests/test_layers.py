@@ -1,6 +1,6 @@
 """The engine's packages import only downward: base, then native/, model/, kv/, attention/, then
-the engine itself (engine, load, scheduler, device_step, index). A module that reaches up a layer
-fails here."""
+the engine itself (engine, load, scheduler, device_step, device_select, index). A module that
+reaches up a layer fails here."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ENGINE = REPO / "kvpage_cli" / "engine"
 # Each layer may import its own layer and those below it; kvpage_cli.errors is below them all.
 LAYERS = ["base", "native", "model", "kv", "attention", "top"]
 BASE = {"config", "events", "metrics", "home", "sampler", "hostreads"}
-TOP = {"engine", "load", "scheduler", "device_step", "index", "__init__"}
+TOP = {"engine", "load", "scheduler", "device_step", "device_select", "index", "__init__"}
 
 
 def layer_of(parts: tuple[str, ...]) -> str:

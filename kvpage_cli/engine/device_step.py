@@ -19,9 +19,13 @@ to rounding against its per-block path, not the same bits. A padded batch multip
 with more rows: where the matrix library chooses its kernel by row count, a real row may round
 otherwise than unpadded (README: tested for equal tokens and close logits).
 
-Steps the device path does not take (a prompt chunk, selective mode, sampling with a
-temperature, a draft model, tensor parallelism, int8 KV, or blocks that do not fit the pool) run
-on the per-layer path, after the device's rows are copied back to the store.
+In selective mode (the quest and scores policies) each layer's blocks are chosen on the device
+too (device_select.py).
+
+Steps the device path does not take (a prompt chunk that keeps its queries, the lru and draft
+policies, sampling with a temperature, a draft model, tensor parallelism, int8 KV, or blocks that
+do not fit the pool) run on the per-layer path, after the device's rows are copied back to the
+store.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from . import hostreads
 from .attention import reference
 from .attention.backend import LayerBlocks
 from .config import BLOCK_TOKENS
+from .device_select import DEVICE_POLICIES, SlotBounds, choose, pair_scores, quest_scores, scores_table
 from .events import BlocksMoved, EngineWarning, emit
 from .kv.resident import ResidentSlots
 from .model.runner import Rows
@@ -101,13 +106,29 @@ class GroupPlan:
         return self.pair_query.size
 
 
+@dataclass(frozen=True)
+class Selection:
+    """Selective mode's choice on the device: the policy, the budget and recent blocks a query
+    keeps, per group the chosen pairs' width a query (0: the group reads every pair: a sliding
+    window, or a budget no query exceeds), and per group the layers the scores policy's packed
+    scores are for (none for quest)."""
+
+    policy: str
+    budget: int
+    recent: int
+    widths: tuple[int, ...]
+    score_layers: tuple[tuple[int, ...], ...]
+
+
 class Layout:
     """Where each field of a step's metadata lies in the packed int32 buffer, for one shape key
-    (padded batch, per group (item capacity, pair capacity, pairs per query))."""
+    (padded batch, per group (item capacity, pair capacity, pairs per query), selective mode's
+    choice). The scores policy's scores are float32 bits in it."""
 
-    def __init__(self, batch: int, caps: tuple[tuple[int, int, int], ...]) -> None:
+    def __init__(self, batch: int, caps: tuple[tuple[int, int, int], ...], selection: Selection | None = None) -> None:
         self.batch = batch
         self.caps = caps
+        self.selection = selection
         self.fields: dict[str, slice] = {}
         self.size = 0
         for name in ("tokens", "positions", "q_end", "write_off"):
@@ -123,6 +144,8 @@ class Layout:
             self._add(f"pair_slot{g}", pairs)
             self._add(f"pair_pos{g}", pairs)
             self._add(f"dense{g}", batch * per_query)
+            if selection is not None and selection.score_layers[g]:
+                self._add(f"score{g}", len(selection.score_layers[g]) * pairs)
 
     def _add(self, name: str, count: int) -> None:
         self.fields[name] = slice(self.size, self.size + count)
@@ -143,11 +166,33 @@ class StepBuffers:
         self.states = [torch.zeros(pairs, num_heads, head_dim, device=device) for _, pairs, _ in layout.caps]
         self.lse = [torch.full((pairs, num_heads), float("-inf"), device=device) for _, pairs, _ in layout.caps]
         self.logit_rows = torch.arange(layout.batch, device=device)
-        self.next_tokens = torch.zeros(layout.batch, dtype=torch.int64, device=device)
+        # the step's one readback: the next tokens, then (selective mode) the blocks chosen
+        self.out = torch.zeros(layout.batch + 1, dtype=torch.int64, device=device)
+        self.next_tokens = self.out[:layout.batch]
+        self.chosen = self.out[layout.batch]
+        self.select: list[dict | None] = []  # per group: selective mode's static index tensors
+        selection = layout.selection
+        for g, (_, pairs, _) in enumerate(layout.caps):
+            width = selection.widths[g] if selection is not None else 0
+            if not width:
+                self.select.append(None)
+                continue
+            count = layout.batch * width
+            numbers = torch.arange(count + 1, dtype=torch.int32, device=device)
+            self.select.append(dict(item_off=numbers, pairs=numbers[:count], q_off=numbers[::width].contiguous(),
+                                    dense=numbers[:count].view(layout.batch, width),
+                                    states=torch.zeros(count, num_heads, head_dim, device=device),
+                                    lse=torch.full((count, num_heads), float("-inf"), device=device)))
+            if selection.score_layers[g]:
+                part = layout.fields[f"score{g}"]
+                self.view[f"score{g}"] = self.meta[part].view(torch.float32).view(len(selection.score_layers[g]), pairs)
         self.logits: torch.Tensor | None = None  # the step's logits [batch, V] (static under a graph)
         self.graph = None  # torch.cuda.CUDAGraph once captured; False where capture failed
         self.field = {name: self.host_np[part] for name, part in layout.fields.items()}  # numpy views of host
-        self.packed: list[tuple | None] = [None] * len(layout.caps)  # per group: (plan, slots' generation) packed
+        for name in self.field:
+            if name.startswith("score"):
+                self.field[name] = self.field[name].view(np.float32)
+        self.packed: list[tuple | None] = [None] * len(layout.caps)  # per group: (plan, slots' generation, score tables) packed
 
     def put(self, name: str, values, pad: int = 0) -> None:
         """A field's values, the rest of its capacity `pad`."""
@@ -155,6 +200,12 @@ class StepBuffers:
         count = len(values)
         field[:count] = values
         field[count:] = pad
+
+    def pack_scores(self, g: int, scores: np.ndarray) -> None:
+        """The scores policy's [layers, P] scores of a group's pairs (the pads' never taken)."""
+        field = self.field[f"score{g}"].reshape(scores.shape[0], -1)
+        field[:, :scores.shape[1]] = scores
+        field[:, scores.shape[1]:] = np.inf
 
     def pack_plan(self, g: int, plan: GroupPlan, slot_of: dict[int, int]) -> None:
         """The fields of a group's plan: the items' slots and positions, the pairs, padded."""
@@ -201,18 +252,26 @@ class DeviceDecode:
         self._warned = False
         self.prefilled_rows = 0  # prompt rows run here (`prefill`)
         self._said_too_small = False
+        self.bounds: SlotBounds | None = None  # the quest policy's key bounds per slot (device_select.py)
+        self._tables: dict[int, tuple] = {}  # ctx id -> (its block scores, as one array): the scores policy
+        self.step_counts = (0, 0)  # the last step's blocks attended and candidates, per layer (selective mode)
 
     # -- which steps -------------------------------------------------------------------------------
 
-    def _plain(self) -> bool:
-        """Whether the engine runs plain steps: no policy, draft or observer reads a step's attention."""
+    def _plain(self, prompt: bool) -> bool:
+        """Whether the engine's steps can run here: no draft or observer reads a step's attention;
+        a decode step's policy (selective mode) is one the device applies; a prompt has none and
+        keeps no queries."""
         engine = self.engine
-        return not (engine.policy is not None or engine.draft is not None or engine.dispatch.observer is not None
-                    or engine.dispatch.capture_rows)
+        if engine.draft is not None or engine.dispatch.observer is not None:
+            return False
+        if prompt:
+            return engine.policy is None and not engine.dispatch.capture_rows
+        return engine.policy is None or engine.policy.name in DEVICE_POLICIES
 
     def takes(self, requests) -> bool:
         """Whether this step's requests (each decoding one generated token) run here."""
-        if not self._plain():
+        if not self._plain(prompt=False):
             return False
         if any(r.temperature > 0 or r.all_logits or r.pool_values for r in requests):
             return False
@@ -246,7 +305,7 @@ class DeviceDecode:
         decode query on the per-layer path, with other bits), keeps the last row's logits or none,
         and no one asks for the queries or the value rows; the blocks the chunks read and write fit
         the slots."""
-        if not self._plain() or not work:
+        if not self._plain(prompt=True) or not work:
             return False
         capture = self.engine.dispatch.capture_ids
         for ctx, rows, keep, request in work:
@@ -267,6 +326,7 @@ class DeviceDecode:
         """One decode step over the requests' last tokens: writes their K/V, sets each context's
         logits, and returns the greedy next tokens (not yet appended) and the step's seconds."""
         engine, blocks, resident = self.engine, self.engine.blocks, self.resident
+        self._keep_bounds(engine.policy is not None and engine.policy.name == "quest")
         resident.settle()  # the copies back of the step before are in the store before blocks are copied on write
         starts = [r.ctx.num_cached for r in requests]
         for request, start in zip(requests, starts):
@@ -285,7 +345,11 @@ class DeviceDecode:
                 self._plans.clear()
                 engine._emit(engine.scheduler.listener, BlocksMoved(moved, moved_bytes, lookups=moved))
         bufs, kv_bytes = self._prepare(requests, starts)
-        seconds, tokens = self._run(bufs, len(requests))
+        seconds, tokens, chosen = self._run(bufs, len(requests))
+        self.step_counts = (0, 0)
+        if engine.policy is not None:  # selective mode: what the device chose is what was read
+            kv_bytes, *counts = self._selected(bufs, chosen)
+            self.step_counts = tuple(counts)
         logits = bufs.logits[:len(requests)].clone()  # the static outputs change at the next step
         windows = self.windows
         for request, start, row in zip(requests, starts, logits.unbind(0)):
@@ -312,11 +376,13 @@ class DeviceDecode:
             plans.append(plan)
             caps.append((capacity(plan.num_items), capacity(plan.num_pairs), capacity(plan.per_query)))
             kv_bytes += plan.num_items * group.block_bytes_per_layer * len(group.layers)
-        key = (batch, tuple(caps))
+        selection = self._selection(plans)
+        key = (batch, tuple(caps), selection)
         bufs = self.buffers.get(key)
         if bufs is None:
-            bufs = self.buffers[key] = StepBuffers(Layout(batch, tuple(caps)), self.device, self.spec.num_heads,
-                                                   self.spec.head_dim)
+            bufs = self.buffers[key] = StepBuffers(Layout(batch, tuple(caps), selection), self.device,
+                                                   self.spec.num_heads, self.spec.head_dim)
+        tables = self._score_tables(requests) if selection is not None and selection.policy == "scores" else ()
         positions = np.array(starts, dtype=np.int64)
         offsets = positions % BLOCK_TOKENS
         bufs.put("tokens", [r.ctx.tokens[s] for r, s in zip(requests, starts)])
@@ -330,10 +396,69 @@ class DeviceDecode:
             bufs.put(f"write_slot{index}", resident.place_rows(index, tails, ends), resident.sink)
             slots = resident.groups[index]
             packed = bufs.packed[index]
-            if packed is None or packed[0] is not plan or packed[1] != slots.generation:
+            if (packed is None or packed[0] is not plan or packed[1] != slots.generation
+                    or any(a is not b for a, b in zip(packed[2], tables))):
                 bufs.pack_plan(index, plan, slots.slot_of)
-                bufs.packed[index] = (plan, slots.generation)
+                if selection is not None and selection.score_layers[index]:
+                    bufs.pack_scores(index, pair_scores(plan, selection.score_layers[index], tables))
+                bufs.packed[index] = (plan, slots.generation, tables)
         return bufs, kv_bytes
+
+    def _selection(self, plans: list[GroupPlan]) -> Selection | None:
+        """Selective mode's choice for a step over these plans; None where every query reads every
+        pair (no policy, or no query has more candidates than the budget)."""
+        policy, selector = self.engine.policy, self.engine.dispatch.selector
+        if policy is None or selector is None:
+            return None
+        widths, score_layers = [], []
+        for group, plan in zip(self.store.groups, plans):
+            if group.window or plan.per_query <= selector.budget:  # the selector's exact layers, or nothing to drop
+                widths.append(0)
+                score_layers.append(())
+                continue
+            widths.append(min(capacity(plan.per_query), max(selector.budget, selector.recent_blocks + 1)))
+            score_layers.append(tuple(group.layers) if policy.name == "scores" else ())
+        if not any(widths):
+            return None
+        return Selection(policy.name, selector.budget, selector.recent_blocks, tuple(widths), tuple(score_layers))
+
+    def _score_tables(self, requests) -> tuple:
+        """The scores policy's tables of each request's context, as one array each (made once
+        per prompt's scores; None where a context has none)."""
+        tables, kept = [], {}
+        for request in requests:
+            raw = self.engine.block_scores(request.ctx)
+            entry = self._tables.get(request.ctx.id)
+            if entry is None or entry[0] is not raw:
+                entry = (raw, scores_table(raw, self.spec.num_layers))
+            kept[request.ctx.id] = entry
+            tables.append(entry[1])
+        self._tables = kept
+        return tuple(tables)
+
+    def _keep_bounds(self, wanted: bool) -> None:
+        """The quest policy's per-slot key bounds, kept while it is the policy: made with the
+        resident blocks handed back (each is loaded again, and its bounds with it)."""
+        resident = self.resident
+        if wanted and self.bounds is None:
+            self.release()
+            self.bounds = SlotBounds(self.pool)
+            resident.on_loaded, resident.on_copied = self.bounds.loaded, self.bounds.copied
+        elif not wanted and self.bounds is not None:
+            self.bounds = resident.on_loaded = resident.on_copied = None
+
+    def _selected(self, bufs: StepBuffers, chosen: int) -> tuple[int, int, int]:
+        """A selective step's K/V bytes read, blocks attended and candidates, each per layer: a
+        group that chose reads its `chosen` pairs, one whose queries read every pair its blocks."""
+        selection = bufs.layout.selection
+        read = attended = candidates = 0
+        for index, group in enumerate(self.store.groups):
+            plan, layers = self._plans[index][1], len(group.layers)
+            candidates += plan.num_pairs * layers
+            if selection is None or not selection.widths[index]:
+                attended += plan.num_pairs * layers
+                read += plan.num_items * layers * group.block_bytes_per_layer
+        return read + chosen * self.store.groups[0].block_bytes_per_layer, attended + chosen, candidates
 
     def _plan(self, index: int, requests) -> GroupPlan:
         """The group's pairs for these requests' tables, made again only when one changed."""
@@ -452,8 +577,9 @@ class DeviceDecode:
         """After a prefill step's bookkeeping (sliding windows dropped): the filled blocks copied back."""
         self.resident.mirror(full_only=True)
 
-    def _run(self, bufs: StepBuffers, count: int) -> tuple[float, list[int]]:
-        """Uploads the metadata, runs the step (its graph where captured), reads the tokens back."""
+    def _run(self, bufs: StepBuffers, count: int) -> tuple[float, list[int], int]:
+        """Uploads the metadata, runs the step (its graph where captured), reads the tokens back
+        (and the blocks chosen in selective mode, 0 otherwise)."""
         cuda = self.device.type == "cuda"
         if cuda:
             if self._events is None:
@@ -472,10 +598,10 @@ class DeviceDecode:
         hostreads.phase("readback")
         if cuda:
             self._events[1].record()
-        tokens = bufs.next_tokens[:count].tolist()  # the one readback: it waits for the step
+        values = bufs.out.tolist()  # the one readback (the tokens, the blocks chosen): it waits for the step
         hostreads.phase(None)
         seconds = self._events[0].elapsed_time(self._events[1]) / 1000 if cuda else time.perf_counter() - started
-        return seconds, tokens
+        return seconds, values[:count], values[-1]
 
     def _forward(self, bufs: StepBuffers) -> None:
         """The step itself: device work only, on static tensors (what a CUDA graph captures)."""
@@ -488,13 +614,20 @@ class DeviceDecode:
         layer_group = self.store.layer_group
         pool = self.pool
 
+        bounds = self.bounds
+
         def write_kv(layer: int, k: torch.Tensor, v: torch.Tensor, rope) -> None:
             slots = write_slots[layer_group[layer]]
-            pool.k[layer][slots, :, write_off] = rope.apply(k).to(pool.dtype)
+            kept = rope.apply(k).to(pool.dtype)
+            pool.k[layer][slots, :, write_off] = kept
             pool.v[layer][slots, :, write_off] = v.to(pool.dtype)
+            if bounds is not None:
+                bounds.wrote(layer, slots, write_off, kept)
 
         def attend(layer: int, q: torch.Tensor) -> torch.Tensor:
             return self._attend(layer, q.float().contiguous(), bufs)
+
+        bufs.chosen.zero_()
 
         for g, group in enumerate(self.store.groups):
             # the rows written now make their slots valid in every layer of the group (the sink too,
@@ -514,6 +647,8 @@ class DeviceDecode:
         g = self.store.layer_group[layer]
         group = self.store.groups[g]
         view, pool, backend = bufs.view, self.pool, self.backend
+        if bufs.select[g] is not None:
+            return self._attend_chosen(layer, g, q, bufs)
         if backend.name == "triton":
             states, lse = bufs.states[g], bufs.lse[g]
             backend.ops.shared_decode_states(
@@ -526,6 +661,37 @@ class DeviceDecode:
                                          backend.scale)
         per_query = bufs.layout.caps[g][2]
         return reference.merge_pairs(out, lse, view[f"dense{g}"].view(bufs.layout.batch, per_query))
+
+    def _attend_chosen(self, layer: int, g: int, q: torch.Tensor, bufs: StepBuffers) -> torch.Tensor:
+        """Selective mode: each query's blocks chosen on the device (device_select.py), attention
+        over those pairs only, merged in logical order."""
+        selection, view, pool, backend = bufs.layout.selection, bufs.view, self.pool, self.backend
+        window = self.store.groups[g].window
+        pair_slot, pair_pos, pair_query = view[f"pair_slot{g}"], view[f"pair_pos{g}"], view[f"pair_query{g}"]
+        if selection.policy == "quest":
+            scores = quest_scores(q, self.bounds, layer, pair_slot, pair_query)
+        else:
+            scores = view[f"score{g}"][selection.score_layers[g].index(layer)]
+        dense = view[f"dense{g}"].view(bufs.layout.batch, bufs.layout.caps[g][2]).long()
+        positions = view["positions"].long()
+        blocks = (positions + BLOCK_TOKENS - 1) // BLOCK_TOKENS  # the context's blocks before this row (ctx.num_blocks)
+        keep = (pair_pos == 0) | (pair_pos.long() >= blocks.index_select(0, pair_query.long()) - selection.recent)
+        pad = pair_slot.shape[0] - 1  # a pad entry: capacities hold one at least
+        chosen, count = choose(scores, dense, pair_slot.index_select(0, dense.reshape(-1)).view(dense.shape) >= 0,
+                               keep, selection.budget, selection.widths[g], pad)
+        bufs.chosen += count
+        index = chosen.reshape(-1)
+        slots, pos, query = pair_slot.index_select(0, index), pair_pos.index_select(0, index), pair_query.index_select(0, index)
+        select = bufs.select[g]
+        if backend.name == "triton":
+            backend.ops.shared_decode_states(
+                q, pool.k[layer], pool.v[layer], pool.valid[layer], slots, pos, select["item_off"], query,
+                view["positions"], view["q_end"], scale=backend.scale, window=window, out=select["states"],
+                lse=select["lse"])
+            return backend.ops.merge_ragged_states(select["states"], select["lse"], select["q_off"], select["pairs"])[0]
+        out, lse = reference.pair_states(q, pool.k[layer], pool.v[layer], slots, pos, query, view["positions"],
+                                         view["q_end"], window, backend.scale)
+        return reference.merge_pairs(out, lse, select["dense"])
 
     def _capture(self, bufs: StepBuffers) -> None:
         """Captures the step as a CUDA graph (after two eager runs, which compile the kernels);

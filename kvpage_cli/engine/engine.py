@@ -89,7 +89,7 @@ class Engine:
         mover = Mover(device) if selective and kv_path == "pool" else None
         self.metrics = Metrics()
         step = config.decode_step if config.decode_step != "auto" else "graph" if device.type == "cuda" else "host"
-        on_device = step != "host" and kv_path == "pool" and backend.name in ("torch", "triton") and not selective \
+        on_device = step != "host" and kv_path == "pool" and backend.name in ("torch", "triton") \
             and kv_dtype != "int8" and runner.shard is None
         self.pool = SlotPool(spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, self.kv_dtype, device, mover,
                              self._relay, sink=on_device)
@@ -102,6 +102,7 @@ class Engine:
         self.device_decode = DeviceDecode(self, graphs=step == "graph") if on_device else None
         if self.device_decode is not None:
             self.blocks.on_copy = self.device_decode.resident.copied_on_write
+            self.device_decode.resident.on_landed = self.blocks.landed  # selective mode's key bounds see them
         self.draft = draft
         self.policy = None
         if selective:

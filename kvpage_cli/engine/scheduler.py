@@ -147,7 +147,8 @@ class Scheduler:
             tokens, seconds = self.device_decode.decode(active)
         finally:
             self.listener = None
-        self.engine._emit(on_event, StepDone(0, len(active), seconds, self.device_decode.kv_read_bytes))
+        self.engine._emit(on_event, StepDone(0, len(active), seconds, self.device_decode.kv_read_bytes,
+                                                      *self.device_decode.step_counts))
         progress.decode_seconds += seconds
         for request, token in zip(active, tokens):
             token = self._sample(request, token)

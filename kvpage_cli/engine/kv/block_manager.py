@@ -222,6 +222,12 @@ class BlockManager:
         for write in plan.writes if self.watchers else ():
             self._tell_watchers(layer, group, write, k[write.rows])
 
+    def landed(self, layer: int, block_id: int, k: torch.Tensor) -> None:
+        """A block's rows written elsewhere (a device step's) are now in the store: K [Hkv, rows,
+        D] from row 0; watchers are told as of rows written."""
+        for watcher in self.watchers:
+            watcher.written(layer, block_id, k, True)
+
     def _tell_watchers(self, layer: int, group, write: Write, k: torch.Tensor) -> None:
         """k: [t, Hkv, D] rotated rows of one write, told block by block."""
         ids = write.tables[group.index].ids

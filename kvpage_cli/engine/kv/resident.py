@@ -94,6 +94,12 @@ class ResidentSlots:
         self.mirrored_blocks = 0  # blocks copied back to the store
         self.evicted_blocks = 0  # blocks that gave their slots to others'
         self.pending: list[Mirror] = []  # copies back not yet put into the store (`settle`)
+        # hooks: blocks loaded into slots (layers, slots, rows each), a slot copied on write
+        # (layers, src slot, dst slot), a block's rows put back into the store (layer, block id,
+        # K [Hkv, rows, D]): selective mode's bounds follow the blocks (device_select.py)
+        self.on_loaded = None
+        self.on_copied = None
+        self.on_landed = None
 
     @property
     def sink(self) -> int:
@@ -141,7 +147,7 @@ class ResidentSlots:
             # a block with no rows before `end` (added for the rows a step writes) takes its slot only
             loaded = [(b, s) for b, s in zip(missing, slots) if wanted[b]]
             if loaded:
-                self._load(resident, [b for b, _ in loaded], [s for _, s in loaded])
+                self._load(resident, [b for b, _ in loaded], [s for _, s in loaded], [wanted[b] for b, _ in loaded])
             self.loaded_blocks += len(loaded)
             moved += len(loaded)
             moved_bytes += len(loaded) * self.pool.slot_bytes * len(resident.group.layers)
@@ -188,6 +194,8 @@ class ResidentSlots:
         for layer in group_layers:
             self.pool.k[layer][dst_slot].copy_(self.pool.k[layer][src_slot])
             self.pool.v[layer][dst_slot].copy_(self.pool.v[layer][src_slot])
+        if self.on_copied is not None:
+            self.on_copied(group_layers, src_slot, dst_slot)
         self.wrote(index, dst, rows)
 
     def forget(self, group_layers: list[int], block_ids: list[int]) -> None:
@@ -228,14 +236,17 @@ class ResidentSlots:
 
     # -- copies -----------------------------------------------------------------------------------
 
-    def _load(self, resident: ResidentGroup, block_ids: list[int], slots: list[int]) -> None:
-        """Store -> slots for every layer of the group: per layer one gather on the host into a
-        page-locked piece (on a GPU: the copy is asynchronous) and `SlotPool.scatter`."""
+    def _load(self, resident: ResidentGroup, block_ids: list[int], slots: list[int], rows: list[int]) -> None:
+        """Store -> slots for every layer of the group (the blocks' first `rows` rows are theirs):
+        per layer one gather on the host into a page-locked piece (on a GPU: the copy is
+        asynchronous) and `SlotPool.scatter`."""
         group, pool = resident.group, self.pool
         index = torch.tensor(slots, dtype=torch.int64)
         pin = pool.device.type == "cuda"
         for pos, layer in enumerate(group.layers):
             pool.scatter(layer, index, *group.stacked(pos, block_ids, pin))
+        if self.on_loaded is not None:
+            self.on_loaded(group.layers, slots, rows)
 
     def _store(self, resident: ResidentGroup, block_ids: list[int]) -> None:
         """Slots -> store for the rows the device wrote: the slots of every layer of the group
@@ -273,6 +284,8 @@ class ResidentSlots:
                     if block_id not in mirror.freed:
                         group.k_block(pos, block_id)[:, :count].copy_(mirror.k[pos, i, :, :count])
                         group.v_block(pos, block_id)[:, :count].copy_(mirror.v[pos, i, :, :count])
+                        if self.on_landed is not None:
+                            self.on_landed(group.layers[pos], block_id, group.k_block(pos, block_id)[:, :count])
         self.pending.clear()
 
     def _evict(self, resident: ResidentGroup, count: int, keep: set[int]) -> None:
