@@ -4,7 +4,8 @@
 # OUT_DIR, the parts that matter most first:
 #   1. tests/test_device_step.py on the GPU: the decode step captured as a CUDA graph, run eagerly
 #      and on the per-layer path give the same bits; one read of the device a step; prompt chunks
-#      on the device's slots give the per-layer path's bits and read nothing back;
+#      on the device's slots give the per-layer path's bits and read nothing back; selective
+#      mode's choice on the device, captured, gives the per-layer path's tokens and bits;
 #   2. bench/engine.py, kvpage beside transformers on the same device: prefill and decode tok/s at
 #      1K and 8K, float32 weights and the GGUF's own blocks, a 1 GiB pool: every block resident
 #      (SmolLM2's 8K tokens take 188 MiB), so prompt chunks and decode steps run on the device,

@@ -410,3 +410,23 @@ def test_on_a_gpu_the_graph_the_eager_step_and_the_per_layer_path_give_the_same_
                 assert all(torch.equal(a, b) for a, b in zip(ours, theirs)), name
             else:  # 5 rows padded to 8: cuBLAS may choose another kernel for 8 rows than for 5
                 assert max(float((a - b).abs().max()) for a, b in zip(ours, theirs)) < 1e-4, name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (bench/gpu_check.sh runs this)")
+@pytest.mark.parametrize("policy", ["quest", "scores"])
+def test_on_a_gpu_selective_mode_chooses_in_the_graph_as_the_per_layer_path_does(policy, kv_home):
+    """Selective mode's choice (sorts, scatters, the bounds' updates) captured in the CUDA graph:
+    the per-layer path's tokens, and its bits where the batch needs no padding (4 forks)."""
+    model = tiny_model("llama", **SHAPE, num_hidden_layers=4)
+    document = random_prompt(5 * BLOCK_TOKENS + 54, seed=17)
+    runs = {}
+    for step in ("graph", "host"):
+        engine = load(model, kv_home, "triton", step, pool_mib=64.0, device="cuda", mode="selective", policy=policy)
+        engine.set_selection(policy, budget=3, recent_blocks=1)
+        runs[step] = (*decode(engine, document, 4, 12), engine)
+    tokens, logits, engine = runs["graph"]
+    assert any(b.graph for b in engine.device_decode.buffers.values())
+    assert any(key[2] is not None for key in engine.device_decode.buffers)
+    assert tokens == runs["host"][0]
+    assert all(torch.equal(a, b) for ours, theirs in zip(logits, runs["host"][1]) for a, b in zip(ours, theirs))
+    assert engine.metrics.blocks_attended == runs["host"][2].metrics.blocks_attended

@@ -440,11 +440,14 @@ class DeviceDecode:
         """The quest policy's per-slot key bounds, kept while it is the policy: made with the
         resident blocks handed back (each is loaded again, and its bounds with it)."""
         resident = self.resident
-        if wanted and self.bounds is None:
+        if wanted == (self.bounds is not None):
+            return
+        self.buffers.clear()  # steps captured with the bounds (or without) are made again
+        if wanted:
             self.release()
             self.bounds = SlotBounds(self.pool)
             resident.on_loaded, resident.on_copied = self.bounds.loaded, self.bounds.copied
-        elif not wanted and self.bounds is not None:
+        else:
             self.bounds = resident.on_loaded = resident.on_copied = None
 
     def _selected(self, bufs: StepBuffers, chosen: int) -> tuple[int, int, int]:
