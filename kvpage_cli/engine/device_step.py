@@ -192,7 +192,8 @@ class StepBuffers:
         for name in self.field:
             if name.startswith("score"):
                 self.field[name] = self.field[name].view(np.float32)
-        self.packed: list[tuple | None] = [None] * len(layout.caps)  # per group: (plan, slots' generation, score tables) packed
+        # per group what was packed: (plan, slots' generation, the scores policy's tables)
+        self.packed: list[tuple | None] = [None] * len(layout.caps)
 
     def put(self, name: str, values, pad: int = 0) -> None:
         """A field's values, the rest of its capacity `pad`."""
@@ -616,7 +617,6 @@ class DeviceDecode:
         rows = Rows.of([1] * bufs.layout.batch)
         layer_group = self.store.layer_group
         pool = self.pool
-
         bounds = self.bounds
 
         def write_kv(layer: int, k: torch.Tensor, v: torch.Tensor, rope) -> None:
@@ -684,7 +684,7 @@ class DeviceDecode:
                                keep, selection.budget, selection.widths[g], pad)
         bufs.chosen += count
         index = chosen.reshape(-1)
-        slots, pos, query = pair_slot.index_select(0, index), pair_pos.index_select(0, index), pair_query.index_select(0, index)
+        slots, pos, query = (t.index_select(0, index) for t in (pair_slot, pair_pos, pair_query))
         select = bufs.select[g]
         if backend.name == "triton":
             backend.ops.shared_decode_states(
