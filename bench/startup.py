@@ -62,7 +62,7 @@ def main() -> None:
 
     home = Path(args.home) if args.home else default_home()
     env = {**os.environ, "KVPAGE_HOME": str(home)}
-    ask = [sys.executable, "-c", "from kvpage_cli.cli.app import main; main()", "ask", "-", QUESTION,
+    ask = [sys.executable, "-c", "from kvpage_cli.cli.script import main; main()", "ask", "-", QUESTION,
            "--max-new-tokens", "16", "--no-cache"]
     timed(ask, env, TEXT)  # the GGUF metadata folder and the native kernels, made once
     cases: dict[str, list[tuple[float, float]]] = {"kvpage, card removed first": [], "kvpage, with its card": []}

@@ -81,7 +81,19 @@ def test_nothing_at_the_checkouts_root_shadows_an_installed_package():
 
 def test_wheel_declares_the_console_script(wheel):
     [entry_points] = [name for name in wheel.namelist() if name.endswith(".dist-info/entry_points.txt")]
-    assert "kvpage = kvpage_cli.cli.app:main" in wheel.read(entry_points).decode()
+    assert "kvpage = kvpage_cli.cli.script:main" in wheel.read(entry_points).decode()
+
+
+def test_the_console_script_runs_a_command_with_the_collector_back_on():
+    """The script pauses the garbage collector for the imports only: the command runs (here its
+    help) and, when it starts, collection is on again with the imports' objects frozen."""
+    probe = ("import gc, sys; import kvpage_cli.cli.app as app; "
+             "app.main = lambda: print('collector', gc.isenabled(), gc.get_freeze_count() > 10000) or app.app(); "
+             "from kvpage_cli.cli.script import main; main()")
+    done = subprocess.run([sys.executable, "-c", probe, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "collector True True" in done.stdout
+    assert "review" in done.stdout and "ask" in done.stdout
 
 
 def _imports(path) -> set[str]:
