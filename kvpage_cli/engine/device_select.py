@@ -38,18 +38,22 @@ DEVICE_POLICIES = ("quest", "scores")
 class SlotBounds:
     """Per layer and slot (the sink included) the element-wise min and max of the keys a resident
     block holds, fp32 from the values as kept: the host's QuestPolicy computes its bounds from the
-    same values, and min and max do not round."""
+    same values, and min and max do not round. Only for `layers` (those that select: sliding-window
+    layers read their whole window)."""
 
-    def __init__(self, pool) -> None:
+    def __init__(self, pool, layers: list[int]) -> None:
         pool.allocate()
         self.pool = pool
         slots, heads, _, dim = pool.k[0].shape
         device = pool.device
-        self.kmin = [torch.full((slots, heads, dim), float("inf"), device=device) for _ in range(pool.num_layers)]
-        self.kmax = [torch.full((slots, heads, dim), float("-inf"), device=device) for _ in range(pool.num_layers)]
+        self.kmin = {layer: torch.full((slots, heads, dim), float("inf"), device=device) for layer in layers}
+        self.kmax = {layer: torch.full((slots, heads, dim), float("-inf"), device=device) for layer in layers}
 
     def loaded(self, layers: list[int], slots: list[int], rows: list[int]) -> None:
         """Blocks just loaded into `slots` of every layer in `layers`, their first `rows` rows theirs."""
+        layers = [layer for layer in layers if layer in self.kmin]
+        if not layers:
+            return
         device = self.pool.device
         index = torch.tensor(slots, dtype=torch.int64).to(device, non_blocking=True)
         count = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
@@ -60,13 +64,15 @@ class SlotBounds:
             self.kmax[layer].index_copy_(0, index, k.masked_fill(unwritten, float("-inf")).amax(dim=2))
 
     def copied(self, layers: list[int], src: int, dst: int) -> None:
-        for layer in layers:
+        for layer in (layer for layer in layers if layer in self.kmin):
             self.kmin[layer][dst].copy_(self.kmin[layer][src])
             self.kmax[layer][dst].copy_(self.kmax[layer][src])
 
     def wrote(self, layer: int, slots: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor) -> None:
         """A step's rows k [B, Hkv, D] (as kept) written at `offsets` of `slots` (device, [B]); a
         row at offset 0 starts its block's bounds. Padding rows all go to the sink, never read."""
+        if layer not in self.kmin:
+            return
         row = k.float()
         first = (offsets == 0)[:, None, None]
         low = torch.where(first, row, torch.minimum(self.kmin[layer].index_select(0, slots), row))
@@ -87,22 +93,26 @@ def quest_scores(q: torch.Tensor, bounds: SlotBounds, layer: int, pair_slot: tor
     return key_bound(qg, kmin, kmax).sum(dim=(1, 2))
 
 
-def choose(scores: torch.Tensor, dense: torch.Tensor, real: torch.Tensor, keep: torch.Tensor, budget: int,
-           width: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each query's chosen pairs, as `policy.choose` picks them.
-
-    scores, keep: [P] per pair; dense [Nq, K] each query's pairs in logical order (pads: entries
-    not `real`); the kept pairs and the best-scored others within `budget` pairs a query (all the
-    kept ones where they are more), ties to the later block. Returns ([Nq, width] the chosen
-    pairs in logical order, `pad` after them; the number chosen, a device scalar)."""
+def candidates(dense: torch.Tensor, real: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What every layer of a group chooses from, made once a step: dense [Nq, K] each query's
+    pairs in logical order (pads: entries not `real`), keep [P] the always-kept pairs -> (dense
+    as int64, [Nq, K] each entry's kind with the later blocks first: 1 kept, 0 other, -1 none)."""
     index = dense.long()
-    kind = torch.where(real, keep[index].to(torch.int32), -1).flip(1)  # 1 kept, 0 other, -1 none; later first
+    return index, torch.where(real, keep[index].to(torch.int32), -1).flip(1)
+
+
+def choose(scores: torch.Tensor, index: torch.Tensor, kind: torch.Tensor, budget: int, width: int,
+           pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's chosen pairs, as `policy.choose` picks them: scores [P] per pair; index, kind
+    from `candidates`; the kept pairs and the best-scored others within `budget` pairs a query
+    (all the kept ones where they are more), ties to the later block. Returns ([Nq, width] the
+    chosen pairs in logical order, `pad` after them; the number chosen, a device scalar)."""
     by_score = torch.sort(scores[index].flip(1), dim=1, descending=True, stable=True).indices
     by_kind = torch.sort(kind.gather(1, by_score), dim=1, descending=True, stable=True).indices
     order = by_score.gather(1, by_kind)  # columns of the flipped rows, the first to take first
     limit = torch.clamp((kind == 1).sum(dim=1), min=budget)
     take = torch.arange(index.shape[1], device=index.device)[None, :] < limit[:, None]
-    chosen = (torch.zeros_like(take).scatter_(1, order, take).flip(1) & real)
+    chosen = (torch.zeros_like(take).scatter_(1, order, take) & (kind >= 0)).flip(1)
     column = torch.where(chosen, chosen.cumsum(dim=1) - 1, width)  # width: a column dropped below
     out = torch.full((index.shape[0], width + 1), pad, dtype=torch.int64, device=index.device)
     out.scatter_(1, column, index)

@@ -41,7 +41,7 @@ from . import hostreads
 from .attention import reference
 from .attention.backend import LayerBlocks
 from .config import BLOCK_TOKENS
-from .device_select import DEVICE_POLICIES, SlotBounds, choose, pair_scores, quest_scores, scores_table
+from .device_select import DEVICE_POLICIES, SlotBounds, candidates, choose, pair_scores, quest_scores, scores_table
 from .events import BlocksMoved, EngineWarning, emit
 from .kv.resident import ResidentSlots
 from .model.runner import Rows
@@ -187,6 +187,7 @@ class StepBuffers:
                 part = layout.fields[f"score{g}"]
                 self.view[f"score{g}"] = self.meta[part].view(torch.float32).view(len(selection.score_layers[g]), pairs)
         self.logits: torch.Tensor | None = None  # the step's logits [batch, V] (static under a graph)
+        self.candidates: dict[int, tuple] = {}  # a step's per selecting group: what its layers choose from
         self.graph = None  # torch.cuda.CUDAGraph once captured; False where capture failed
         self.field = {name: self.host_np[part] for name, part in layout.fields.items()}  # numpy views of host
         for name in self.field:
@@ -446,7 +447,8 @@ class DeviceDecode:
         self.buffers.clear()  # steps captured with the bounds (or without) are made again
         if wanted:
             self.release()
-            self.bounds = SlotBounds(self.pool)
+            selecting = [layer for group in self.store.groups if not group.window for layer in group.layers]
+            self.bounds = SlotBounds(self.pool, selecting)
             resident.on_loaded, resident.on_copied = self.bounds.loaded, self.bounds.copied
         else:
             self.bounds = resident.on_loaded = resident.on_copied = None
@@ -631,6 +633,8 @@ class DeviceDecode:
             return self._attend(layer, q.float().contiguous(), bufs)
 
         bufs.chosen.zero_()
+        # what each selecting group's layers choose from: the same in every layer of the step
+        bufs.candidates = {g: self._candidates(bufs, g) for g, select in enumerate(bufs.select) if select is not None}
 
         for g, group in enumerate(self.store.groups):
             # the rows written now make their slots valid in every layer of the group (the sink too,
@@ -675,13 +679,8 @@ class DeviceDecode:
             scores = quest_scores(q, self.bounds, layer, pair_slot, pair_query)
         else:
             scores = view[f"score{g}"][selection.score_layers[g].index(layer)]
-        dense = view[f"dense{g}"].view(bufs.layout.batch, bufs.layout.caps[g][2]).long()
-        positions = view["positions"].long()
-        blocks = (positions + BLOCK_TOKENS - 1) // BLOCK_TOKENS  # the context's blocks before this row (ctx.num_blocks)
-        keep = (pair_pos == 0) | (pair_pos.long() >= blocks.index_select(0, pair_query.long()) - selection.recent)
         pad = pair_slot.shape[0] - 1  # a pad entry: capacities hold one at least
-        chosen, count = choose(scores, dense, pair_slot.index_select(0, dense.reshape(-1)).view(dense.shape) >= 0,
-                               keep, selection.budget, selection.widths[g], pad)
+        chosen, count = choose(scores, *bufs.candidates[g], selection.budget, selection.widths[g], pad)
         bufs.chosen += count
         index = chosen.reshape(-1)
         slots, pos, query = (t.index_select(0, index) for t in (pair_slot, pair_pos, pair_query))
@@ -695,6 +694,17 @@ class DeviceDecode:
         out, lse = reference.pair_states(q, pool.k[layer], pool.v[layer], slots, pos, query, view["positions"],
                                          view["q_end"], window, backend.scale)
         return reference.merge_pairs(out, lse, select["dense"])
+
+    def _candidates(self, bufs: StepBuffers, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A selecting group's queries' pairs and which are always kept (device_select.candidates)."""
+        view = bufs.view
+        pair_slot, pair_pos, pair_query = view[f"pair_slot{g}"], view[f"pair_pos{g}"], view[f"pair_query{g}"]
+        dense = view[f"dense{g}"].view(bufs.layout.batch, bufs.layout.caps[g][2])
+        blocks = (view["positions"].long() + BLOCK_TOKENS - 1) // BLOCK_TOKENS  # the context's blocks before the row
+        recent = bufs.layout.selection.recent
+        keep = (pair_pos == 0) | (pair_pos.long() >= blocks.index_select(0, pair_query.long()) - recent)
+        real = pair_slot.index_select(0, dense.reshape(-1).long()).view(dense.shape) >= 0
+        return candidates(dense, real, keep)
 
     def _capture(self, bufs: StepBuffers) -> None:
         """Captures the step as a CUDA graph (after two eager runs, which compile the kernels);
