@@ -101,6 +101,50 @@ def test_forks_of_a_loaded_document_answer_like_a_fresh_one(llama, tmp_path):
     assert list(engine.generate(engine.fork(doc), question, max_new_tokens=10, stop=())) == expected
 
 
+@pytest.mark.parametrize("arch,length", [("llama", 3 * SEGMENT + 2 * BLOCK_TOKENS), ("llama", 2 * SEGMENT),
+                                         ("gemma3_text", 3 * BLOCK_TOKENS)])
+def test_a_prompt_read_without_its_logits_is_restored_whole_with_the_same_bits(arch, length, tmp_path):
+    """A retrieval index's head: no logits read, so its last blocks are saved and loaded too."""
+    model = tiny_model(arch)  # gemma3: its sliding-window layers keep only the blocks still seen
+    ids, question = random_prompt(length, seed=21), random_prompt(40, seed=22)
+    fresh = load(model, tmp_path, kv_cache=False)
+    expected = fresh.logits(fresh.append(fresh.prefill(ids), question)).clone()
+    expected_tokens = list(fresh.generate(fresh.prefill(ids), question, max_new_tokens=8, stop=()))
+    engine = load(model, tmp_path)
+    first = engine.prefill(ids, label="head", logits=False)
+    second = engine.prefill(ids, label="head", logits=False)
+    assert first.cached_prefix == 0 and second.cached_prefix == length and second.last_logits is None
+    for ctx in (first, second):
+        assert torch.equal(engine.logits(engine.append(engine.fork(ctx), question)), expected)
+        assert list(engine.generate(engine.fork(ctx), question, max_new_tokens=8, stop=())) == expected_tokens
+    # read with its logits, the prompt's last token is computed again, as always
+    assert engine.prefill(ids, label="head").cached_prefix == (length - 1) // SEGMENT * SEGMENT
+    [entry] = engine.kv_cache.list_entries()
+    assert entry.label == "head" and entry.tokens == length
+
+
+def test_a_prompt_of_a_part_block_is_not_restored_whole(llama, tmp_path):
+    ids = random_prompt(2 * SEGMENT + 10, seed=23)
+    engine = load(llama, tmp_path)
+    engine.prefill(ids, logits=False)
+    assert engine.prefill(ids, logits=False).cached_prefix == 2 * SEGMENT
+
+
+def test_a_damaged_end_of_a_prompt_is_discarded_and_recomputed(llama, tmp_path):
+    from kvpage_cli.engine.kv.saved.keys import end_key
+
+    ids, question = random_prompt(SEGMENT + 3 * BLOCK_TOKENS, seed=24), random_prompt(30, seed=25)
+    engine = load(llama, tmp_path)
+    expected = engine.logits(engine.append(engine.prefill(ids, use_cache=False), question)).clone()
+    engine.prefill(ids, logits=False)
+    _flip_a_byte(engine.kv_cache.path(end_key(engine.cache_seed, ids)))
+    events = []
+    ctx = engine.prefill(ids, events.append, logits=False)
+    assert ctx.cached_prefix == SEGMENT and "checksum" in warnings(events)[0]
+    assert torch.equal(engine.logits(engine.append(ctx, question)), expected)
+    assert engine.prefill(ids, logits=False).cached_prefix == SEGMENT + 3 * BLOCK_TOKENS  # saved again
+
+
 def _flip_a_byte(path):
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x40

@@ -130,6 +130,8 @@ def test_an_index_is_saved_and_a_second_run_maps_it_reading_only_what_it_uses(kv
     second_engine = Engine.load(model, EngineConfig(home=str(tmp_path), backend="native", kv_cache=True, kv_dtype=kv_dtype))
     second, logits = ask(second_engine, [3, 11, 20])
     assert second.loaded_windows == len(second.windows) == len(first.windows)
+    # the head (instructions, the document's first tokens) is loaded too: nothing is prefilled
+    assert first.head.cached_prefix == 0 and second.head.cached_prefix == len(second.head.tokens) == 128
     assert torch.equal(logits, expected)  # the saved blocks are the same bits
     read = {(id(m), j) for m, j in (second.mapped[i] for i in range(second.num_blocks)) if j in m.checked}
     assert len(read) == 3  # only the blocks the question used were read from disk

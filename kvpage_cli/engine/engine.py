@@ -158,14 +158,20 @@ class Engine:
             self.policy.observe(draft_ctx, step, positions, lse)
 
     def prefill(self, token_ids: Iterable[int], on_event: EventCallback | None = None, *, label: str | None = None,
-                use_cache: bool = True) -> Context:
+                use_cache: bool = True, logits: bool = True) -> Context:
         """A new context holding `token_ids` (their K/V in blocks, logits of the last one ready).
 
         With the saved-KV cache on (`EngineConfig.kv_cache`, and `use_cache`), the longest saved
         prefix of `token_ids` is loaded instead of computed (`ctx.cached_prefix` tokens; the
         PrefillProgress events carry it as `cached`), and the prompt's new whole segments are
         saved for later runs under `label` (e.g. the document's path, shown by `kvpage cache ls`).
-        The logits are the same bits either way."""
+        The logits are the same bits either way.
+
+        logits=False: the caller reads neither the last token's logits nor the prompt's kept
+        queries (a retrieval index's head, which only ever has tokens appended): then a prompt of
+        whole blocks is saved whole and, once saved, restored whole, with neither
+        (`ctx.last_logits` and `ctx.score_queries` None; the K/V the same bits). Not with tensor
+        parallelism."""
         token_ids = list(token_ids)
         if not token_ids:
             raise ValueError("prefill needs at least one token")
@@ -179,7 +185,7 @@ class Engine:
         shard = self.runner.shard
         agree = None if shard is None else (lambda count: int(shard.least(torch.tensor([count]))[0]))
         cached = CachedPrefill(cache, self.blocks, self.cache_seed, self.name, token_ids, self.segment_tokens, label,
-                               on_event, agree)
+                               on_event, agree, whole=not logits)
         restored = cached.restore(ctx)
         if ctx.draft is not None and restored:
             self.draft.append(ctx.draft, token_ids[:restored])
@@ -188,7 +194,8 @@ class Engine:
         if restored:
             emit(on_event, PrefillProgress(restored, len(token_ids), elapsed, restored))
         try:
-            self._append_one(ctx, token_ids[restored:], on_event, restored, cached.after_chunk)
+            if restored < len(token_ids):
+                self._append_one(ctx, token_ids[restored:], on_event, restored, cached.after_chunk)
         finally:
             cached.finish()
         return ctx

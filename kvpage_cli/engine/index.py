@@ -157,7 +157,8 @@ class RetrievalIndex:
         `ensure` asks for them (`missing` until then)."""
         assert window % BLOCK_TOKENS == 0 and overlap % BLOCK_TOKENS == 0 and window > 0
         align = min(-len(head_ids) % BLOCK_TOKENS, len(doc_ids))
-        head = engine.prefill(head_ids + doc_ids[:align], on_event, label=label, use_cache=use_cache)
+        # the head is only ever forked (no logits read): saved whole, restored whole (Engine.prefill)
+        head = engine.prefill(head_ids + doc_ids[:align], on_event, label=label, use_cache=use_cache, logits=False)
         whole = (len(doc_ids) - align) // BLOCK_TOKENS * BLOCK_TOKENS
         index = cls(engine, head, doc_ids[align:align + whole], doc_ids[align + whole:], window, overlap)
         index.on_event = on_event

@@ -16,7 +16,7 @@ from ...events import EngineWarning, EventCallback, emit
 from ..block_manager import BlockManager
 from ..context import Context
 from .disk import _DTYPES, BadSegment, CacheBusy, KVCache, Segment
-from .keys import chain_keys
+from .keys import chain_keys, end_key
 
 
 class CachedPrefill:
@@ -30,14 +30,18 @@ class CachedPrefill:
 
     Only a prefix that ends strictly before the prompt's end is restored (the last token's logits
     are always computed), and only at a segment boundary (then every chunk after it starts where
-    a fresh prefill's chunk starts, and the logits are the same bits).
+    a fresh prefill's chunk starts, and the logits are the same bits). Unless `whole`: the caller
+    reads no logits of the prompt (a retrieval index's head), so all of a prompt of whole blocks may
+    be restored: its end (the blocks after its last whole segment, the very bits a prefill of this
+    prompt computes) is saved too, under `end_key`.
     """
 
     def __init__(self, cache: KVCache, blocks: BlockManager, seed: str, model: str, token_ids: list[int],
                  segment_tokens: int, label: str | None = None, on_event: EventCallback | None = None,
-                 agree: Callable[[int], int] | None = None) -> None:
+                 agree: Callable[[int], int] | None = None, whole: bool = False) -> None:
         """agree: with tensor parallelism, the least of a count over the ranks: a prefix is restored
-        only as far as every rank has it (each rank's segments hold its own KV heads)."""
+        only as far as every rank has it (each rank's segments hold its own KV heads). whole: see
+        the class (not with `agree`)."""
         self.cache = cache
         self.agree = agree
         self.blocks = blocks
@@ -49,6 +53,10 @@ class CachedPrefill:
         self.label = label or ""
         self.on_event = on_event
         self.keys = chain_keys(seed, token_ids, segment_tokens)
+        self.whole = whole and agree is None and len(token_ids) % BLOCK_TOKENS == 0
+        # where the prompt's end starts (its blocks after the last whole segment); none without `whole`
+        self.end_start = len(token_ids) // segment_tokens * segment_tokens if self.whole else len(token_ids)
+        self.end_key = end_key(seed, token_ids) if self.end_start < len(token_ids) else None
         self.present: set[str] = set()
         self.restored = 0
         self.stopped = False
@@ -67,9 +75,9 @@ class CachedPrefill:
     def restore(self, ctx: Context) -> int:
         """Loads the longest saved prefix into `ctx` (fresh, empty) and returns its length in tokens."""
         assert ctx.num_cached == 0 and not ctx.tokens
-        usable = (len(self.token_ids) - 1) // self.segment_tokens
+        usable = (len(self.token_ids) - (0 if self.whole else 1)) // self.segment_tokens
         try:
-            self.present = self.cache.present(self.keys)
+            self.present = self.cache.present(self.keys + [self.end_key] * (self.end_key is not None))
         except (OSError, sqlite3.Error) as exc:
             self._warn(f"the saved-KV index is unreadable ({exc}); prefilling without it")
             self.stopped = True
@@ -81,7 +89,7 @@ class CachedPrefill:
             count += 1
         if self.agree is not None:
             count = self.agree(count)
-        if count == 0:
+        if count == 0 and self.end_key not in self.present:
             return 0
         self.blocks.reserve(ctx.tables, len(self.token_ids))
         done = 0
@@ -90,7 +98,7 @@ class CachedPrefill:
             key = self.keys[index]
             try:
                 segment = self.cache.read(key, self.seed)
-                self._check(segment, index)
+                self._check(segment, index * self.segment_tokens)
             except FileNotFoundError:
                 self.present.discard(key)  # evicted by another process meanwhile
                 break
@@ -105,25 +113,53 @@ class CachedPrefill:
                 self.stopped = True
                 break
             if self.agree is None:
-                self._place(ctx, segment, index)
+                self._place(ctx, segment, index * self.segment_tokens)
             else:
                 read.append(segment)
             done = index + 1
         if self.agree is not None:
             done = self.agree(done)
             for index, segment in enumerate(read[:done]):
-                self._place(ctx, segment, index)
+                self._place(ctx, segment, index * self.segment_tokens)
         self.restored = done * self.segment_tokens
+        if done == usable and self.end_key in self.present and not self.stopped:
+            self.restored = self._restore_end(ctx)
+        if self.restored == 0:
+            return 0
         ctx.tokens = list(self.token_ids[:self.restored])
         ctx.num_cached = ctx.cached_prefix = self.restored
+        used = self.keys[:done] + [self.end_key] * (self.restored == len(self.token_ids) and self.end_key is not None)
         try:
-            self.cache.touch(self.keys[:done], self.label, self._waiting_once)
+            self.cache.touch(used, self.label, self._waiting_once)
         except CacheBusy as exc:
             self._warn(f"{exc}; running without the saved-KV cache")
             self.stopped = True  # its writes would wait as long again
         except (OSError, sqlite3.Error):
             pass  # bookkeeping the next run redoes
         return self.restored
+
+    def _restore_end(self, ctx: Context) -> int:
+        """Places the saved end of the prompt after its restored segments; returns the tokens
+        restored in all (the prompt's length, or where its segments end if the end is unusable)."""
+        start, end = self.end_start, len(self.token_ids)
+        try:
+            segment = self.cache.read(self.end_key, self.seed)
+            self._check(segment, start, end)
+        except FileNotFoundError:
+            self.present.discard(self.end_key)
+            return start
+        except BadSegment as exc:
+            self._warn(f"saved KV of {self.label or 'the document'} (tokens {start}-{end}) was {exc}; discarded it, "
+                       "recomputing")
+            self._quietly(self.cache.discard, self.end_key, self._waiting_once)
+            self.present.discard(self.end_key)
+            return start
+        except OSError as exc:
+            self._warn(f"could not read saved KV from {self.cache.folder} ({exc}); recomputing")
+            self.stopped = True
+            return start
+        self._place(ctx, segment, start)
+        return end
 
     @staticmethod
     def _quietly(work, *args) -> None:
@@ -137,17 +173,20 @@ class CachedPrefill:
         """Saves the segment that ends where the context now ends, if one does and it is new."""
         self._say_if_waiting()
         end = ctx.num_cached
-        if self.stopped or self._write_failed.is_set() or end % self.segment_tokens or end <= self.restored \
-                or end > len(self.token_ids):
+        if self.stopped or self._write_failed.is_set() or end <= self.restored or end > len(self.token_ids):
             return
-        index = end // self.segment_tokens - 1
-        key = self.keys[index]
+        if end % self.segment_tokens == 0:
+            start, key = end - self.segment_tokens, self.keys[end // self.segment_tokens - 1]
+        elif end == len(self.token_ids) and self.end_key is not None:
+            start, key = self.end_start, self.end_key
+        else:
+            return
         if key in self.present:
             return
-        if self.segment_bytes * (index + 1) > self.cache.limit_bytes:
+        if self.segment_bytes * end / self.segment_tokens > self.cache.limit_bytes:
             self.stopped = True  # the prefix would not fit under the limit: save no more of it
             return
-        header, groups = self._capture(ctx, index)
+        header, groups = self._capture(ctx, key, start, end)
         self.pending.append(self.cache.submit(lambda: self._write(header, groups)))
         self.present.add(key)
 
@@ -189,13 +228,13 @@ class CachedPrefill:
             self._said_waiting = True
             emit(self.on_event, event)
 
-    def _capture(self, ctx: Context, index: int) -> tuple[dict, list[torch.Tensor]]:
-        """The header and K/V of segment `index` of the context, copied out of the store."""
-        per_segment = self.segment_tokens // BLOCK_TOKENS
-        first = index * per_segment
+    def _capture(self, ctx: Context, key: str, start: int, end: int) -> tuple[dict, list[torch.Tensor]]:
+        """The header and K/V of the context's tokens start..end (a segment, or the prompt's end),
+        copied out of the store."""
+        index = start // self.segment_tokens  # the segments before it
         groups, described = [], []
         for group, table in zip(self.store.groups, ctx.tables):
-            blocks = [b for b in range(first, first + per_segment) if table.ids[b] is not None]
+            blocks = [b for b in range(start // BLOCK_TOKENS, end // BLOCK_TOKENS) if table.ids[b] is not None]
             data = torch.empty((len(group.layers), 2, len(blocks), *group.stored_shape), dtype=group.dtype)
             for i, block in enumerate(blocks):
                 block_id = table.ids[block]
@@ -205,26 +244,25 @@ class CachedPrefill:
             groups.append(data)
             described.append({"window": group.window, "layers": len(group.layers), "blocks": blocks})
         header = {
-            "key": self.keys[index], "parent": self.keys[index - 1] if index else "", "root": self.keys[0],
-            "seed": self.seed, "start": index * self.segment_tokens, "end": (index + 1) * self.segment_tokens,
+            "key": key, "parent": self.keys[index - 1] if index else "", "root": self.keys[0] if self.keys else key,
+            "seed": self.seed, "start": start, "end": end,
             "dtype": self._dtype, "block_shape": self._block_shape, "groups": described,
         }
         return header, groups
 
-    def _check(self, segment: Segment, index: int) -> None:
-        """Raises BadSegment unless the segment fits this store and holds every block a prefill
-        resumed at its end needs."""
+    def _check(self, segment: Segment, start: int, end: int | None = None) -> None:
+        """Raises BadSegment unless the segment (tokens start..end; default a whole segment) fits
+        this store and holds every block a prefill resumed at its end needs."""
         try:
-            self._check_layout(segment.header, index)
+            self._check_layout(segment.header, start, start + self.segment_tokens if end is None else end)
         except (KeyError, TypeError, ValueError) as exc:
             raise BadSegment(f"unreadable ({exc!r})") from None
 
-    def _check_layout(self, header: dict, index: int) -> None:
-        per_segment = self.segment_tokens // BLOCK_TOKENS
-        end = (index + 1) * self.segment_tokens
+    def _check_layout(self, header: dict, start: int, end: int) -> None:
+        first = start // BLOCK_TOKENS
         if header.get("dtype") != self._dtype or list(header.get("block_shape", [])) != self._block_shape:
             raise BadSegment("of another KV shape or dtype")
-        if header.get("start") != index * self.segment_tokens or header.get("end") != end:
+        if header.get("start") != start or header.get("end") != end:
             raise BadSegment("of another segment length")
         described = header.get("groups", [])
         if len(described) != len(self.store.groups):
@@ -233,17 +271,17 @@ class CachedPrefill:
             if desc["window"] != group.window or desc["layers"] != len(group.layers):
                 raise BadSegment("of another layer layout")
             blocks = desc["blocks"]
-            first_needed = max(index * per_segment, _first_visible_block(end, group.window))
-            if blocks != sorted(set(blocks)) or any(not index * per_segment <= b < end // BLOCK_TOKENS for b in blocks):
+            first_needed = max(first, _first_visible_block(end, group.window))
+            if blocks != sorted(set(blocks)) or any(not first <= b < end // BLOCK_TOKENS for b in blocks):
                 raise BadSegment("inconsistent (block list)")
             if not set(range(first_needed, end // BLOCK_TOKENS)) <= set(blocks):
                 raise BadSegment("incomplete (blocks missing)")
 
-    def _place(self, ctx: Context, segment: Segment, index: int) -> None:
-        """Appends a checked segment's blocks to the context (through the block manager)."""
-        per_segment = self.segment_tokens // BLOCK_TOKENS
+    def _place(self, ctx: Context, segment: Segment, start: int) -> None:
+        """Appends a checked segment's blocks (its tokens from `start` on) to the context (through
+        the block manager)."""
         saved = [(desc["blocks"], data) for desc, data in zip(segment.header["groups"], segment.groups)]
-        self.blocks.restore(ctx.tables, index * per_segment, per_segment, saved)
+        self.blocks.restore(ctx.tables, start // BLOCK_TOKENS, (segment.header["end"] - start) // BLOCK_TOKENS, saved)
 
     def _warn(self, message: str) -> None:
         emit(self.on_event, EngineWarning(message))

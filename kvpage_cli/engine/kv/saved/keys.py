@@ -55,6 +55,17 @@ def chain_keys(seed: str, token_ids: list[int], segment_tokens: int) -> list[str
     return keys
 
 
+def end_key(seed: str, token_ids: list[int]) -> str:
+    """Key of a whole prompt's end (`token_ids` whole blocks): the blocks after its last whole
+    segment, saved for a caller that reads no logits of the prompt (a retrieval index's head). The
+    chain's link after the last block, marked, so it is never a segment's key."""
+    link = bytes.fromhex(seed)
+    ids = np.asarray(token_ids, dtype="<i4")
+    for block in range(len(token_ids) // BLOCK_TOKENS):
+        link = hashlib.sha256(link + ids[block * BLOCK_TOKENS:(block + 1) * BLOCK_TOKENS].tobytes()).digest()
+    return hashlib.sha256(link + b"|prompt-end").hexdigest()
+
+
 def segment_tokens_for(prefill_chunk: int) -> int:
     """Segment length: whole blocks and whole prefill chunks (then restored KV is bit-identical)."""
     return math.lcm(BLOCK_TOKENS, prefill_chunk)
