@@ -153,19 +153,25 @@ class BlockManager:
             table.changed()
 
     def _copy_moved(self, group, target: list[int], deltas: list[int], rope: dict, layer_specs, read) -> None:
-        from ..model.rope import rotate
+        from ..model.rope import rotate, rotation
 
         delta = torch.tensor(deltas, dtype=torch.int64).repeat_interleave(BLOCK_TOKENS)  # [n*64]
+        tables = {key: rotation(delta, rope[key]) for key in {layer_specs[layer].rope_key for layer in group.layers}}
         num_kv_heads, _, head_dim = group.block_shape
         for pos, layer in enumerate(group.layers):
             k, v = read(pos)
             rows = k.permute(1, 0, 2, 3).reshape(num_kv_heads, -1, head_dim)  # [Hkv, n*64, D]
-            moved = rotate(rows, delta, rope[layer_specs[layer].rope_key])
+            key = layer_specs[layer].rope_key
+            moved = rotate(rows, delta, rope[key], tables[key])
             moved = moved.reshape(num_kv_heads, len(target), BLOCK_TOKENS, head_dim).permute(1, 0, 2, 3)
-            for i, block_id in enumerate(target):
-                put_block(group.k_block(pos, block_id), moved[i])
-                put_block(group.v_block(pos, block_id), v[i])
-                for watcher in self.watchers:
+            if group.quantized:
+                for i, block_id in enumerate(target):
+                    put_block(group.k_block(pos, block_id), moved[i])
+                    put_block(group.v_block(pos, block_id), v[i])
+            else:
+                group.put(pos, target, moved, v)
+            for watcher in self.watchers:
+                for block_id in target:
                     watcher.written(layer, block_id, group.k_values(pos, block_id), True)
 
     def drop_outside_windows(self, tables: list[BlockTable], num_cached: int) -> None:

@@ -257,6 +257,19 @@ class StoreGroup:
     def v_block(self, pos: int, block_id: int) -> torch.Tensor:
         return self.v_arenas[pos][self.arena_of[block_id]][:, self.row_of[block_id]]
 
+    def put(self, pos: int, ids: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        """Writes K, V [n, Hkv, 64, D] of blocks `ids` in layer `pos`, one copy per arena (float
+        blocks; int8 blocks are encoded one by one: block_manager.put_block)."""
+        assert not self.quantized
+        by_arena: dict[int, list[int]] = {}
+        for i, block_id in enumerate(ids):
+            by_arena.setdefault(self.arena_of[block_id], []).append(i)
+        for arena, items in by_arena.items():
+            rows = torch.tensor([self.row_of[ids[i]] for i in items], dtype=torch.int64)
+            which = torch.tensor(items, dtype=torch.int64)
+            self.k_arenas[pos][arena].index_copy_(1, rows, k.index_select(0, which).transpose(0, 1).to(self.dtype))
+            self.v_arenas[pos][arena].index_copy_(1, rows, v.index_select(0, which).transpose(0, 1).to(self.dtype))
+
     def k_values(self, pos: int, block_id: int) -> torch.Tensor:
         """K's values of a block: [Hkv, 64, D] (a view of float blocks, decoded from int8 ones)."""
         return decode_rows(self.k_block(pos, block_id))

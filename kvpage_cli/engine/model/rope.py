@@ -101,12 +101,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def rotate(x: torch.Tensor, delta: torch.Tensor, params: RopeParams) -> torch.Tensor:
-    """Baked K rows moved by `delta` positions: x [..., T, D] (rotated at positions p), delta [T]
-    (int) -> x rotated as if baked at p + delta, in x's dtype (computed in fp32)."""
+def rotation(delta: torch.Tensor, params: RopeParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cos and sin [T, D] fp32 of a move by `delta` [T] positions (int), for `rotate`: the
+    same for every layer of one RoPE setting."""
     freqs = delta.to(torch.float32)[:, None] * params.inv_freq.to(delta.device)[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+    return emb.cos(), emb.sin()
+
+
+def rotate(x: torch.Tensor, delta: torch.Tensor, params: RopeParams,
+           table: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Baked K rows moved by `delta` positions: x [..., T, D] (rotated at positions p), delta [T]
+    (int) -> x rotated as if baked at p + delta, in x's dtype (computed in fp32). table:
+    `rotation(delta, params)`, computed once for many layers (the same bits)."""
+    cos, sin = rotation(delta, params) if table is None else table
     xf = x.float()
     half = xf.shape[-1] // 2
     rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-    return (xf * emb.cos() + rotated * emb.sin()).to(x.dtype)
+    return (xf * cos + rotated * sin).to(x.dtype)
