@@ -148,7 +148,11 @@ def tiles_if_any(request):
 
 
 def with_native_library(home: Path, library: Path | None) -> Path:
-    """`home`, holding a copy of `library` (and its hash) where kvpage looks for it; returns `home`."""
+    """`home`, holding a copy of `library` (and its hash) where kvpage looks for it; returns `home`.
+
+    Each copy is written beside its place and renamed over it, as kvpage writes the library: a
+    copy written into the file in place would change a library this process already has loaded
+    from there under it (its pages are the file's), and the next call into it would crash."""
     from kvpage_cli.engine import native
     from kvpage_cli.engine.home import private_dir
 
@@ -156,7 +160,10 @@ def with_native_library(home: Path, library: Path | None) -> Path:
         target = native.library_path(home)
         private_dir(target.parent)
         for path in (library, library.with_name(library.name + ".sha256")):
-            shutil.copyfile(path, target.with_name(path.name))
+            destination = target.with_name(path.name)
+            partial = destination.with_name(destination.name + f".{os.getpid()}.copy")
+            shutil.copyfile(path, partial)
+            os.replace(partial, destination)
     return home
 
 

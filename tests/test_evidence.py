@@ -564,7 +564,11 @@ def test_find_builds_what_it_needs_then_reads_the_saved_index(cli, tmp_path):
     assert not re.search(r"^kvpage: indexed", again.stderr, re.M)  # nothing of the document computed again
     second = json.loads(again.stdout)
     assert second["spans"] == data["spans"][:2]
-    assert second["prefill_tokens"] < 128  # the question (and the head's last block), not a window
+    assert second["prefill_tokens"] < 128  # the question, not a window (the head is loaded too)
+    from kvpage_cli.engine.kv.saved.disk import KVCache
+
+    [entry] = KVCache.open(home).list_entries()  # what `kvpage cache ls` lists: the head and windows, one document
+    assert entry.label == str(doc_path)
     assert cli("index", doc_path, home=home).exit_code == 0
     plain = cli("find", doc_path, "Which law governs?", home=home)
     assert plain.stdout.startswith(data["spans"][0]["where"] + "\n")

@@ -539,14 +539,17 @@ class KVCache:
             db.close()
 
     def _group(self, rows) -> list[tuple[CacheEntry, list[str]]]:
-        """Rows -> entries: segments saved under one label (else one chain root) for one model setting
-        (the ranks of a tensor-parallel run share the chain, so their files make one entry)."""
+        """Rows -> entries: segments saved under one label for one model (a document: its prefix, or
+        its retrieval index's windows and head, whose chains start from other seeds), else under
+        one chain root for one model setting (the ranks of a tensor-parallel run share the chain, so
+        their files make one entry)."""
         groups: dict[tuple, list] = {}
         for row in rows:
             key, root, label, model, seed = row[:5]
-            groups.setdefault((label or root, model, seed), []).append(row)
+            groups.setdefault((label, model) if label else (root, model, seed), []).append(row)
         entries = []
-        for (_, model, _), members in groups.items():
+        for group, members in groups.items():
+            model = group[1]
             first = min(members, key=lambda r: r[5])
             entry = CacheEntry(
                 key=first[1], label=first[2], model=model, tokens=max(r[6] for r in members),
