@@ -291,9 +291,7 @@ class GGUFHeader:
             elif kind == GGUFValueType.ARRAY:
                 item, count = GGUFValueType(self._scalar("<u4")), self._scalar("<u8")
                 if item == GGUFValueType.STRING:
-                    for _ in range(count):
-                        length = self._scalar("<u8")  # each string: its length, then its bytes
-                        self._offset += length
+                    self._skip_strings(count)
                 elif item in scalars:
                     self._offset += count * np.dtype(scalars[item]).itemsize
                 else:
@@ -331,6 +329,19 @@ class GGUFHeader:
                 raise ValueError(f"tensor {name} runs past the end of the file (truncated?)")
             self.tensors.append(GGUFTensor(name, dims, kind, self.data[begin:end].view(dtype).reshape(shape)))
 
+    def _skip_strings(self, count: int) -> None:
+        """Steps over `count` strings (each its u64 length, then its bytes) without reading them:
+        a vocabulary is 50K-260K of them, so one tight loop rather than a call each."""
+        unpack, buffer, offset = _U64.unpack_from, self.header, self._offset
+        try:
+            for _ in range(count):
+                offset += 8 + unpack(buffer, offset)[0]
+        except struct.error:
+            raise ValueError("the GGUF header ends early (truncated file?)") from None
+        if offset > len(buffer):
+            raise ValueError("the GGUF header ends early (truncated file?)")
+        self._offset = offset
+
     def _scalar(self, dtype: str):
         (value,) = _unpack(self.header, self._offset, dtype)
         self._offset += int(dtype[2])
@@ -345,6 +356,7 @@ class GGUFHeader:
         return text
 
 
+_U64 = struct.Struct("<Q")
 _STRUCT = {"<u1": "<B", "<i1": "<b", "<u2": "<H", "<i2": "<h", "<u4": "<I", "<i4": "<i", "<f4": "<f", "<u8": "<Q",
            "<i8": "<q", "<f8": "<d"}
 
