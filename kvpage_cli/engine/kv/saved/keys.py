@@ -42,17 +42,19 @@ def chain_seed(fingerprint: str, numerics: str) -> str:
     return hashlib.sha256(f"kvpage-kv|{fingerprint}|{numerics}".encode()).hexdigest()
 
 
-def chain_keys(seed: str, token_ids: list[int], segment_tokens: int) -> list[str]:
-    """Key of every whole segment of `token_ids`: keys[j] covers tokens [0, (j+1)*segment_tokens)."""
-    keys = []
+def _links(seed: str, token_ids: list[int]):
+    """The chain's link after each whole block of `token_ids` (bytes), in order."""
     link = bytes.fromhex(seed)
     ids = np.asarray(token_ids, dtype="<i4")
-    per_segment = segment_tokens // BLOCK_TOKENS
     for block in range(len(token_ids) // BLOCK_TOKENS):
         link = hashlib.sha256(link + ids[block * BLOCK_TOKENS:(block + 1) * BLOCK_TOKENS].tobytes()).digest()
-        if (block + 1) % per_segment == 0:
-            keys.append(link.hex())
-    return keys
+        yield link
+
+
+def chain_keys(seed: str, token_ids: list[int], segment_tokens: int) -> list[str]:
+    """Key of every whole segment of `token_ids`: keys[j] covers tokens [0, (j+1)*segment_tokens)."""
+    per_segment = segment_tokens // BLOCK_TOKENS
+    return [link.hex() for block, link in enumerate(_links(seed, token_ids)) if (block + 1) % per_segment == 0]
 
 
 def end_key(seed: str, token_ids: list[int]) -> str:
@@ -60,9 +62,8 @@ def end_key(seed: str, token_ids: list[int]) -> str:
     segment, saved for a caller that reads no logits of the prompt (a retrieval index's head). The
     chain's link after the last block, marked, so it is never a segment's key."""
     link = bytes.fromhex(seed)
-    ids = np.asarray(token_ids, dtype="<i4")
-    for block in range(len(token_ids) // BLOCK_TOKENS):
-        link = hashlib.sha256(link + ids[block * BLOCK_TOKENS:(block + 1) * BLOCK_TOKENS].tobytes()).digest()
+    for link in _links(seed, token_ids):
+        pass
     return hashlib.sha256(link + b"|prompt-end").hexdigest()
 
 
