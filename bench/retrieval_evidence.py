@@ -11,6 +11,8 @@ document, no model at all. `bench/retrieval.py questions --systems retrieval` ad
 that rankings can be compared again without the model (`python bench/retrieval_evidence.py
 rerank PATH`). `lazy` replays a lazy index's choices without the model: the passages each
 question reads and the tokens of new windows it would compute, for other window sizes and budgets.
+`find` times `kvpage find` over a saved index in process, and with `--commands N` as a user runs
+it, each run a new process: in its own process and handed to a `kvpage serve`, alternately.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 
 import torch
 
@@ -192,6 +194,54 @@ def find_latency(model: str, home: str | None, question_set: dict, cache: Path, 
     return rows
 
 
+def find_commands(home: str, question_set: dict, cache: Path, source: str, limit: int, repeats: int) -> list[dict]:
+    """`kvpage find SOURCE QUESTION -n 3 -q` as a user runs it, each run a new process over the
+    saved index in `home`: in a process of its own (KVPAGE_NO_SERVER=1) and handed to a `kvpage
+    serve` started here for `home`, alternately, `repeats` times per question; wall seconds, and
+    whether the two printed the same bytes."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from retrieval_parts.sources import fetch_source
+
+    kvpage = str(Path(sys.executable).with_name("kvpage"))
+    env = dict(os.environ, KVPAGE_HOME=home)
+    env.pop("KVPAGE_NO_SERVER", None)
+    folder = str(fetch_source(source, question_set["sources"][source], cache))
+    log = Path(home) / "bench-serve.log"
+    with open(log, "w") as sink:
+        server = subprocess.Popen([kvpage, "serve"], env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink)
+    while "listening on" not in log.read_text():
+        if server.poll() is not None:
+            raise SystemExit(f"kvpage serve failed: {log.read_text()}")
+        time.sleep(0.1)
+    rows = []
+    try:
+        for q in [q for q in question_set["questions"] if q["source"] == source][:limit]:
+            row, outputs = {"id": q["id"], "own_s": [], "served_s": []}, set()
+            for _ in range(repeats):
+                for case, extra in (("own", {"KVPAGE_NO_SERVER": "1"}), ("served", {})):
+                    started = time.perf_counter()
+                    done = subprocess.run([kvpage, "find", folder, q["question"], "-n", "3", "-q"],
+                                          env={**env, **extra}, capture_output=True, check=True)
+                    row[f"{case}_s"].append(round(time.perf_counter() - started, 3))
+                    outputs.add(done.stdout)
+            row["same_output"] = len(outputs) == 1
+            row["own_median_s"] = median(row["own_s"])
+            row["served_median_s"] = median(row["served_s"])
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            rows.append(row)
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=60)
+    served = log.read_text().count("exited 0")
+    if served != len(rows) * repeats:
+        raise SystemExit(f"the server ran {served} finds, not {len(rows) * repeats}: {log.read_text()}")
+    return rows
+
+
 def lazy_windows(model: str, question_set: dict, cache: Path, configs: list[tuple[int, int, int]]) -> list[dict]:
     """A lazy index's choices replayed without the model (only the prompt's head is computed): per
     (window, overlap, index_tokens), each source's questions asked in the set's order, the
@@ -252,6 +302,8 @@ if __name__ == "__main__":
     parser.add_argument("--home", default=None, help="find: KVPAGE_HOME whose saved-KV cache holds the index")
     parser.add_argument("--source", default="packaging", help="find: the question set's source")
     parser.add_argument("--limit", type=int, default=3, help="find: questions")
+    parser.add_argument("--commands", type=int, default=0,
+                        help="find: also time the command as new processes, own and served, this many times each")
     parser.add_argument("--cache", default=str(DEFAULT_CACHE))
     parser.add_argument("--grow", type=float, default=None, help="GROW_SHARE to rank with")
     parser.add_argument("--configs", default="2048,512,10240;1024,256,10240;2048,512,5120",
@@ -276,7 +328,17 @@ if __name__ == "__main__":
                            ("first_prefill_tokens", "its prefill tok"), ("lookup_s", "find over the saved index s"),
                            ("lookup_prefill_tokens", "its prefill tok"), ("bm25_spans_s", "BM25 spans s")]))
         print(f"model {args.model}; source {args.source}; peak RSS {peak_rss_mib():.0f} MiB")
-        write_result("retrieval-find", args, {"rows": rows, "source": args.source, "peak_rss_mib": peak_rss_mib()})
+        result = {"rows": rows, "source": args.source, "peak_rss_mib": peak_rss_mib()}
+        if args.commands:
+            if not args.home:
+                raise SystemExit("--commands needs --home (the saved index the commands read)")
+            commands = find_commands(args.home, load_question_set(), Path(args.cache).expanduser(), args.source,
+                                     args.limit, args.commands)
+            print(table(commands, [("id", "question"), ("own_median_s", "`kvpage find`, own process s (median)"),
+                                   ("served_median_s", "handed to `kvpage serve` s (median)"),
+                                   ("same_output", "same output")]))
+            result["commands"] = commands
+        write_result("retrieval-find", args, result)
         raise SystemExit(0)
     if args.part == "baseline":
         rows = baseline(load_question_set(), Path(args.cache).expanduser())

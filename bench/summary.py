@@ -79,9 +79,10 @@ BENCHMARKS = {
                       "python bench/train_clauses.py --variants"),
     "review_formats": ("time to write a review as HTML, DOCX and PDF, and each file's size", "the review's own time",
                        "python bench/review_formats.py"),
-    "retrieval-find": ("`kvpage find` in process over a saved index: a first find, then one over the saved index",
-                       "BM25's spans over the whole document",
-                       "python bench/retrieval_evidence.py find --home H --source packaging --limit 5"),
+    "retrieval-find": ("`kvpage find` over a saved index: in process (a first find, then one over the saved index); "
+                       "with --commands, the command as new processes, in its own and handed to `kvpage serve`",
+                       "BM25's spans over the whole document; the command in its own process",
+                       "python bench/retrieval_evidence.py find --home H --source packaging --limit 5 --commands 4"),
     "retrieval-lazy": ("a lazy index's choices replayed without the model: the passages' evidence and the window "
                        "tokens a question computes", "-", "python bench/retrieval_evidence.py lazy"),
     "device_step": ("the device decode step's host preparation and aten operations per layer, on the CPU",
@@ -409,8 +410,14 @@ def train_clauses(results: dict, stamp: dict) -> str:
 def retrieval_find(results: dict, stamp: dict) -> str:
     rows = results["rows"]
     first, lookup = [r["first_s"] for r in rows], [r["lookup_s"] for r in rows]
-    return (f"{results['source']}, {len(rows)} questions over {rows[0]['document_tokens']:,} tokens: first find "
+    text = (f"{results['source']}, {len(rows)} questions over {rows[0]['document_tokens']:,} tokens: first find "
             f"{span(first)} s, over the saved index {span(lookup)} s (in process)")
+    commands = results.get("commands")
+    if commands:
+        own, served = [r["own_median_s"] for r in commands], [r["served_median_s"] for r in commands]
+        same = "the same output" if all(r["same_output"] for r in commands) else "OUTPUTS DIFFER"
+        text += f"; the command {span(own)} s, handed to `kvpage serve` {span(served)} s (medians), {same}"
+    return text
 
 
 def retrieval_lazy(results: dict, stamp: dict) -> str:

@@ -574,6 +574,17 @@ def test_find_builds_what_it_needs_then_reads_the_saved_index(cli, tmp_path):
     assert plain.stdout.startswith(data["spans"][0]["where"] + "\n")
 
 
+def test_find_over_a_document_shorter_than_a_block(cli, tmp_path):
+    """All of it lies in the index's head and tail, with no passage between them (bm25s refused to
+    index none: `max() arg is an empty sequence`, exit 1)."""
+    doc_path = tmp_path / "note.txt"
+    doc_path.write_text("The cat sat on the mat.\n")
+    found = cli("find", doc_path, "Where did the cat sit?", "--json", home=tmp_path / "home")
+    assert found.exit_code == 0, found.stderr
+    [span] = json.loads(found.stdout)["spans"]
+    assert span["text"] == "The cat sat on the mat." and span["where"] == f"{doc_path}:1"
+
+
 def test_index_builds_all_of_it_and_refuses_what_it_cannot_save(cli, tmp_path):
     home = tmp_path / "home"
     built = cli("index", SAMPLES / "contract.txt", "--json", home=home)

@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from .. import __version__
-from . import ask, cache, find, index, info, review
+from . import ask, cache, find, index, info, review, serve
 from .progress import message
 from .session import stderr_console
 
@@ -89,6 +89,7 @@ def register(app: typer.Typer) -> None:
     app.command("find")(find.find)
     app.command("index")(index.index)
     app.command("info")(info.info)
+    app.command("serve")(serve.serve)
     app.add_typer(cache.app, name="cache")
 
 

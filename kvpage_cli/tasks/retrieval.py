@@ -132,7 +132,8 @@ class Retriever:
         if terms is None or len(terms) != len(self.units):
             terms = [search_terms(doc.text[char_spans[u[0]][0]:char_spans[u[-1]][1]], self.stopwords) for u in self.units]
         self.terms = terms  # per passage, what BM25 indexed
-        self.bm25.index([t or ["\u0000"] for t in terms], show_progress=False)
+        if terms:  # a document shorter than its head and tail has no passage to index (bm25s refuses none)
+            self.bm25.index([t or ["\u0000"] for t in terms], show_progress=False)
 
     @classmethod
     def build(cls, engine: Engine, doc: Document, prefix_ids: list[int], chars: list[tuple[int, int] | None],
@@ -227,7 +228,9 @@ class Retriever:
     def _lexical_scores(self, question: str) -> torch.Tensor:
         """BM25 score of every passage for the question's terms [passages]."""
         terms = search_terms(question, self.stopwords)
-        return torch.as_tensor(self.bm25.get_scores(terms), dtype=torch.float32) if terms else torch.zeros(len(self.units))
+        if not terms or not self.units:
+            return torch.zeros(len(self.units))
+        return torch.as_tensor(self.bm25.get_scores(terms), dtype=torch.float32)
 
     def _best(self, rank: torch.Tensor) -> tuple[tuple[int, ...], ...]:
         """The BEST passages of lowest `rank` (ties in document order), best first, as blocks."""
