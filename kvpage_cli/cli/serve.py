@@ -27,8 +27,8 @@ def serve(
     code. Ctrl-C reaches the child. A command of other code (an edited or upgraded install)
     runs in its own process as before, as does every command with KVPAGE_NO_SERVER=1 set.
 
-    The server runs until Ctrl-C or `kvpage serve --stop`, and writes a line to its stderr for
-    each command it runs.
+    The server runs until Ctrl-C or `kvpage serve --stop` (either also ends the commands it is
+    still running), and writes a line to its stderr for each command it runs.
 
     Examples:
 

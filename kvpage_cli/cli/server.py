@@ -257,10 +257,13 @@ class Server:
         if pid != 0:
             signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
         else:
-            signal.set_wakeup_fd(-1)
-            for fd in [*self.private, *(c for c, _, _ in self.children.values())]:
-                os.close(fd.fileno())
-            os.close(self.selector.fileno())
+            try:
+                signal.set_wakeup_fd(-1)
+                for fd in [*self.private, *(c for c, _, _ in self.children.values())]:
+                    os.close(fd.fileno())
+                os.close(self.selector.fileno())
+            except BaseException:  # never back into the server's loop
+                os._exit(1)
             _child(conn, fds, request, unblocked)  # never returns
         for fd in fds:
             os.close(fd)
