@@ -103,7 +103,9 @@ def test_smollm2_on_the_device_path_gives_the_per_layer_paths_tokens(kv_home):
     """The real default model on the GPU's code path, run on the CPU (pool path, torch backend): a
     contract's first pages prefilled in chunks on the device's resident slots, then two forks
     decoded together by the device step. The prompt's logits are the per-layer path's bits; the
-    forks' tokens are its tokens, their logits within 1e-4 (the pairs' states in one batch)."""
+    forks' tokens are its tokens, their logits within 1e-5 of their scale: the pairs' states go in one
+    batch, whose float32 products BLAS sums in another order than one row's (1.5e-4 at a scale of
+    31.8 on a 2-vCPU Intel Xeon, under 1e-4 on a Zen 4; 30 layers of it)."""
     from kvpage_cli.engine.engine import Request
 
     document = Path(__file__).resolve().parents[1] / "samples" / "contract.txt"
@@ -126,4 +128,5 @@ def test_smollm2_on_the_device_path_gives_the_per_layer_paths_tokens(kv_home):
     assert torch.equal(prompt, host_prompt)
     assert tokens == host_tokens and all(len(t) == 16 for t in tokens)
     worst = max(float((a - b).abs().max()) for ours, theirs in zip(logits, host_logits) for a, b in zip(ours, theirs))
-    assert worst < 1e-4
+    scale = max(float(b.abs().max()) for theirs in host_logits for b in theirs)
+    assert worst < 1e-5 * scale
