@@ -358,10 +358,11 @@ def _child(conn: socket.socket, fds: list[int], request: dict, unblocked: set) -
         os.umask(request["umask"])
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.stdin, sys.stdout, sys.stderr = (
+        sys.stdin, sys.stdout, sys.stderr = opened = [
             open(fd, mode, buffering=1 if mode == "w" and os.isatty(fd) else -1, encoding=enc or None,
                  errors=err or None, closefd=False)
-            for fd, mode, (enc, err) in zip((0, 1, 2), ("r", "w", "w"), request["streams"]))
+            for fd, mode, (enc, err) in zip((0, 1, 2), ("r", "w", "w"), request["streams"])]
+        sys.__stdin__, sys.__stdout__, sys.__stderr__ = opened
         sys.argv = ["kvpage", *request["argv"]]
         signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)  # a Ctrl-C already sent arrives now
         from .app import main
@@ -393,7 +394,9 @@ def _child(conn: socket.socket, fds: list[int], request: dict, unblocked: set) -
 
         os.write(2, f"kvpage: error: the server could not run the command: {traceback.format_exc()}".encode())
     finally:
-        for stream in (sys.stdout, sys.stderr):
+        # what a process's exit flushes: the streams in sys (a progress display may have left its own
+        # proxies there, which write into the real ones), then the real ones
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             try:
                 stream.flush()
             except Exception:
