@@ -116,13 +116,18 @@ static inline __attribute__((always_inline)) __m256i nibble_bytes(const uint8_t 
 /* q8_dot(row, q) for one row of W read from its blocks: per block, eight lanes of sums of four
  * integer products (exactly dot4_i8's), then q8_dot's float operations in its order. */
 static inline __attribute__((always_inline)) float direct_q8_dot_t(const int type, const uint8_t *p, const int8_t *q,
-                                                                   const float *e, const float *es, int K) {
+                                                                   const float *e, const float *es, int K,
+                                                                   const uint8_t *next) {
     const int nc = K / 32, size = block_size(type), offset = type == T_Q4_1, q8 = type == T_Q8_0;
     float m[DIRECT_MAX_BLOCKS];
     __m512 acc = _mm512_setzero_ps();
     const __m512i eight = _mm512_set1_epi8(8);
     int c = 0;
     for (; c + 2 <= nc; c += 2, p += 2 * size) {
+        if (next) { /* a row further on, the same bytes of it, into L2 (as rows.c's direct_dot) */
+            __builtin_prefetch(next + (int64_t)c * size, 0, 2);
+            __builtin_prefetch(next + (int64_t)(c + 1) * size, 0, 2);
+        }
         const __m512i xv = _mm512_loadu_si512((const void *)(q + 32 * c));
         __m512i s;
         if (q8) {
@@ -165,9 +170,10 @@ static inline __attribute__((always_inline)) float direct_q8_dot_t(const int typ
     return hsum8(_mm256_add_ps(acc0, acc1)) + (offset ? offset_sum(m, es, nc) : 0.0f);
 }
 
-static float direct_q8_dot(int type, const uint8_t *p, const int8_t *q, const float *e, const float *es, int K) {
-    return type == T_Q4_0 ? direct_q8_dot_t(T_Q4_0, p, q, e, es, K)
-         : type == T_Q4_1 ? direct_q8_dot_t(T_Q4_1, p, q, e, es, K) : direct_q8_dot_t(T_Q8_0, p, q, e, es, K);
+static float direct_q8_dot(int type, const uint8_t *p, const int8_t *q, const float *e, const float *es, int K,
+                           const uint8_t *next) {
+    return type == T_Q4_0 ? direct_q8_dot_t(T_Q4_0, p, q, e, es, K, next)
+         : type == T_Q4_1 ? direct_q8_dot_t(T_Q4_1, p, q, e, es, K, next) : direct_q8_dot_t(T_Q8_0, p, q, e, es, K, next);
 }
 #define HAVE_DIRECT_Q8_DOT 1
 #endif
@@ -194,7 +200,9 @@ int kvp_qgemm_rows_q8(int type, const float *x, int64_t ldx, const uint8_t *w, i
 #if defined(HAVE_DIRECT_Q8_DOT)
     if (M == 1 && direct_format(type) && nc <= DIRECT_MAX_BLOCKS) {
 #pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; n++) y[n] = direct_q8_dot(type, w + (int64_t)n * row_bytes, q, e, es, K);
+        for (int n = 0; n < N; n++)
+            y[n] = direct_q8_dot(type, w + (int64_t)n * row_bytes, q, e, es, K,
+                                 n + PREFETCH_ROWS < N ? w + (int64_t)(n + PREFETCH_ROWS) * row_bytes : NULL);
         free(q);
         free(e);
         return 0;
