@@ -898,6 +898,20 @@ def test_an_index_larger_than_the_free_disk_is_refused(cli, tmp_path, monkeypatc
                         r"bfloat16 \(half the bytes\)", line), line
 
 
+def test_a_ctrl_c_before_any_command_says_so(monkeypatch):
+    """typer turns a Ctrl-C that comes while the arguments are read into exit 130 without a word
+    (`kvpage serve`'s children start there); kvpage says what happened."""
+    from kvpage_cli.cli.app import KvpageGroup
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(KvpageGroup, "make_context", interrupted)
+    result = CliRunner().invoke(app, ["info"])
+    assert result.exit_code == 130
+    assert result.stderr == "kvpage: interrupted: stopped before the command began\n"
+
+
 # -- as a shell runs it: a closed pipe, a terminal ------------------------------------------------
 
 ROOT = SAMPLES.parent

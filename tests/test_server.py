@@ -104,9 +104,10 @@ def test_ctrl_c_reaches_the_served_command_and_a_killed_caller_ends_it(served, t
     waiting = kvpage_process(args, home, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)  # reads stdin until it closes: it waits there
     wait_for(log, "started `kvpage ask")
-    time.sleep(1.0)  # a user's Ctrl-C: while it waits for its input
-    waiting.send_signal(signal.SIGINT)
-    _, stderr = waiting.communicate(timeout=120)
+    waiting.send_signal(signal.SIGINT)  # while the child starts, or reads stdin (left open)
+    waiting.wait(timeout=120)
+    stderr = waiting.stderr.read()
+    waiting.stdin.close()
     assert waiting.returncode == 130 and "kvpage: interrupted:" in stderr, stderr
     wait_for(log, "exited 130")
 

@@ -16,7 +16,7 @@ from typer.core import TyperGroup
 from .. import __version__
 from . import ask, cache, find, index, info, review, serve
 from .progress import message
-from .session import stderr_console
+from .session import interrupt_said, stderr_console
 
 
 class KvpageGroup(TyperGroup):
@@ -24,9 +24,12 @@ class KvpageGroup(TyperGroup):
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
+        interrupt_said()  # a command before this one's (a test's, in one process) says nothing of this one
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
             code = code if isinstance(code, int) else 0
+            if code == 130 and not interrupt_said():  # typer's own, for a Ctrl-C before any command
+                message(stderr_console(), "interrupted", "stopped before the command began", "bold yellow")
         except typer.TyperException as exc:  # click's errors (vendored by typer)
             if type(exc).__name__ == "NoArgsIsHelpError":
                 exc.show()  # `kvpage` alone: the help

@@ -33,6 +33,18 @@ class Interrupted(KvpageError):
     exit_code = EXIT_INTERRUPTED
 
 
+_interrupt_said: list[bool] = []  # the interrupted line was printed (`guarded`), for app.KvpageGroup
+
+
+def interrupt_said() -> bool:
+    """Whether a command printed its interrupted line since the last call: typer turns a Ctrl-C that
+    comes before any command (while the arguments are read) into exit 130 without a word, and
+    app.KvpageGroup says one then."""
+    said = bool(_interrupt_said)
+    _interrupt_said.clear()
+    return said
+
+
 def stderr_console(no_color: bool = False) -> Console:
     # no_color=None leaves rich to honour NO_COLOR / FORCE_COLOR itself
     return Console(stderr=True, no_color=no_color or None, highlight=False)
@@ -53,11 +65,13 @@ def guarded(opts: Options, body: Callable[[], Any]) -> Any:
         if debug:
             raise
         message(console, "interrupted", str(exc), "bold yellow")
+        _interrupt_said.append(True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         if debug:
             raise
         message(console, "interrupted", "stopped before the end; nothing was written as if complete", "bold yellow")
+        _interrupt_said.append(True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except KvpageError as exc:
         if debug:
