@@ -141,12 +141,7 @@ def forward(argv: list[str]) -> int | None:
         signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
         try:
             sock.settimeout(None)
-            while True:
-                try:
-                    done = _receive(sock)
-                    break
-                except InterruptedError:
-                    continue
+            done = _receive(sock)  # a signal passed on meanwhile: recv resumes (PEP 475)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
