@@ -9,8 +9,9 @@ and the text baseline: BM25's best spans of the same kind (lines, sentences) ove
 document, no model at all. `bench/retrieval.py questions --systems retrieval` adds these columns;
 `--evidence-dump PATH` also writes each answer's attention per document token (JSON lines) so
 that rankings can be compared again without the model (`python bench/retrieval_evidence.py
-rerank PATH`). `lazy` replays a lazy index's choices without the model: the passages each
-question reads and the tokens of new windows it would compute, for other window sizes and budgets.
+rerank PATH...`, which writes bench/results/retrieval-rerank). `lazy` replays a lazy index's
+choices without the model: the passages each question reads and the tokens of new windows it
+would compute, for other window sizes and budgets.
 `find` times `kvpage find` over a saved index in process, and with `--commands N` as a user runs
 it, each run a new process: in its own process and handed to a `kvpage serve`, alternately.
 """
@@ -111,8 +112,8 @@ COLUMNS = [("ranking", "spans ranked by"), ("questions", "questions"), ("1_facts
            ("3_facts_pct", "top-3 facts %"), ("1_quotes_pct", "top-1 quotes %"), ("3_quotes_pct", "top-3 quotes %")]
 
 
-def rerank(dump: Path, question_set: dict, cache: Path, grow: float | None = None) -> list[dict]:
-    """The rankings again from a dump (no model): per question, each signal's hits."""
+def rerank(dumps: list[Path], question_set: dict, cache: Path, grow: float | None = None) -> list[dict]:
+    """The rankings again from dumps (no model): per question, each signal's hits."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from retrieval_parts.sources import evidence_ranges, fetch_source
 
@@ -123,8 +124,7 @@ def rerank(dump: Path, question_set: dict, cache: Path, grow: float | None = Non
         evidence.GROW_SHARE = grow
     questions = {q["id"]: q for q in question_set["questions"]}
     docs, states, rows = {}, {}, []
-    for line in open(dump):
-        item = json.loads(line)
+    for item in (json.loads(line) for dump in dumps for line in open(dump)):
         q = questions[item["id"]]
         if q["source"] not in docs:
             docs[q["source"]] = load(str(fetch_source(q["source"], question_set["sources"][q["source"]], cache)))
@@ -297,7 +297,7 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("part", choices=("rerank", "baseline", "find", "lazy"))
-    parser.add_argument("dump", nargs="?")
+    parser.add_argument("dump", nargs="*", help="rerank: --evidence-dump files of `bench/retrieval.py questions`")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--home", default=None, help="find: KVPAGE_HOME whose saved-KV cache holds the index")
     parser.add_argument("--source", default="packaging", help="find: the question set's source")
@@ -344,5 +344,8 @@ if __name__ == "__main__":
         rows = baseline(load_question_set(), Path(args.cache).expanduser())
         print(table(summary(rows), COLUMNS))
         raise SystemExit(0)
-    rows = rerank(Path(args.dump), load_question_set(), Path(args.cache).expanduser(), args.grow)
+    if not args.dump:
+        raise SystemExit("rerank needs the dumps of `bench/retrieval.py questions --evidence-dump PATH`")
+    rows = rerank([Path(d) for d in args.dump], load_question_set(), Path(args.cache).expanduser(), args.grow)
     print(table(summary(rows), COLUMNS))
+    write_result("retrieval-rerank", args, {"rows": rows, "summary": summary(rows)})

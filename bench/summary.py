@@ -83,6 +83,10 @@ BENCHMARKS = {
                        "with --commands, the command as new processes, in its own and handed to `kvpage serve`",
                        "BM25's spans over the whole document; the command in its own process",
                        "python bench/retrieval_evidence.py find --home H --source packaging --limit 5 --commands 4"),
+    "retrieval-rerank": ("the evidence spans ranked again from the attention `bench/retrieval.py questions "
+                         "--evidence-dump` kept (no model): top-1/top-3 spans holding the key facts",
+                         "each signal alone; BM25's spans over the whole document",
+                         "python bench/retrieval_evidence.py rerank DUMP..."),
     "retrieval-lazy": ("a lazy index's choices replayed without the model: the passages' evidence and the window "
                        "tokens a question computes", "-", "python bench/retrieval_evidence.py lazy"),
     "device_step": ("the device decode step's host preparation and aten operations per layer, on the CPU",
@@ -425,6 +429,12 @@ def retrieval_lazy(results: dict, stamp: dict) -> str:
                      f"{r['later_tokens']:,.0f} tokens" for r in results["rows"])
 
 
+def retrieval_rerank(results: dict, stamp: dict) -> str:
+    by = {r["ranking"]: r for r in results["summary"]}
+    return "; ".join(f"{name}: top-1 {by[name]['1_facts_pct']:.0f}%, top-3 {by[name]['3_facts_pct']:.0f}%"
+                     for name in ("fused", "BM25 whole doc") if name in by) + f" of {by['fused']['questions']} questions"
+
+
 HEADLINES = {"engine": engine, "batch": batch, "review_batch": review_batch, "decode_gemm": decode_gemm,
              "native_attention": native_attention, "prefill_attention": prefill_attention, "prefill_gemm": prefill_gemm,
              "quant_models": quant_models, "quant_agreement": quant_agreement, "startup": startup, "soak": soak, "tp": tp, "kernels_bench": kernels_bench,
@@ -434,7 +444,8 @@ HEADLINES = {"engine": engine, "batch": batch, "review_batch": review_batch, "de
              "retrieval-recall": retrieval_recall, "longctx": longctx, "decode": decode, "kvcache": kvcache,
              "train_clauses": train_clauses, "review_formats": review_formats,
              "device_step": device_step, "pool_schedule": pool_schedule, "retrieval-find": retrieval_find,
-             "retrieval-lazy": retrieval_lazy}
+             "retrieval-lazy": retrieval_lazy,
+             "retrieval-rerank": retrieval_rerank}
 
 
 # -- tables ---------------------------------------------------------------------------------------

@@ -295,6 +295,32 @@ def test_the_definition_named_for_the_question_ranks_first(tmp_path):
     assert texts[int(where.argmax())] == "LISTEN_QUEUE = 128"
 
 
+def test_by_default_and_the_documents_own_name_point_at_no_line(tmp_path):
+    """"By default" asks for the default of what the question's other words name: a constant named
+    DEFAULT_* for something else is no answer (it ranked first on "default" alone). The words of the
+    document's own name ("signkit" of signkit-1.0/) are about every line: a line that says only
+    them matches nothing; the version's numbers are not among them."""
+    from kvpage_cli.tasks import evidence
+
+    root = tmp_path / "signkit-1.0"
+    (root / "signkit").mkdir(parents=True)
+    (root / "docs").mkdir()
+    (root / "signkit" / "hashing.py").write_text(
+        "DEFAULT_DIGEST_SIZE = 20\nSCRYPT_N = 32768\nSCRYPT_R = 8\n\n\ndef scrypt_hash(value):\n"
+        "    return value\n")
+    (root / "docs" / "conf.py").write_text('project = "signkit"\nrelease = "1.0"\n')
+    question = "Which scrypt cost does signkit use by default?"
+    doc, chars, flat, lexical, fused = _without_attention(root, question)
+    assert evidence.document_terms(doc) == frozenset({"signkit"})
+    assert fused[0].text.startswith("SCRYPT_N = 32768") and fused[0].where.startswith("signkit/hashing.py:2")
+    _check_spans(doc, root, fused)
+    ranked = evidence.signals(doc, chars, flat, question)
+    texts = [doc.text[u.start:u.end].strip() for u in ranked.units]
+    assert float(ranked.named[texts.index("DEFAULT_DIGEST_SIZE = 20")]) == 0.0
+    assert float(ranked.named[texts.index("SCRYPT_N = 32768")]) > 0.0
+    assert float(ranked.lexical[texts.index('project = "signkit"')]) == 0.0
+
+
 def test_the_names_a_line_of_code_defines_with_a_value(tmp_path):
     """Constants, class attributes, attributes set on self and a def's parameters with literal
     defaults define names (with a constructor's keywords); a local variable, a call's keyword, a

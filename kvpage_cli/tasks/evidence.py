@@ -59,6 +59,7 @@ NAME_PHRASES = ((re.compile(r"\bhow long\b", re.IGNORECASE),
                  ("length", "len", "time", "timeout", "duration", "age", "seconds")),
                 (re.compile(r"\bhow (?:big|large)\b", re.IGNORECASE), ("size", "max")),
                 (re.compile(r"\bhow many\b", re.IGNORECASE), ("num", "count", "max")))
+NAMES_NOTHING = frozenset({"default", "defaults"})  # question words a definition's name does not answer (named_values)
 PYTHON_SUFFIXES = frozenset({".py", ".pyi"})  # strings found by tokenize: a docstring's example defines nothing
 SIGNALS = ("attention", "lexical", "fused")
 DEFAULT_SIGNAL = "fused"
@@ -238,16 +239,25 @@ def unit_terms(doc: Document, units: list[Unit]) -> list[list[str]]:
 def lexical_scores(doc: Document, units: list[Unit], question: str,
                    terms: list[list[str]] | None = None) -> torch.Tensor:
     """[units] BM25 of the question's terms over the units (bm25s; terms: unit_terms, computed where
-    not given)."""
+    not given), the words of the document's own name left out (`document_terms`)."""
     import bm25s  # loads tqdm: imported where used, never by an engine or task module at import
     from bm25s.stopwords import STOPWORDS_EN
 
-    asked = search_terms(question, frozenset(STOPWORDS_EN))
+    named = document_terms(doc)
+    asked = [t for t in search_terms(question, frozenset(STOPWORDS_EN)) if t not in named]
     if not units or not asked:
         return torch.zeros(len(units))
     index = bm25s.BM25()
     index.index([t or ["\u0000"] for t in terms or unit_terms(doc, units)], show_progress=False)
     return torch.as_tensor(index.get_scores(asked), dtype=torch.float32)
+
+
+def document_terms(doc: Document) -> frozenset[str]:
+    """The stems of the words of the document's own name ("itsdangerous" of itsdangerous-2.2.0/,
+    "gnuplot" and "pdf" of gnuplot.pdf; not the numbers of a version): every line of a document is
+    about what it is named for, so a question's word for it points at none of them (a question
+    on "an itsdangerous Signer" ranked `salt = b"itsdangerous.Signer"` first for the name)."""
+    return frozenset(stems([t for t in lexical_terms(doc.name) if t.isalpha()]))
 
 
 def value_prior(doc: Document, units: list[Unit]) -> torch.Tensor:
@@ -272,14 +282,17 @@ def named_values(doc: Document, units: list[Unit], question: str,
     class it lies in (`code = 418` in `class ImATeapot`); the question's words count with the words
     code says them with (NAME_WORDS, NAME_PHRASES: "largest" is a `max_*`, "how long" a length or
     a time); question words and other function words (bm25s's longer English list: "where", "what",
-    "does") name nothing. Prose, docstrings and units that define nothing get 0. terms: unit_terms,
+    "does"), "default" (a question's "by default" asks for the default of what its other words
+    name: `DEFAULT_PBKDF2_ITERATIONS` is no answer to "which scrypt parameters by default") and the
+    words of the document's own name (`document_terms`) name nothing. Prose, docstrings and units that define nothing get 0. terms: unit_terms,
     computed where not given."""
     from bm25s.stopwords import STOPWORDS_EN, STOPWORDS_EN_PLUS
 
     stopwords, function_words = frozenset(STOPWORDS_EN), frozenset(STOPWORDS_EN_PLUS)
     out = torch.zeros(len(units))
     said = lexical_terms(question, stopwords)
-    asked = stems([t for t in said if t not in function_words])
+    asked = [t for t in stems([t for t in said if t not in function_words and t not in NAMES_NOTHING])
+             if t not in document_terms(doc)]
     if not units or not asked:
         return out
     wanted = set(asked) | set(stems([NAME_WORDS[t] for t in said if t in NAME_WORDS]))
