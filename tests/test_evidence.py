@@ -14,7 +14,7 @@ import torch
 from kvpage_cli.cli.app import app
 from kvpage_cli.engine import Engine, EngineConfig
 from kvpage_cli.engine.attention.evidence import token_mass
-from kvpage_cli.ingest import load
+from kvpage_cli.ingest import Document, load
 from kvpage_cli.tasks import Asker
 from kvpage_cli.tasks.ask import BASE_TURNS, PROMPT_TURNS, AnswerText
 from kvpage_cli.tasks.find import Finder
@@ -319,6 +319,8 @@ def test_by_default_and_the_documents_own_name_point_at_no_line(tmp_path):
     assert float(ranked.named[texts.index("DEFAULT_DIGEST_SIZE = 20")]) == 0.0
     assert float(ranked.named[texts.index("SCRYPT_N = 32768")]) > 0.0
     assert float(ranked.lexical[texts.index('project = "signkit"')]) == 0.0
+    # standard input is named for no subject: a question's "input" is a word like any other
+    assert evidence.document_terms(Document("-", "text", "input = 1\n", [])) == frozenset()
 
 
 def test_the_names_a_line_of_code_defines_with_a_value(tmp_path):

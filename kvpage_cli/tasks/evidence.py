@@ -243,8 +243,8 @@ def lexical_scores(doc: Document, units: list[Unit], question: str,
     import bm25s  # loads tqdm: imported where used, never by an engine or task module at import
     from bm25s.stopwords import STOPWORDS_EN
 
-    named = document_terms(doc)
-    asked = [t for t in search_terms(question, frozenset(STOPWORDS_EN)) if t not in named]
+    own = document_terms(doc)
+    asked = [t for t in search_terms(question, frozenset(STOPWORDS_EN)) if t not in own]
     if not units or not asked:
         return torch.zeros(len(units))
     index = bm25s.BM25()
@@ -254,9 +254,12 @@ def lexical_scores(doc: Document, units: list[Unit], question: str,
 
 def document_terms(doc: Document) -> frozenset[str]:
     """The stems of the words of the document's own name ("itsdangerous" of itsdangerous-2.2.0/,
-    "gnuplot" and "pdf" of gnuplot.pdf; not the numbers of a version): every line of a document is
-    about what it is named for, so a question's word for it points at none of them (a question
-    on "an itsdangerous Signer" ranked `salt = b"itsdangerous.Signer"` first for the name)."""
+    "gnuplot" and "pdf" of gnuplot.pdf; not the numbers of a version; none for standard input):
+    every line of a document is about what it is named for, so a question's word for it points at
+    none of them (a question on "an itsdangerous Signer" ranked `salt = b"itsdangerous.Signer"`
+    first for the name)."""
+    if doc.source == "-":
+        return frozenset()
     return frozenset(stems([t for t in lexical_terms(doc.name) if t.isalpha()]))
 
 
@@ -284,8 +287,8 @@ def named_values(doc: Document, units: list[Unit], question: str,
     a time); question words and other function words (bm25s's longer English list: "where", "what",
     "does"), "default" (a question's "by default" asks for the default of what its other words
     name: `DEFAULT_PBKDF2_ITERATIONS` is no answer to "which scrypt parameters by default") and the
-    words of the document's own name (`document_terms`) name nothing. Prose, docstrings and units that define nothing get 0. terms: unit_terms,
-    computed where not given."""
+    words of the document's own name (`document_terms`) name nothing. Prose, docstrings and units
+    that define nothing get 0. terms: unit_terms, computed where not given."""
     from bm25s.stopwords import STOPWORDS_EN, STOPWORDS_EN_PLUS
 
     stopwords, function_words = frozenset(STOPWORDS_EN), frozenset(STOPWORDS_EN_PLUS)
