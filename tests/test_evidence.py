@@ -611,6 +611,13 @@ def test_find_over_a_document_shorter_than_a_block(cli, tmp_path):
     assert found.exit_code == 0, found.stderr
     [span] = json.loads(found.stdout)["spans"]
     assert span["text"] == "The cat sat on the mat." and span["where"] == f"{doc_path}:1"
+    # what was read is said as it is: all of it, not "0 of 0 blocks" (find) or "the document being
+    # longer than the context" (ask's retrieval mode, asked for)
+    assert "retrieval: all of the document read (shorter than one 64-token block), 1 place," in found.stderr
+    asked = cli("ask", doc_path, "Where did the cat sit?", "--mode", "retrieval", "--max-new-tokens", "4",
+                home=tmp_path / "home")
+    assert asked.exit_code == 0, asked.stderr
+    assert "retrieval mode: all of the document read" in asked.stderr and "longer than the context" not in asked.stderr
 
 
 def test_index_builds_all_of_it_and_refuses_what_it_cannot_save(cli, tmp_path):

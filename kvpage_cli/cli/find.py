@@ -85,5 +85,6 @@ def find(
         if not spans:
             session.warn("nothing found: the passages read hold no line of text")
         sink.commit()
-        session.print_stats(engine, f"retrieval: {len(finder.selection.blocks):,} of {finder.selection.total:,} "
-                                    f"blocks read, {len(spans)} places")
+        read = (f"{len(finder.selection.blocks):,} of {finder.selection.total:,} blocks read" if finder.selection.total
+                else "all of the document read (shorter than one 64-token block)")
+        session.print_stats(engine, f"retrieval: {read}, {len(spans)} place{'' if len(spans) == 1 else 's'}")

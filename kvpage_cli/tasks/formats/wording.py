@@ -12,6 +12,7 @@ MODE_NOTES = {
     "selective": "selective mode (policy-chosen blocks: approximate)",
     "retrieval": "retrieval mode (the blocks chosen for each question, the document being longer than the context)",
 }
+SHORTER_THAN_A_BLOCK = "retrieval mode: all of the document read (shorter than one 64-token block: nothing to choose)"
 SELECTIVE_DECODE = "; decode steps attended the policy's blocks of those (selective: approximate)"
 
 
@@ -21,6 +22,8 @@ def mode_note(mode: str, attended: int | None = None, total: int | None = None, 
     (`each`: said after the share, e.g. " each (on average)"; `selective`: the engine ran in selective
     mode, so decode steps attended the policy's blocks of those; `indexed`: (tokens indexed when the
     answer was given, the document's tokens), said where the index was not yet whole)."""
+    if mode == "retrieval" and total == 0:  # all of its text lies in the prompt's own tokens
+        return SHORTER_THAN_A_BLOCK
     if mode == "retrieval" and total:
         note = (f"retrieval mode: attended {attended:,} of {total:,} blocks, {100 * attended / total:.0f}% of the "
                 f"document{each}" + (SELECTIVE_DECODE if selective else ""))
