@@ -151,3 +151,12 @@ def test_one_server_a_home_stop_stops_it_and_a_stale_socket_is_replaced(served, 
     process = start_server(home, log)  # takes the stale socket's place
     assert run(["serve", "--stop"], home).returncode == 0
     assert process.wait(timeout=60) == 0
+
+
+def test_the_socket_lies_in_the_home_the_engine_uses():
+    """KVPAGE_HOME with a `~` is the home the engine expands it to (engine/load.py), not a folder
+    named "~" under wherever the command ran; unset, the engine's default home."""
+    from kvpage_cli.engine.home import default_home
+
+    assert server_module.socket_path({"KVPAGE_HOME": "~/kv-test"}) == Path.home() / "kv-test" / SOCKET_NAME
+    assert server_module.socket_path({}) == default_home() / SOCKET_NAME

@@ -86,5 +86,5 @@ def find(
             session.warn("nothing found: the passages read hold no line of text")
         sink.commit()
         read = (f"{len(finder.selection.blocks):,} of {finder.selection.total:,} blocks read" if finder.selection.total
-                else "all of the document read (shorter than one 64-token block)")
+                else render.ALL_READ)
         session.print_stats(engine, f"retrieval: {read}, {len(spans)} place{'' if len(spans) == 1 else 's'}")

@@ -10,9 +10,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..tasks import SCHEMA_VERSION, AskResult, Finding, ReviewResult
-from ..tasks.formats.wording import (  # noqa: F401 (mode_note, selective_decode: the commands' words too)
-    by_risk, categories, clauses_note, counts, mode_note, reasons, review_mode, selective_decode, shorten, term_source,
-    term_value,
+from ..tasks.formats.wording import (  # noqa: F401 (ALL_READ, mode_note, selective_decode: the commands' words too)
+    ALL_READ, by_risk, categories, clauses_note, counts, mode_note, reasons, review_mode, selective_decode, shorten,
+    term_source, term_value,
 )
 from ..tasks.schema import Evidence
 

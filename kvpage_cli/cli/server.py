@@ -43,9 +43,11 @@ _REPLY_SECONDS = 60.0  # a server that took the descriptors but says nothing is 
 
 
 def socket_path(env: dict | None = None) -> Path:
+    """The socket in the home the engine uses (KVPAGE_HOME, `~` expanded as engine/load.py does,
+    else engine/home.py's default_home, said again here: importing kvpage_cli.engine imports torch)."""
     env = os.environ if env is None else env
-    home = env.get("KVPAGE_HOME") or str(Path.home() / ".cache" / "kvpage")
-    return Path(home) / SOCKET_NAME
+    home = Path(env["KVPAGE_HOME"]).expanduser() if env.get("KVPAGE_HOME") else Path.home() / ".cache" / "kvpage"
+    return home / SOCKET_NAME
 
 
 def fingerprint() -> str:

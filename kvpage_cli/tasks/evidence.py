@@ -294,8 +294,8 @@ def named_values(doc: Document, units: list[Unit], question: str,
     stopwords, function_words = frozenset(STOPWORDS_EN), frozenset(STOPWORDS_EN_PLUS)
     out = torch.zeros(len(units))
     said = lexical_terms(question, stopwords)
-    asked = [t for t in stems([t for t in said if t not in function_words and t not in NAMES_NOTHING])
-             if t not in document_terms(doc)]
+    own = document_terms(doc)
+    asked = [t for t in stems([t for t in said if t not in function_words and t not in NAMES_NOTHING]) if t not in own]
     if not units or not asked:
         return out
     wanted = set(asked) | set(stems([NAME_WORDS[t] for t in said if t in NAME_WORDS]))

@@ -12,7 +12,7 @@ MODE_NOTES = {
     "selective": "selective mode (policy-chosen blocks: approximate)",
     "retrieval": "retrieval mode (the blocks chosen for each question, the document being longer than the context)",
 }
-SHORTER_THAN_A_BLOCK = "retrieval mode: all of the document read (shorter than one 64-token block: nothing to choose)"
+ALL_READ = "all of the document read (shorter than one 64-token block)"  # retrieval over a document with no passage
 SELECTIVE_DECODE = "; decode steps attended the policy's blocks of those (selective: approximate)"
 
 
@@ -23,7 +23,7 @@ def mode_note(mode: str, attended: int | None = None, total: int | None = None, 
     mode, so decode steps attended the policy's blocks of those; `indexed`: (tokens indexed when the
     answer was given, the document's tokens), said where the index was not yet whole)."""
     if mode == "retrieval" and total == 0:  # all of its text lies in the prompt's own tokens
-        return SHORTER_THAN_A_BLOCK
+        return f"retrieval mode: {ALL_READ}"
     if mode == "retrieval" and total:
         note = (f"retrieval mode: attended {attended:,} of {total:,} blocks, {100 * attended / total:.0f}% of the "
                 f"document{each}" + (SELECTIVE_DECODE if selective else ""))
