@@ -323,6 +323,77 @@ def test_by_default_and_the_documents_own_name_point_at_no_line(tmp_path):
     assert evidence.document_terms(Document("-", "text", "input = 1\n", [])) == frozenset()
 
 
+def test_the_words_a_question_names_the_contract_by_point_at_no_line(tmp_path):
+    """"The master supply agreement" of a question names the contract its title calls MASTER
+    SUPPLY AGREEMENT: those words are about every line, and the lines that repeat the title (the
+    heading, the preamble, a clause that names the agreement in full) are no evidence of which law
+    governs it (they ranked second, before this rule); the governing-law clause is first."""
+    path = tmp_path / "contract.txt"
+    path.write_text(
+        "MASTER SUPPLY AGREEMENT\n\n"
+        "This Master Supply Agreement (this \"Agreement\") is made on 1 March 2024 between Acme Corp., a "
+        "corporation of the State of Delaware (\"Supplier\"), and Beta LLC, a limited liability company of "
+        "the State of Ohio (\"Buyer\").\n\n"
+        "1. Supply. Supplier shall supply the Products to Buyer under this Master Supply Agreement. Buyer "
+        "shall pay each invoice within thirty (30) days.\n\n"
+        "2. Term. This Agreement runs for three (3) years from its date.\n\n"
+        "3. Compliance. Each party shall comply with all laws that apply to it.\n\n"
+        "4. Taxes. Buyer pays the taxes each state levies on the Products.\n\n"
+        "5. Governing law. The laws of the State of New York govern this Agreement.\n\n"
+        "6. Notices. Notices are given in writing to the addresses above.\n")
+    question = "Which state's law governs the master supply agreement?"
+    doc, chars, flat, lexical, fused = _without_attention(path, question)
+    assert lexical[0].text.startswith("5. Governing law.") and lexical[0].where.endswith("contract.txt:13")
+    assert lexical and not any("master supply" in e.text.lower() for e in lexical)
+    _check_spans(doc, tmp_path, lexical + fused)
+
+
+def test_two_words_of_a_question_match_the_name_code_writes_as_one(tmp_path):
+    """"Block size" is what code names `blocksize`: the constant that holds the value is among the
+    spans (without the joined words it matched none of the question's, and was not)."""
+    from kvpage_cli.tasks import evidence
+
+    root = tmp_path / "netkit"
+    (root / "netkit").mkdir(parents=True)
+    (root / "netkit" / "pool.py").write_text(
+        "import socket\n\n_DEFAULT_BLOCKSIZE = 16384\n_DEFAULT_TIMEOUT = 5.0\n\n\nclass ConnectionPool:\n"
+        '    """Connections to one host, kept open between requests."""\n\n'
+        "    def __init__(self, host: str, port: int = 80, maxsize: int = 1, block: bool = False):\n"
+        "        self.host = host\n        self.port = port\n        self.maxsize = maxsize\n"
+        "        self.block = block\n\n    def new_connection(self, blocksize=None):\n"
+        "        size = blocksize or _DEFAULT_BLOCKSIZE\n"
+        "        return socket.create_connection((self.host, self.port), _DEFAULT_TIMEOUT), size\n")
+    question = "What block size does a connection pool give new connections when none is set?"
+    doc, chars, flat, lexical, fused = _without_attention(root, question)
+    assert "blocksiz" in evidence.joined(question, frozenset({"what", "does", "a", "when", "none", "is"}))
+    assert any(e.text == "_DEFAULT_BLOCKSIZE = 16384" and e.where == "netkit/pool.py:3" for e in fused)
+    _check_spans(doc, root, fused)
+
+
+def test_a_packages_metadata_and_readme_are_prose(tmp_path):
+    """PKG-INFO (a package's metadata and its README) and files like README and CHANGES name no
+    suffix yet are running text: an example in them with a number and a quoted string gets no
+    value prior, and the line that raises the exception ranks ahead of it (it ranked first)."""
+    from kvpage_cli.tasks import evidence
+
+    root = tmp_path / "cfgread-1.0"
+    (root / "src" / "cfgread").mkdir(parents=True)
+    (root / "PKG-INFO").write_text(
+        "Metadata-Version: 2.1\nName: cfgread\nVersion: 1.0\nSummary: Reads configuration files\n\nUsage:\n\n"
+        '    conf = read_file(open("settings.cfg", "rb"), depth=10)\n\n'
+        'The file must be opened in binary mode ("rb"), or read_file raises an error.\n')
+    (root / "src" / "cfgread" / "reader.py").write_text(
+        "def read_file(fp, depth=10):\n    data = fp.read()\n    if isinstance(data, str):\n"
+        '        raise TypeError("File must be opened in binary mode")\n    return parse(data, depth)\n')
+    question = "What exception does read_file raise when it is given a file opened in text mode?"
+    doc, chars, flat, lexical, fused = _without_attention(root, question)
+    assert [e.where for e in fused].index("src/cfgread/reader.py:4") < [e.where for e in fused].index("PKG-INFO:8-10")
+    _check_spans(doc, root, fused)
+    ranked = evidence.signals(doc, chars, flat, question)
+    assert all(float(p) == 0.0 for p, u in zip(ranked.prior, ranked.units) if u.file == "PKG-INFO")
+    assert evidence.is_prose("README") and evidence.is_prose("docs/CHANGES") and not evidence.is_prose("Makefile")
+
+
 def test_the_names_a_line_of_code_defines_with_a_value(tmp_path):
     """Constants, class attributes, attributes set on self and a def's parameters with literal
     defaults define names (with a constructor's keywords); a local variable, a call's keyword, a

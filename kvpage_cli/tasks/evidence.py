@@ -32,7 +32,7 @@ import torch
 
 from ..ingest import Document
 from ..ingest.document import Span
-from .retrieval import lexical_terms, search_terms, stems
+from .retrieval import asked_text, lexical_terms, search_terms, stems
 from .schema import Evidence
 from .values import sentences
 
@@ -64,6 +64,7 @@ PYTHON_SUFFIXES = frozenset({".py", ".pyi"})  # strings found by tokenize: a doc
 SIGNALS = ("attention", "lexical", "fused")
 DEFAULT_SIGNAL = "fused"
 _WORD = re.compile(r"\w")
+_WORD_PAIR = re.compile(r"(?<![\w.])([A-Za-z][a-z]*)\s+(?=([A-Za-z][a-z]*)(?![\w.]))")  # two plain words in a row
 _OPEN, _CLOSE = "([{", ")]}"
 _NOT_CODE = re.compile(r"\"\"\"|'''|\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|#.*$")  # strings and comments
 _NUMBER = re.compile(r"(?<![\w.])\d[\d_,.]*\b")
@@ -244,12 +245,22 @@ def lexical_scores(doc: Document, units: list[Unit], question: str,
     from bm25s.stopwords import STOPWORDS_EN
 
     own = document_terms(doc)
-    asked = [t for t in search_terms(question, frozenset(STOPWORDS_EN)) if t not in own]
+    text = asked_text(doc, question)
+    asked = [t for t in search_terms(text, frozenset(STOPWORDS_EN)) + joined(text, frozenset(STOPWORDS_EN))
+             if t not in own]
     if not units or not asked:
         return torch.zeros(len(units))
     index = bm25s.BM25()
     index.index([t or ["\u0000"] for t in terms or unit_terms(doc, units)], show_progress=False)
     return torch.as_tensor(index.get_scores(asked), dtype=torch.float32)
+
+
+def joined(text: str, stopwords: frozenset[str]) -> list[str]:
+    """The stems of each two plain words in a row (neither an identifier nor one of `stopwords`)
+    written as one, as code names what they say: "block size" is a `blocksize`, "host name" a
+    `hostname`."""
+    pairs = _WORD_PAIR.findall(text)
+    return stems([(a + b).lower() for a, b in pairs if a.lower() not in stopwords and b.lower() not in stopwords])
 
 
 def document_terms(doc: Document) -> frozenset[str]:
@@ -263,6 +274,13 @@ def document_terms(doc: Document) -> frozenset[str]:
     return frozenset(stems([t for t in lexical_terms(doc.name) if t.isalpha()]))
 
 
+def is_prose(file: str) -> bool:
+    """Whether a file of a repository is running text: a suffix of PROSE_SUFFIXES, or no suffix and
+    a name in capitals (README, PKG-INFO, LICENSE, CHANGES: a package's metadata and its README)."""
+    path = PurePath(file)
+    return path.suffix.lower() in PROSE_SUFFIXES or (not path.suffix and path.name.upper() == path.name)
+
+
 def value_prior(doc: Document, units: list[Unit]) -> torch.Tensor:
     """[units] how much a unit of code states a value: 1 for a number, a short quoted string or an
     exception raised or named, half more for an assignment (`DEFAULT_BACKOFF_MAX = 120`,
@@ -270,7 +288,7 @@ def value_prior(doc: Document, units: list[Unit]) -> torch.Tensor:
     numbers say no more than its words."""
     out = torch.zeros(len(units))
     for i, u in enumerate(units):
-        if u.line is None or PurePath(u.file).suffix.lower() in PROSE_SUFFIXES:
+        if u.line is None or is_prose(u.file):
             continue
         text = doc.text[u.start:u.end]
         out[i] = ((1.0 if _NUMBER.search(text) or _QUOTED.search(text) or _RAISED.search(text) else 0.0)
@@ -293,12 +311,13 @@ def named_values(doc: Document, units: list[Unit], question: str,
 
     stopwords, function_words = frozenset(STOPWORDS_EN), frozenset(STOPWORDS_EN_PLUS)
     out = torch.zeros(len(units))
-    said = lexical_terms(question, stopwords)
+    said = lexical_terms(asked_text(doc, question), stopwords)
     own = document_terms(doc)
     asked = [t for t in stems([t for t in said if t not in function_words and t not in NAMES_NOTHING]) if t not in own]
     if not units or not asked:
         return out
     wanted = set(asked) | set(stems([NAME_WORDS[t] for t in said if t in NAME_WORDS]))
+    wanted.update(joined(asked_text(doc, question), function_words))
     for phrase, words in NAME_PHRASES:
         if phrase.search(question):
             wanted.update(stems(list(words)))
@@ -313,7 +332,7 @@ def named_values(doc: Document, units: list[Unit], question: str,
     files: dict[str, _FileLines] = {}
     ends = [s.end for s in doc.spans]
     for i, u in enumerate(units):
-        if u.line is None or PurePath(u.file).suffix.lower() in PROSE_SUFFIXES:
+        if u.line is None or is_prose(u.file):
             continue
         if u.file not in files:
             files[u.file] = _FileLines(doc, u, ends)
