@@ -323,31 +323,6 @@ def test_by_default_and_the_documents_own_name_point_at_no_line(tmp_path):
     assert evidence.document_terms(Document("-", "text", "input = 1\n", [])) == frozenset()
 
 
-def test_the_words_a_question_names_the_contract_by_point_at_no_line(tmp_path):
-    """"The master supply agreement" of a question names the contract its title calls MASTER
-    SUPPLY AGREEMENT: those words are about every line, and the lines that repeat the title (the
-    heading, the preamble, a clause that names the agreement in full) are no evidence of which law
-    governs it (they ranked second, before this rule); the governing-law clause is first."""
-    path = tmp_path / "contract.txt"
-    path.write_text(
-        "MASTER SUPPLY AGREEMENT\n\n"
-        "This Master Supply Agreement (this \"Agreement\") is made on 1 March 2024 between Acme Corp., a "
-        "corporation of the State of Delaware (\"Supplier\"), and Beta LLC, a limited liability company of "
-        "the State of Ohio (\"Buyer\").\n\n"
-        "1. Supply. Supplier shall supply the Products to Buyer under this Master Supply Agreement. Buyer "
-        "shall pay each invoice within thirty (30) days.\n\n"
-        "2. Term. This Agreement runs for three (3) years from its date.\n\n"
-        "3. Compliance. Each party shall comply with all laws that apply to it.\n\n"
-        "4. Taxes. Buyer pays the taxes each state levies on the Products.\n\n"
-        "5. Governing law. The laws of the State of New York govern this Agreement.\n\n"
-        "6. Notices. Notices are given in writing to the addresses above.\n")
-    question = "Which state's law governs the master supply agreement?"
-    doc, chars, flat, lexical, fused = _without_attention(path, question)
-    assert lexical[0].text.startswith("5. Governing law.") and lexical[0].where.endswith("contract.txt:13")
-    assert lexical and not any("master supply" in e.text.lower() for e in lexical)
-    _check_spans(doc, tmp_path, lexical + fused)
-
-
 def test_two_words_of_a_question_match_the_name_code_writes_as_one(tmp_path):
     """"Block size" is what code names `blocksize`: the constant that holds the value is among the
     spans (without the joined words it matched none of the question's, and was not)."""

@@ -11,7 +11,7 @@ from kvpage_cli.engine.index import RetrievalIndex
 from kvpage_cli.ingest import load
 from kvpage_cli.tasks import Asker
 from kvpage_cli.tasks.ask import READ_AGAIN_TOKENS, read_again, reading_order
-from kvpage_cli.tasks.retrieval import UNIT_BLOCKS, Selection, asked_text, lexical_terms, search_terms
+from kvpage_cli.tasks.retrieval import UNIT_BLOCKS, Selection, lexical_terms, search_terms
 
 from .conftest import SAMPLES, random_prompt, tiny_model
 
@@ -111,29 +111,6 @@ def test_words_match_by_their_stems_so_an_inflected_question_finds_its_clause(sh
     law = doc.text.index("governed by the laws")
     assert selection.share < 0.5  # the clause is chosen, not the document read whole
     assert any(s <= law < e for s, e in (retriever.char_spans[i] for i in selection.blocks))
-
-
-def test_the_words_a_question_names_the_contract_by_select_no_passage(short_engine, tmp_path):
-    """"The Acme franchise agreement" is what the contract's title calls it: a passage that repeats
-    the title (a state's amendment at its end) matches those words, yet is not what "which state's
-    law governs the Acme franchise agreement" asks; the governing-law clause is the best passage.
-    A question that names another agreement keeps its words."""
-    lines = ["ACME FRANCHISE AGREEMENT", ""]
-    lines += [f"{n}. The Franchisee shall report the sales of month {n} to the Franchisor on the date set." for n in range(300)]
-    lines[252] = "250. This Agreement is governed by the laws of the State of Texas."
-    lines += ["", "AMENDMENT TO THE ACME FRANCHISE AGREEMENT FOR THE STATE OF ILLINOIS", "",
-              "The Acme Franchise Agreement is amended for a franchise in Illinois: where the Acme Franchise "
-              "Agreement and the Illinois Franchise Disclosure Act differ, the Act prevails."]
-    (tmp_path / "franchise.txt").write_text("\n".join(lines) + "\n")
-    doc = load(str(tmp_path / "franchise.txt"))
-    question = "Which state's law governs the Acme franchise agreement?"
-    assert asked_text(doc, question).split() == ["Which", "state's", "law", "governs", "the", "?"]
-    assert asked_text(doc, "Which law governs the Beta supply agreement?") == "Which law governs the Beta supply agreement?"
-    asker = Asker(short_engine, doc, question, max_new_tokens=4)
-    asker.retrieval_context(0)  # what `ask` and `find` read for the question
-    best = [asker.retriever.char_spans[i] for i in asker.selections[0].best[0]]
-    law = doc.text.index("governed by the laws of the State of Texas")
-    assert best[0][0] <= law < best[-1][1]
 
 
 @pytest.mark.parametrize("kv_dtype", ["auto", "int8"])

@@ -32,7 +32,7 @@ from .chat import PromptBuilder
 from .length import refuse_if_too_long
 from .prepared import Prepared, load_prepared, prepared_key, save_prepared
 from .prompts import render
-from .retrieval import INDEX_TOKENS, UNIT_BLOCKS, Retriever, Selection, asked_text, question_budget
+from .retrieval import INDEX_TOKENS, UNIT_BLOCKS, Retriever, Selection, question_budget
 from .schema import Evidence
 
 _KINDS = {"pdf": "a PDF document", "docx": "a Word document", "text": "a text file", "repo": "a code repository"}
@@ -256,7 +256,7 @@ class Asker:
         budget = self.budget()
         index = retriever.index
         head = len(index.head.tokens)
-        question, ids = asked_text(self.doc, self.questions[i]), self.question_ids[i]  # less its name for the document
+        question, ids = self.questions[i], self.question_ids[i]
         asked = retriever.tail + ids
         if index.missing:
             selection = retriever.select_lazily(question, asked, budget, self.index_tokens, self.on_event)

@@ -7,9 +7,10 @@ line of a file (a statement whose brackets stay open runs on to the line that cl
 running text (a page, a paragraph, a long line), a sentence. Each unit scores the mass its words
 received (white space, punctuation and stop words, where a small model parks most of its
 attention, left out), fused with its lexical match to the question (BM25 over the units,
-identifiers split as retrieval splits them); in code, a line that states a value (a number, a
-quoted string, an exception raised, an assignment) ranks ahead of one that only mentions the
-question's words, and a definition that gives a literal value a name the question uses
+identifiers split as retrieval splits them, two plain words of the question in a row also as the
+one name code writes them as: "block size", `blocksize`); in code, a line that states a value (a
+number, a quoted string, an exception raised, an assignment) ranks ahead of one that only
+mentions the question's words (not in prose: pages, Markdown, README, PKG-INFO), and a definition that gives a literal value a name the question uses
 (`LISTEN_QUEUE = 128` for "what listen backlog", the default `max_size: int = 4093` of
 `def dump_cookie(` for "the largest cookie dump_cookie allows") ranks ahead of both, as an
 engineer looks for the constant before the prose about it (a docstring's example, a test's
@@ -32,7 +33,7 @@ import torch
 
 from ..ingest import Document
 from ..ingest.document import Span
-from .retrieval import asked_text, lexical_terms, search_terms, stems
+from .retrieval import lexical_terms, search_terms, stems
 from .schema import Evidence
 from .values import sentences
 
@@ -245,8 +246,7 @@ def lexical_scores(doc: Document, units: list[Unit], question: str,
     from bm25s.stopwords import STOPWORDS_EN
 
     own = document_terms(doc)
-    text = asked_text(doc, question)
-    asked = [t for t in search_terms(text, frozenset(STOPWORDS_EN)) + joined(text, frozenset(STOPWORDS_EN))
+    asked = [t for t in search_terms(question, frozenset(STOPWORDS_EN)) + joined(question, frozenset(STOPWORDS_EN))
              if t not in own]
     if not units or not asked:
         return torch.zeros(len(units))
@@ -284,8 +284,8 @@ def is_prose(file: str) -> bool:
 def value_prior(doc: Document, units: list[Unit]) -> torch.Tensor:
     """[units] how much a unit of code states a value: 1 for a number, a short quoted string or an
     exception raised or named, half more for an assignment (`DEFAULT_BACKOFF_MAX = 120`,
-    `num_pools: int = 10,`); 0 for prose (pages, paragraphs, files of PROSE_SUFFIXES), whose
-    numbers say no more than its words."""
+    `num_pools: int = 10,`); 0 for prose (pages, paragraphs, `is_prose` files), whose numbers say no
+    more than its words."""
     out = torch.zeros(len(units))
     for i, u in enumerate(units):
         if u.line is None or is_prose(u.file):
@@ -302,7 +302,7 @@ def named_values(doc: Document, units: list[Unit], question: str,
     that the names a unit of code defines with a literal value hold, with the names of the def and
     class it lies in (`code = 418` in `class ImATeapot`); the question's words count with the words
     code says them with (NAME_WORDS, NAME_PHRASES: "largest" is a `max_*`, "how long" a length or
-    a time); question words and other function words (bm25s's longer English list: "where", "what",
+    a time; `joined`: "block size" is a `blocksize`); question words and other function words (bm25s's longer English list: "where", "what",
     "does"), "default" (a question's "by default" asks for the default of what its other words
     name: `DEFAULT_PBKDF2_ITERATIONS` is no answer to "which scrypt parameters by default") and the
     words of the document's own name (`document_terms`) name nothing. Prose, docstrings and units
@@ -311,13 +311,13 @@ def named_values(doc: Document, units: list[Unit], question: str,
 
     stopwords, function_words = frozenset(STOPWORDS_EN), frozenset(STOPWORDS_EN_PLUS)
     out = torch.zeros(len(units))
-    said = lexical_terms(asked_text(doc, question), stopwords)
+    said = lexical_terms(question, stopwords)
     own = document_terms(doc)
     asked = [t for t in stems([t for t in said if t not in function_words and t not in NAMES_NOTHING]) if t not in own]
     if not units or not asked:
         return out
     wanted = set(asked) | set(stems([NAME_WORDS[t] for t in said if t in NAME_WORDS]))
-    wanted.update(joined(asked_text(doc, question), function_words))
+    wanted.update(joined(question, function_words))
     for phrase, words in NAME_PHRASES:
         if phrase.search(question):
             wanted.update(stems(list(words)))

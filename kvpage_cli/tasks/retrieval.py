@@ -37,11 +37,6 @@ from ..ingest import Document
 
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _CAMEL = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
-# what a document calls itself in its title: "the promotion agreement" of a PROMOTION AGREEMENT (asked_text)
-DOCUMENT_KINDS = frozenset({"agreement", "contract", "lease", "amendment", "addendum", "indenture", "deed"})
-OPENING_CHARS = 2000  # a document's title lies within this many characters of its start
-_DETERMINERS = frozenset({"the", "this", "that", "its", "our", "your"})
-_QUESTION_WORD = re.compile(r"[\w&-]+(?:'s)?")
 
 
 def lexical_terms(text: str, stopwords: frozenset[str] = frozenset()) -> list[str]:
@@ -56,37 +51,6 @@ def lexical_terms(text: str, stopwords: frozenset[str] = frozenset()) -> list[st
             terms.append(whole)
         terms += [p for p in parts if p not in stopwords and len(p) > 1]
     return terms
-
-
-def asked_text(doc: Document, question: str) -> str:
-    """The question less the words it names the document by: "the network build and maintenance
-    agreement" of a contract whose title says "Network Build and Maintenance Agreement" (a
-    DOCUMENT_KINDS word after "the", "this" and the like, with the words before it that the
-    document's first OPENING_CHARS characters hold). Like the document's own name
-    (`document_terms`), they are about every line of it, and a line that repeats the title matches
-    nothing the question asks (the agreement's opening line had ranked first as evidence for "which
-    state's law governs the network build and maintenance agreement"). A question's passages are selected
-    (Asker) and its evidence ranked for what is left; a review's clauses keep their words."""
-    words = list(_QUESTION_WORD.finditer(question))
-    opening = None
-    cut = []
-    for i, word in enumerate(words):
-        kind = word.group().lower().removesuffix("'s")
-        if kind not in DOCUMENT_KINDS:
-            continue
-        if opening is None:
-            opening = {w.lower() for w in re.findall(r"[\w&-]+", doc.text[:OPENING_CHARS])}
-        if kind not in opening:
-            continue
-        first = i
-        while first > 0 and words[first - 1].group().lower() not in _DETERMINERS \
-                and words[first - 1].group().lower() in opening:
-            first -= 1
-        if first > 0 and words[first - 1].group().lower() in _DETERMINERS:
-            cut.append((words[first].start(), word.end()))
-    for start, end in reversed(cut):
-        question = question[:start] + " " + question[end:]
-    return question
 
 
 def search_terms(text: str, stopwords: frozenset[str] = frozenset()) -> list[str]:
