@@ -12,6 +12,7 @@ import platform
 import re
 import resource
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -110,7 +111,10 @@ def run_worker(script: Path, args: list[str], timeout: float = 3600) -> dict:
                           timeout=timeout, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
-        return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+        said = done.stderr.strip().splitlines()
+        if done.returncode < 0:  # killed by a signal: its name, as a shell says it ("SIGILL": an instruction this CPU lacks)
+            return {"error": f"killed by {signal.Signals(-done.returncode).name}" + (f": {said[-1][:160]}" if said else "")}
+        return {"error": (said or [f"failed (exit {done.returncode})"])[-1][:200]}
     return json.loads(lines[-1])
 
 

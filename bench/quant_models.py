@@ -360,7 +360,7 @@ def main() -> None:
                     if "not installed" in result.get("error", ""):
                         continue
                     row = {"shape": shape, "format": fmt, "file_gib": path.stat().st_size / 2**30,
-                           "prompt_tokens": int(prompt_tokens), "threads": args.threads, **result}
+                           "prompt_tokens": int(prompt_tokens), "threads": args.threads, "system": system, **result}
                     if row.get("decode_tok_s"):
                         row["of_bw_limit_pct"] = 100 * row["decode_tok_s"] / limit
                     peer = group[0] if group and group[0]["system"] == "llama.cpp" else None

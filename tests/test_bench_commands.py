@@ -52,3 +52,15 @@ def test_a_part_refuses_an_option_or_system_it_does_not_have(capsys):
     assert "unknown systems: nonsense" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # windows runs no system over questions
         retrieval.build_parser().parse_args(["windows", "--systems", "bm25"])
+
+
+def test_a_worker_killed_by_a_signal_is_named_in_the_row(tmp_path):
+    """A benchmark's peer that dies on an illegal instruction (llama.cpp's AMX path on an Intel Xeon
+    with AMX: SIGILL) is reported as such, not as "failed"."""
+    from common import run_worker
+
+    script = tmp_path / "worker.py"
+    script.write_text("import os, signal, sys\nif '--worker' in sys.argv:\n    os.kill(os.getpid(), signal.SIGILL)\n")
+    assert run_worker(script, []) == {"error": "killed by SIGILL"}
+    script.write_text("import sys\nsys.exit(3)\n")
+    assert run_worker(script, []) == {"error": "failed (exit 3)"}
