@@ -112,7 +112,7 @@ def run_worker(script: Path, args: list[str], timeout: float = 3600) -> dict:
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         said = done.stderr.strip().splitlines()
-        if done.returncode < 0:  # killed by a signal: its name, as a shell says it ("SIGILL": an instruction this CPU lacks)
+        if done.returncode < 0:  # killed by a signal: its name ("SIGILL": an illegal instruction)
             return {"error": f"killed by {signal.Signals(-done.returncode).name}" + (f": {said[-1][:160]}" if said else "")}
         return {"error": (said or [f"failed (exit {done.returncode})"])[-1][:200]}
     return json.loads(lines[-1])

@@ -10,12 +10,13 @@ attention, left out), fused with its lexical match to the question (BM25 over th
 identifiers split as retrieval splits them, two plain words of the question in a row also as the
 one name code writes them as: "block size", `blocksize`); in code, a line that states a value (a
 number, a quoted string, an exception raised, an assignment) ranks ahead of one that only
-mentions the question's words (not in prose: pages, Markdown, README, PKG-INFO), and a definition that gives a literal value a name the question uses
-(`LISTEN_QUEUE = 128` for "what listen backlog", the default `max_size: int = 4093` of
-`def dump_cookie(` for "the largest cookie dump_cookie allows") ranks ahead of both, as an
-engineer looks for the constant before the prose about it (a docstring's example, a test's
-local variable and a call's keyword define nothing). The best units become spans, each grown
-over the lines beside it that scored too (at most MAX_SPAN_LINES lines), returned best first.
+mentions the question's words (not in prose: pages, Markdown, README, PKG-INFO), and a
+definition that gives a literal value a name the question uses (`LISTEN_QUEUE = 128` for "what
+listen backlog", the default `max_size: int = 4093` of `def dump_cookie(` for "the largest
+cookie dump_cookie allows") ranks ahead of both, as an engineer looks for the constant before
+the prose about it (a docstring's example, a test's local variable and a call's keyword define
+nothing). The best units become spans, each grown over the lines beside it that scored too (at
+most MAX_SPAN_LINES lines), returned best first.
 `kvpage find` ranks the same way with the question's own attention in place of an answer's.
 """
 
@@ -302,8 +303,8 @@ def named_values(doc: Document, units: list[Unit], question: str,
     that the names a unit of code defines with a literal value hold, with the names of the def and
     class it lies in (`code = 418` in `class ImATeapot`); the question's words count with the words
     code says them with (NAME_WORDS, NAME_PHRASES: "largest" is a `max_*`, "how long" a length or
-    a time; `joined`: "block size" is a `blocksize`); question words and other function words (bm25s's longer English list: "where", "what",
-    "does"), "default" (a question's "by default" asks for the default of what its other words
+    a time; `joined`: "block size" is a `blocksize`); question words and other function words
+    (bm25s's longer English list: "where", "what", "does"), "default" (a question's "by default" asks for the default of what its other words
     name: `DEFAULT_PBKDF2_ITERATIONS` is no answer to "which scrypt parameters by default") and the
     words of the document's own name (`document_terms`) name nothing. Prose, docstrings and units
     that define nothing get 0. terms: unit_terms, computed where not given."""
