@@ -304,9 +304,10 @@ def named_values(doc: Document, units: list[Unit], question: str,
     class it lies in (`code = 418` in `class ImATeapot`); the question's words count with the words
     code says them with (NAME_WORDS, NAME_PHRASES: "largest" is a `max_*`, "how long" a length or
     a time; `joined`: "block size" is a `blocksize`); question words and other function words
-    (bm25s's longer English list: "where", "what", "does"), "default" (a question's "by default" asks for the default of what its other words
-    name: `DEFAULT_PBKDF2_ITERATIONS` is no answer to "which scrypt parameters by default") and the
-    words of the document's own name (`document_terms`) name nothing. Prose, docstrings and units
+    (bm25s's longer English list: "where", "what", "does"), "default" (a question's "by default"
+    asks for the default of what its other words name: `DEFAULT_PBKDF2_ITERATIONS` is no answer to
+    "which scrypt parameters by default") and the words of the document's own name
+    (`document_terms`) name nothing, alone or joined. Prose, docstrings and units
     that define nothing get 0. terms: unit_terms, computed where not given."""
     from bm25s.stopwords import STOPWORDS_EN, STOPWORDS_EN_PLUS
 
@@ -318,7 +319,7 @@ def named_values(doc: Document, units: list[Unit], question: str,
     if not units or not asked:
         return out
     wanted = set(asked) | set(stems([NAME_WORDS[t] for t in said if t in NAME_WORDS]))
-    wanted.update(joined(question, function_words))
+    wanted.update(t for t in joined(question, function_words | NAMES_NOTHING) if t not in own)
     for phrase, words in NAME_PHRASES:
         if phrase.search(question):
             wanted.update(stems(list(words)))
