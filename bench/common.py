@@ -118,6 +118,13 @@ def run_worker(script: Path, args: list[str], timeout: float = 3600) -> dict:
     return json.loads(lines[-1])
 
 
+def import_error(name: str, error: ImportError) -> str:
+    """A peer's row's error where importing it failed: "not installed" where the package `name`
+    itself is missing (its rows are then left out), else what failed, so that a package installed
+    without what it needs (llama-cpp-python installed with --no-deps lacks diskcache) says so."""
+    return "not installed" if error.name == name else f"{name} does not import: {error}"
+
+
 def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     """A plain-text table: columns are (key, heading); floats get 1 decimal (ratios 2)."""
     def cell(row, key):

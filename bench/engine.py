@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (add_json_option, bench_device, peak_device_mib, peak_rss_mib, prompt_ids,  # noqa: E402
-                    read_bandwidth_gbs, run_worker, sync, table, write_result)
+from common import (add_json_option, bench_device, import_error, peak_device_mib, peak_rss_mib,  # noqa: E402
+                    prompt_ids, read_bandwidth_gbs, run_worker, sync, table, write_result)
 
 DEFAULT_CONTEXTS = {"smollm2": [1024, 4096, 8192], "gemma3-270m": [8192, 16384, 32768]}
 
@@ -188,8 +188,8 @@ def main() -> None:
         else:
             try:
                 result = worker_llamacpp(model, length, args.new_tokens, home)
-            except ImportError:
-                result = {"system": "llama.cpp", "error": "not installed"}
+            except ImportError as error:
+                result = {"system": "llama.cpp", "error": import_error("llama_cpp", error)}
         print(json.dumps(result))
         return
 

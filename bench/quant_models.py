@@ -39,7 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import add_json_option, peak_rss_mib, read_bandwidth_gbs, run_worker, table, write_result  # noqa: E402
+from common import (add_json_option, import_error, peak_rss_mib, read_bandwidth_gbs, run_worker, table,  # noqa: E402
+                    write_result)
 
 SHAPES = {
     "135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, rope_base=100000.0, tied=True),
@@ -300,8 +301,8 @@ def main() -> None:
         else:
             try:
                 print(json.dumps(worker_llamacpp(path, args.new_tokens, prompt_tokens, args.threads)))
-            except ImportError:
-                print(json.dumps({"system": "llama.cpp", "error": "not installed"}))
+            except ImportError as error:
+                print(json.dumps({"system": "llama.cpp", "error": import_error("llama_cpp", error)}))
         return
 
     if args.agreement:

@@ -4,6 +4,7 @@ Nothing runs: only the parser is built."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 
@@ -64,3 +65,20 @@ def test_a_worker_killed_by_a_signal_is_named_in_the_row(tmp_path):
     assert run_worker(script, []) == {"error": "killed by SIGILL"}
     script.write_text("import sys\nsys.exit(3)\n")
     assert run_worker(script, []) == {"error": "failed (exit 3)"}
+
+
+def test_a_peer_installed_without_what_it_imports_is_named_not_left_out(tmp_path, monkeypatch):
+    """llama-cpp-python installed with --no-deps imports diskcache, which is missing: its rows say
+    so. A peer that is not installed at all is "not installed" (its rows are left out)."""
+    from common import import_error, run_worker
+
+    fake = tmp_path / "site" / "llama_cpp"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import diskcache_that_is_not_here\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    row = run_worker(REPO / "bench" / "quant_models.py", ["llama.cpp", str(tmp_path / "none.gguf"), "--folder",
+                                                         str(tmp_path)])
+    assert row["system"] == "llama.cpp"
+    assert "diskcache_that_is_not_here" in row["error"] and "not installed" not in row["error"]
+    assert import_error("llama_cpp", ModuleNotFoundError("No module named 'llama_cpp'", name="llama_cpp")) == \
+        "not installed"
