@@ -227,6 +227,19 @@ def test_score_gives_the_log_probabilities_transformers_gives(tiny_models, kv_ho
     assert len(ctx.tokens) == 70  # the fork took the continuation, the document did not
 
 
+def test_a_short_prompt_holds_memory_for_its_own_blocks_not_for_a_thousand_tokens(kv_home):
+    """A store's arenas are zeroed, so resident, when made: a 100-token prompt and 20 new tokens
+    (two blocks) hold at most a few blocks' worth, and a context that grows on keeps few arenas."""
+    engine = engine_with_slots(tiny_model("llama"), kv_home, 6, backend="native", kv_path="store")
+    ctx = engine.prefill(random_prompt(100, seed=5))
+    list(engine.generate(ctx, max_new_tokens=20, stop=()))
+    (group,) = engine.store.groups
+    assert engine.store.source.ram_bytes <= 4 * group.block_bytes
+    list(engine.generate(ctx, max_new_tokens=40 * BLOCK_TOKENS, stop=()))  # 42 blocks in all
+    assert len(group.k_arenas[0]) <= 8
+    assert engine.store.source.ram_bytes <= 2 * 43 * group.block_bytes
+
+
 @pytest.mark.parametrize("arch,backend,kv_path", [
     ("llama", "torch", "store"), ("llama", "torch", "pool"), ("llama", "native", "store"), ("llama", "native", "pool"),
     ("gemma3_text", "native", "store"), ("gemma3_text", "torch", "pool"),

@@ -31,7 +31,10 @@ import torch
 from ..config import BLOCK_TOKENS
 from .blocks import BlockAllocator
 
-MIN_ARENA_BLOCKS = 16
+# An arena's blocks are zeroed (resident) when it is made: a short prompt's first arena is this
+# small (256 tokens: 8 MiB of a 1B llama's bfloat16 KV, 32 MiB of an 8B's), a longer one is reserved
+# whole, and a growing context's next arena is half its capacity, so arenas stay few.
+MIN_ARENA_BLOCKS = 4
 SCALE_BYTES = 4  # one float32 scale per int8 row
 
 
