@@ -596,6 +596,26 @@ def test_a_k_quant_file_decodes_on_int8_activations_each_sequence_with_its_own_b
     assert (runs[0][1] - runs[1][1]).abs().max() <= 1e-4 * runs[1][1].abs().max()
 
 
+def test_a_prompt_chunks_down_product_reads_the_activation_where_it_was_computed(kquant_gguf, kv_home, monkeypatch):
+    """The MLP's activation is written over the gate's half of the gate and up product, and the down
+    product reads it there: a prompt chunk holds no [rows, intermediate] tensor more (32 MiB at a 1B
+    llama's 1,024-token chunk). Its bits are the tests above's (batches, the native layer)."""
+    path, _ = kquant_gguf
+    engine = Engine.load(str(path), EngineConfig(home=str(kv_home), backend="native", activations="auto", pool_mib=1))
+    lib, calls = engine.runner.native, []
+    kernel = lib.kvp_qgemm_rows_q8
+
+    def spy(qtype, x, ldx, w, row_bytes, m, k, n, y, ldy):
+        calls.append((k, n, x, y))
+        return kernel(qtype, x, ldx, w, row_bytes, m, k, n, y, ldy)
+
+    monkeypatch.setattr(lib, "kvp_qgemm_rows_q8", spy)
+    engine.prefill(random_prompt(200, seed=3))
+    gate_and_up = [y for k, n, _, y in calls if (k, n) == (256, 512)]  # hidden 256 -> intermediate 512, each part
+    down = [x for k, n, x, _ in calls if (k, n) == (512, 256)]
+    assert len(down) == 2 and all(x in gate_and_up for x in down)  # one long chunk through two layers
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_the_native_layer_rotates_q_and_k_with_torchs_bits(arch, kv_home):
     """The native layer applies RoPE to a decode row's Q and K itself: the bits rope.apply_rope

@@ -176,7 +176,9 @@ class QuantMatrix:
         formats' long chunks multiply fp32). tiles: few rows may multiply on AMX tiles (model.Rows
         says when); a long chunk's do where they apply. out: fp32 [M, N] with unit column stride
         (e.g. columns of a wider product) that receives the result, the same bits, and is returned."""
-        x = x.float().contiguous()
+        x = x.float()
+        if x.dim() != 2 or x.stride(1) != 1:  # the native kernels take rows of x at any stride (ldx)
+            x = x.contiguous()
         if out is not None and (out.dtype != torch.float32 or out.shape != (x.shape[0], self.rows)
                                 or out.stride(1) != 1):
             raise ValueError(f"a product goes into fp32 [{x.shape[0]}, {self.rows}] with unit column stride, not "
@@ -196,6 +198,7 @@ class QuantMatrix:
             if self.out_perm is not None:
                 y = y[:, self.out_perm] if out is None else out.copy_(y[:, self.out_perm])
             return y
+        x = x.contiguous()
         step = max(16, DEQUANT_CHUNK_BYTES // (4 * self.cols))
         if step >= self.rows and out is None:  # one slice: no copy of the product into y
             return matmul_nt(x, self.dequantize(lib))

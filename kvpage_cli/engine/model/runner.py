@@ -518,8 +518,9 @@ class ModelRunner:
         h = h + a
         return h + self.mlp(self.norm(h, w.norm_mlp), w, rows)
 
-    def activation(self, gate: torch.Tensor, rows: Rows) -> torch.Tensor:
-        """The MLP's activation (SiLU or GELU-tanh) of gate [N, I], each row the bits it gets alone.
+    def activation(self, gate: torch.Tensor, rows: Rows, inplace: bool = False) -> torch.Tensor:
+        """The MLP's activation (SiLU or GELU-tanh) of gate [N, I], each row the bits it gets alone;
+        inplace: written over gate (a view) and returned, the same bits.
 
         On a CPU, torch splits an elementwise operation into one chunk per thread by element count;
         a chunk that ends inside a row leaves that row's last elements to the scalar function, whose
@@ -528,7 +529,10 @@ class ModelRunner:
         rows of short segments (decode tokens, short prompts: `Rows`) are therefore activated on one
         thread, each row then one vectorized loop; a long segment, always computed alone, keeps
         every thread."""
-        act = partial(F.gelu, approximate="tanh") if self.spec.activation == "gelu_tanh" else F.silu
+        if self.spec.activation == "gelu_tanh":
+            act = partial(torch.ops.aten.gelu_ if inplace else F.gelu, approximate="tanh")
+        else:
+            act = partial(F.silu, inplace=inplace)
         if gate.device.type != "cpu" or torch.get_num_threads() == 1 or all(not small for _, small, _ in rows.parts):
             return act(gate)
 
@@ -542,14 +546,17 @@ class ModelRunner:
 
         if len(rows.parts) == 1:
             return one_thread(gate)
-        return torch.cat([one_thread(gate[part]) if small else act(gate[part]) for part, small, _ in rows.parts])
+        parts = [one_thread(gate[part]) if small else act(gate[part]) for part, small, _ in rows.parts]
+        return gate if inplace else torch.cat(parts)
 
     def mlp(self, x: torch.Tensor, w: LayerWeights, rows: Rows) -> torch.Tensor:
         gate_up = self.linear(x, w.gate_up_t, rows)
         if w.gate_up_bias is not None:
             gate_up = gate_up + w.gate_up_bias
         gate, up = gate_up.chunk(2, dim=-1)
-        out = self.linear(self.activation(gate, rows).mul_(up), w.down_t, rows)
+        # the activation is written over gate's half of gate_up and multiplied by up there, and the
+        # down product reads that half in place: no [N, I] tensor more at a prompt chunk's peak
+        out = self.linear(self.activation(gate, rows, inplace=True).mul_(up), w.down_t, rows)
         if self.shard is not None:
             out = self.shard.all_reduce(out)
         if w.down_bias is not None:
