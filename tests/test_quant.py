@@ -616,6 +616,29 @@ def test_a_prompt_chunks_down_product_reads_the_activation_where_it_was_computed
     assert len(down) == 2 and all(x in gate_and_up for x in down)  # one long chunk through two layers
 
 
+def test_a_prompt_chunks_gate_and_up_products_reuse_one_buffer(kquant_gguf, kv_home, monkeypatch):
+    """Every layer's gate and up product of a long chunk is written into one buffer that the
+    forward pass holds (a fresh one a layer faulted its pages in every time: a fifth of the
+    product's time), and lets go of before the LM head; decode rows take none."""
+    path, _ = kquant_gguf
+    engine = Engine.load(str(path), EngineConfig(home=str(kv_home), backend="native", activations="auto", pool_mib=1))
+    gate_up = engine.runner.layers[0].gate_up_t
+    outs = []
+    call = type(gate_up).__call__
+
+    def spy(self, lib, x, few_rows, activations="float32", tiles=False, out=None):
+        if self.out_features == gate_up.out_features:
+            outs.append((x.shape[0], None if out is None else out.data_ptr()))
+        return call(self, lib, x, few_rows, activations, tiles, out=out)
+
+    monkeypatch.setattr(type(gate_up), "__call__", spy)
+    ctx = engine.prefill(random_prompt(200, seed=3))
+    assert len(outs) == 2 and outs[0][1] is not None and outs[0] == outs[1]
+    assert engine.runner._space is None
+    list(engine.generate(ctx, max_new_tokens=2, stop=()))
+    assert [o for _, o in outs[2:]] == [None] * (len(outs) - 2)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_the_native_layer_rotates_q_and_k_with_torchs_bits(arch, kv_home):
     """The native layer applies RoPE to a decode row's Q and K itself: the bits rope.apply_rope

@@ -315,11 +315,16 @@ class QuantLinear:
         self.out_features = sum(p.rows for p in parts)
 
     def __call__(self, lib: ctypes.CDLL, x: torch.Tensor, few_rows: bool, activations: str = "float32",
-                 tiles: bool = False) -> torch.Tensor:
+                 tiles: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, K] -> [M, out_features]; activations: EngineConfig.activations, applied part by part
-        (QuantMatrix.rounds_activations)."""
+        (QuantMatrix.rounds_activations). out: fp32 [M, out_features] with unit column stride that
+        the native kernels' products are written into, the same bits (a buffer reused from layer to
+        layer); the product returned is the one to use (a dequantized matrix's product is not
+        written there)."""
         int8 = [isinstance(p, QuantMatrix) and p.rounds_activations(activations) for p in self.parts]
         if len(self.parts) == 1:
+            if isinstance(self.parts[0], QuantMatrix):
+                return self.parts[0].matmul(lib, x, few_rows, int8[0], tiles, out=out)
             return self.parts[0].matmul(lib, x, few_rows, int8[0], tiles)
         cols = self.parts[0].cols
         if (not few_rows and all(isinstance(p, QuantMatrix) for p in self.parts)
@@ -334,7 +339,7 @@ class QuantLinear:
             return matmul_nt(x.float().contiguous(), w)
         if any(not isinstance(p, QuantMatrix) for p in self.parts):
             return torch.cat([p.matmul(lib, x, few_rows, i, tiles) for p, i in zip(self.parts, int8)], dim=-1)
-        y = torch.empty(x.shape[0], self.out_features)  # each part's columns written in place (no concatenation)
+        y = torch.empty(x.shape[0], self.out_features) if out is None else out  # each part's columns in place
         start = 0
         for p, i in zip(self.parts, int8):
             p.matmul(lib, x, few_rows, i, tiles, out=y[:, start:start + p.rows])
