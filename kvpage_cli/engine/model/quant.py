@@ -323,9 +323,10 @@ class QuantLinear:
         written there)."""
         int8 = [isinstance(p, QuantMatrix) and p.rounds_activations(activations) for p in self.parts]
         if len(self.parts) == 1:
-            if isinstance(self.parts[0], QuantMatrix):
-                return self.parts[0].matmul(lib, x, few_rows, int8[0], tiles, out=out)
-            return self.parts[0].matmul(lib, x, few_rows, int8[0], tiles)
+            part = self.parts[0]
+            if isinstance(part, QuantMatrix) and (few_rows or part.reads_long_chunks(lib, int8[0])):
+                return part.matmul(lib, x, few_rows, int8[0], tiles, out=out)
+            return part.matmul(lib, x, few_rows, int8[0], tiles)
         cols = self.parts[0].cols
         if (not few_rows and all(isinstance(p, QuantMatrix) for p in self.parts)
                 and 4 * self.out_features * cols <= DEQUANT_CHUNK_BYTES
